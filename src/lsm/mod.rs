@@ -1,0 +1,11 @@
+//! One generic LSM over fixed-width entries, used for backlinks and for revocations.
+//!
+//! `entry` defines what a tree stores; `memtable` holds recent writes; `table` is the on-disk and
+//! in-bucket format (frames + meta); `filter` the one-hash blocked bloom filter in each meta;
+//! `tree` ties memtables and tables together for one entry type.
+
+pub mod entry;
+pub mod filter;
+pub mod memtable;
+pub mod table;
+pub mod tree;

@@ -1,0 +1,1245 @@
+//! The table format: `<id>.data` holds zstd frames of sorted entries, `<id>.meta` holds the key
+//! filter and the frame index. Generic over any fixed-width `Entry`. docs/format.md has the
+//! byte-by-byte layout.
+//!
+//! Invariants:
+//! - Entries are strictly increasing across the whole table (byte order == `Ord`).
+//! - A frame holds `1..=max_frame_entries::<E>()` entries (at most `MAX_FRAME_RAW_BYTES` before
+//!   compression) and an xxh3-64 over its header and payload. The meta file ends with an xxh3-64
+//!   over everything before it. Lengths are checked against fixed maxima before anything is
+//!   allocated from them, and checksums before any payload is trusted.
+//! - `frames[0].offset == 0`, each frame starts where the previous one ends, the last one ends at
+//!   `data_len`; the entry counts sum to `entries`.
+//! - `frames[i].first` is the first entry of frame i; `frames[i].continues` is true exactly when
+//!   its key equals the key of the last entry of frame i - 1 (never for frame 0); `last` is the
+//!   table's last entry (`None` only for an empty table, which has no frames).
+//! - Header integers are little-endian; entries keep their own big-endian encoding.
+//! - Decoding returns a `FormatError` for any inconsistency and never panics; on error the output
+//!   vector is left as it was, so a caller never sees entries from a bad frame.
+
+use super::entry::Entry;
+pub use super::filter::FormatError;
+use super::filter::{Filter, FilterBuilder, KeyHash, MAX_ENCODED_LEN as MAX_FILTER_LEN, MAX_FPR, MIN_FPR};
+use crate::model::ids::RecordId;
+use std::io::{self, Write};
+use std::ops::Range;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Default raw (uncompressed) bytes per frame.
+pub const DEFAULT_FRAME_BYTES: usize = 64 * 1024;
+pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
+pub const DEFAULT_FILTER_FPR: f64 = 0.01;
+/// Largest raw frame: sixteen times the default, so one frame is cheap to hold in memory.
+pub const MAX_FRAME_RAW_BYTES: usize = 1 << 20;
+/// Compressed payloads may exceed the raw size a little on incompressible input (zstd's bound
+/// is raw + raw/256 + small); this bound is looser than that.
+pub const MAX_FRAME_PAYLOAD_BYTES: usize = MAX_FRAME_RAW_BYTES + MAX_FRAME_RAW_BYTES / 128;
+/// Header (20) + checksum (8).
+pub const FRAME_OVERHEAD: usize = FRAME_HEADER_LEN + CHECKSUM_LEN;
+/// Largest encoded frame.
+pub const MAX_FRAME_BYTES: usize = FRAME_OVERHEAD + MAX_FRAME_PAYLOAD_BYTES;
+/// Most frames in one table (2^24 frames of 64 KiB is 1 TiB of raw entries).
+pub const MAX_FRAMES: usize = 1 << 24;
+pub const MIN_ZSTD_LEVEL: i32 = 1;
+pub const MAX_ZSTD_LEVEL: i32 = 19;
+
+const FRAME_MAGIC: [u8; 4] = *b"BLKF";
+const FRAME_VERSION: u8 = 1;
+/// Payload encoding 1: XOR with the previous entry, byte-transpose, zstd.
+const ENCODING_XOR_TRANSPOSE_ZSTD: u8 = 1;
+const FRAME_HEADER_LEN: usize = 20;
+const CHECKSUM_LEN: usize = 8;
+
+const META_MAGIC: [u8; 4] = *b"BLKM";
+const META_VERSION: u16 = 1;
+const META_HEADER_LEN: usize = 36;
+/// A frame index record is the first entry plus flags (1), offset (8), length (4), entries (4).
+const FRAME_INFO_FIXED_LEN: usize = 17;
+const CONTINUES_FLAG: u8 = 1;
+
+/// Most entries one frame of `E` may hold.
+pub fn max_frame_entries<E: Entry>() -> usize {
+    MAX_FRAME_RAW_BYTES / E::WIDTH
+}
+
+/// How tables are written. `validate` checks the documented limits.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TableOptions {
+    /// Target raw bytes per frame; a frame holds `max(1, frame_bytes / WIDTH)` entries.
+    pub frame_bytes: usize,
+    pub zstd_level: i32,
+    /// Target false-positive rate of the key filter.
+    pub filter_fpr: f64,
+}
+
+impl Default for TableOptions {
+    fn default() -> Self {
+        TableOptions {
+            frame_bytes: DEFAULT_FRAME_BYTES,
+            zstd_level: DEFAULT_ZSTD_LEVEL,
+            filter_fpr: DEFAULT_FILTER_FPR,
+        }
+    }
+}
+
+impl TableOptions {
+    pub fn validate(&self) -> io::Result<()> {
+        let invalid = |message: String| Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        if !(1..=MAX_FRAME_RAW_BYTES).contains(&self.frame_bytes) {
+            return invalid(format!("frame_bytes {} is outside 1..={MAX_FRAME_RAW_BYTES}", self.frame_bytes));
+        }
+        if !(MIN_ZSTD_LEVEL..=MAX_ZSTD_LEVEL).contains(&self.zstd_level) {
+            return invalid(format!("zstd_level {} is outside {MIN_ZSTD_LEVEL}..={MAX_ZSTD_LEVEL}", self.zstd_level));
+        }
+        if !(MIN_FPR..=MAX_FPR).contains(&self.filter_fpr) {
+            return invalid(format!("filter_fpr {} is outside {MIN_FPR}..={MAX_FPR}", self.filter_fpr));
+        }
+        Ok(())
+    }
+
+    fn entries_per_frame<E: Entry>(&self) -> usize {
+        (self.frame_bytes / E::WIDTH).clamp(1, max_frame_entries::<E>())
+    }
+}
+
+/// What a finished table holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TableSummary {
+    pub entries: u64,
+    pub frames: u32,
+    pub data_len: u64,
+    pub meta_len: u64,
+}
+
+/// One frame index record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameInfo<E> {
+    /// The frame's first entry (for backlinks: first target and first source).
+    pub first: E,
+    /// The first entry's key equals the key of the previous frame's last entry.
+    pub continues: bool,
+    /// Byte offset of the frame in the data file.
+    pub offset: u64,
+    /// Encoded frame length in bytes.
+    pub len: u32,
+    pub entries: u32,
+}
+
+/// The decoded meta file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TableMeta<E: Entry> {
+    pub filter: Filter,
+    pub frames: Vec<FrameInfo<E>>,
+    pub last: Option<E>,
+    pub entries: u64,
+    pub data_len: u64,
+}
+
+/// The first entry of the frame being filled, and whether it continues the previous key.
+struct FrameStart<E> {
+    first: E,
+    continues: bool,
+}
+
+/// Writes a table: frames go to `data_out` as they fill, the meta comes back from `finish`.
+/// After an I/O error the builder refuses further use.
+pub struct TableBuilder<E: Entry, W: Write> {
+    data_out: W,
+    encoder: FrameEncoder,
+    entries_per_frame: usize,
+    /// Encoded entries of the frame being filled.
+    pending: Vec<u8>,
+    pending_start: Option<FrameStart<E>>,
+    frames: Vec<FrameInfo<E>>,
+    filter: FilterBuilder,
+    last: Option<E>,
+    entries: u64,
+    data_len: u64,
+    failed: bool,
+}
+
+impl<E: Entry, W: Write> TableBuilder<E, W> {
+    /// `expected_keys` sizes the filter: pass the number of distinct keys, or an upper bound
+    /// (which only makes the filter larger than it needs to be). Fails on invalid options.
+    pub fn new(data_out: W, opts: &TableOptions, expected_keys: usize) -> io::Result<Self> {
+        opts.validate()?;
+        let entries_per_frame = opts.entries_per_frame::<E>();
+        Ok(TableBuilder {
+            data_out,
+            encoder: FrameEncoder::new(opts.zstd_level)?,
+            entries_per_frame,
+            pending: Vec::with_capacity(entries_per_frame * E::WIDTH),
+            pending_start: None,
+            frames: Vec::new(),
+            filter: FilterBuilder::new(expected_keys, opts.filter_fpr),
+            last: None,
+            entries: 0,
+            data_len: 0,
+            failed: false,
+        })
+    }
+
+    /// Entries pushed so far.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Bytes of complete frames written so far.
+    pub fn data_len(&self) -> u64 {
+        self.data_len
+    }
+
+    /// Appends one entry; entries must be strictly increasing (a panic in debug builds, an
+    /// `InvalidInput` error otherwise, and the entry is not added).
+    pub fn push(&mut self, entry: &E) -> io::Result<()> {
+        self.check_usable()?;
+        self.check_order(entry)?;
+        if self.pending_start.is_none() {
+            self.start_frame(entry)?;
+        }
+        let at = self.pending.len();
+        self.pending.resize(at + E::WIDTH, 0);
+        entry.encode(&mut self.pending[at..]);
+        if self.last.is_none_or(|last| last.key() != entry.key()) {
+            self.filter.insert(KeyHash::of(&self.pending[at..at + E::KEY_WIDTH]));
+        }
+        self.last = Some(*entry);
+        self.entries += 1;
+        if self.pending.len() == self.entries_per_frame * E::WIDTH {
+            self.flush_frame_or_fail()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the last frame and returns the data sink, the meta file bytes and a summary.
+    pub fn finish(mut self) -> io::Result<(W, Vec<u8>, TableSummary)> {
+        self.check_usable()?;
+        self.flush_frame_or_fail()?;
+        self.data_out.flush()?;
+        let meta = TableMeta {
+            filter: self.filter.finish(),
+            frames: self.frames,
+            last: self.last,
+            entries: self.entries,
+            data_len: self.data_len,
+        };
+        let mut meta_bytes = Vec::with_capacity(meta.encoded_len());
+        meta.encode(&mut meta_bytes);
+        let summary = TableSummary {
+            entries: meta.entries,
+            frames: meta.frames.len() as u32,
+            data_len: meta.data_len,
+            meta_len: meta_bytes.len() as u64,
+        };
+        Ok((self.data_out, meta_bytes, summary))
+    }
+
+    fn check_usable(&self) -> io::Result<()> {
+        if self.failed {
+            return Err(io::Error::other("table builder already failed; discard it"));
+        }
+        Ok(())
+    }
+
+    fn check_order(&self, entry: &E) -> io::Result<()> {
+        let in_order = self.last.is_none_or(|last| last < *entry);
+        debug_assert!(in_order, "entries must be strictly increasing: {entry:?} after {:?}", self.last);
+        if !in_order {
+            let message = format!("entries must be strictly increasing: {entry:?} after {:?}", self.last);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        }
+        Ok(())
+    }
+
+    fn start_frame(&mut self, entry: &E) -> io::Result<()> {
+        if self.frames.len() >= MAX_FRAMES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a table holds at most {MAX_FRAMES} frames"),
+            ));
+        }
+        let continues = self.last.is_some_and(|last| last.key() == entry.key());
+        self.pending_start = Some(FrameStart { first: *entry, continues });
+        Ok(())
+    }
+
+    fn flush_frame_or_fail(&mut self) -> io::Result<()> {
+        let result = self.flush_frame();
+        self.failed = result.is_err();
+        result
+    }
+
+    fn flush_frame(&mut self) -> io::Result<()> {
+        let Some(start) = self.pending_start.take() else { return Ok(()) };
+        let entries = self.pending.len() / E::WIDTH;
+        assert!((1..=self.entries_per_frame).contains(&entries));
+        let frame = self.encoder.encode(&self.pending, E::WIDTH)?;
+        self.data_out.write_all(frame)?;
+        let len = frame.len() as u32;
+        self.frames.push(FrameInfo {
+            first: start.first,
+            continues: start.continues,
+            offset: self.data_len,
+            len,
+            entries: entries as u32,
+        });
+        self.data_len += u64::from(len);
+        self.pending.clear();
+        Ok(())
+    }
+}
+
+/// Fixed fields at the start of every frame.
+struct FrameHeader {
+    entry_width: usize,
+    entries: usize,
+    raw_len: usize,
+    payload_len: usize,
+}
+
+impl FrameHeader {
+    fn encode(&self, out: &mut Vec<u8>) {
+        let start = out.len();
+        out.extend_from_slice(&FRAME_MAGIC);
+        out.push(FRAME_VERSION);
+        out.push(ENCODING_XOR_TRANSPOSE_ZSTD);
+        out.extend_from_slice(&(self.entry_width as u16).to_le_bytes());
+        out.extend_from_slice(&(self.entries as u32).to_le_bytes());
+        out.extend_from_slice(&(self.raw_len as u32).to_le_bytes());
+        out.extend_from_slice(&(self.payload_len as u32).to_le_bytes());
+        assert_eq!(out.len() - start, FRAME_HEADER_LEN);
+    }
+
+    /// Parses and bounds-checks the header of `frame`, which must be exactly one whole frame.
+    fn parse<E: Entry>(frame: &[u8]) -> Result<Self, FormatError> {
+        const WHAT: &str = "frame";
+        let mut reader = Reader::new(WHAT, frame);
+        let magic = reader.array::<4>()?;
+        if magic != FRAME_MAGIC {
+            return Err(FormatError::Magic { what: WHAT, found: magic });
+        }
+        let version = reader.u8()?;
+        if version != FRAME_VERSION {
+            return Err(FormatError::Version { what: WHAT, found: version.into() });
+        }
+        let encoding = reader.u8()?;
+        if encoding != ENCODING_XOR_TRANSPOSE_ZSTD {
+            return Err(invalid(WHAT, format!("unknown payload encoding {encoding}")));
+        }
+        let entry_width = reader.u16()? as usize;
+        check_range(WHAT, "entry width", entry_width as u64, E::WIDTH as u64, E::WIDTH as u64)?;
+        let entries = reader.u32()? as usize;
+        check_range(WHAT, "entry count", entries as u64, 1, max_frame_entries::<E>() as u64)?;
+        let raw_len = reader.u32()? as usize;
+        let expected_raw = entries * E::WIDTH;
+        check_range(WHAT, "raw length", raw_len as u64, expected_raw as u64, expected_raw as u64)?;
+        let payload_len = reader.u32()? as usize;
+        check_range(WHAT, "payload length", payload_len as u64, 1, MAX_FRAME_PAYLOAD_BYTES as u64)?;
+        let header = FrameHeader { entry_width, entries, raw_len, payload_len };
+        let frame_len = FRAME_OVERHEAD + payload_len;
+        if frame.len() != frame_len {
+            return Err(FormatError::Length { what: WHAT, expected: frame_len as u64, found: frame.len() as u64 });
+        }
+        Ok(header)
+    }
+}
+
+/// Reusable compressor and buffers for writing frames.
+struct FrameEncoder {
+    compressor: zstd::bulk::Compressor<'static>,
+    shuffled: Vec<u8>,
+    payload: Vec<u8>,
+    frame: Vec<u8>,
+}
+
+impl FrameEncoder {
+    fn new(zstd_level: i32) -> io::Result<Self> {
+        let compressor = zstd::bulk::Compressor::new(zstd_level)?;
+        Ok(FrameEncoder { compressor, shuffled: Vec::new(), payload: Vec::new(), frame: Vec::new() })
+    }
+
+    /// Encodes sorted raw entries as one frame and returns its bytes.
+    fn encode(&mut self, raw: &[u8], width: usize) -> io::Result<&[u8]> {
+        assert!(!raw.is_empty() && raw.len().is_multiple_of(width) && raw.len() <= MAX_FRAME_RAW_BYTES);
+        xor_delta_transpose(raw, width, &mut self.shuffled);
+        self.payload.clear();
+        self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
+        let payload_len = self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
+        assert!(payload_len == self.payload.len() && payload_len <= MAX_FRAME_PAYLOAD_BYTES);
+        self.frame.clear();
+        FrameHeader { entry_width: width, entries: raw.len() / width, raw_len: raw.len(), payload_len }
+            .encode(&mut self.frame);
+        self.frame.extend_from_slice(&self.payload);
+        let checksum = xxh3_64(&self.frame);
+        self.frame.extend_from_slice(&checksum.to_le_bytes());
+        assert_eq!(self.frame.len(), FRAME_OVERHEAD + payload_len);
+        Ok(&self.frame)
+    }
+}
+
+/// XOR each entry with the previous one (the first with zeros), then transpose: all byte 0s,
+/// then all byte 1s, and so on. Sorted neighbours share long prefixes, so the deltas are mostly
+/// zero bytes, and transposing puts the zeros (and the slowly changing bytes) next to each other
+/// where zstd compresses them best.
+fn xor_delta_transpose(raw: &[u8], width: usize, out: &mut Vec<u8>) {
+    let count = raw.len() / width;
+    out.clear();
+    out.resize(raw.len(), 0);
+    for byte in 0..width {
+        let column = &mut out[byte * count..(byte + 1) * count];
+        let mut previous = 0u8;
+        for (i, slot) in column.iter_mut().enumerate() {
+            let value = raw[i * width + byte];
+            *slot = value ^ previous;
+            previous = value;
+        }
+    }
+}
+
+/// Inverse of `xor_delta_transpose`: a running XOR down each column restores the entries.
+fn untranspose_xor_undelta(shuffled: &[u8], width: usize, raw: &mut Vec<u8>) {
+    let count = shuffled.len() / width;
+    raw.clear();
+    raw.resize(shuffled.len(), 0);
+    for (byte, column) in shuffled.chunks_exact(count.max(1)).enumerate().take(width) {
+        let mut value = 0u8;
+        for (i, delta) in column.iter().enumerate() {
+            value ^= delta;
+            raw[i * width + byte] = value;
+        }
+    }
+}
+
+/// Reusable buffers for decoding frames.
+struct FrameDecoder {
+    decompressor: zstd::bulk::Decompressor<'static>,
+    shuffled: Vec<u8>,
+    raw: Vec<u8>,
+}
+
+impl FrameDecoder {
+    fn new() -> Result<Self, FormatError> {
+        let decompressor =
+            zstd::bulk::Decompressor::new().map_err(|e| invalid("frame", format!("zstd context: {e}")))?;
+        Ok(FrameDecoder { decompressor, shuffled: Vec::new(), raw: Vec::new() })
+    }
+
+    /// Decodes one whole frame and appends its entries to `out`; on error `out` may hold a
+    /// partial frame (the public wrappers truncate it).
+    fn decode<E: Entry>(&mut self, frame: &[u8], out: &mut Vec<E>) -> Result<(), FormatError> {
+        let header = FrameHeader::parse::<E>(frame)?;
+        verify_checksum("frame", frame)?;
+        let payload = &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + header.payload_len];
+        self.decompress(payload, header.raw_len)?;
+        untranspose_xor_undelta(&self.shuffled, header.entry_width, &mut self.raw);
+        push_increasing(&self.raw, out)?;
+        assert_eq!(self.raw.len(), header.entries * E::WIDTH);
+        Ok(())
+    }
+
+    /// Decompresses into exactly `raw_len` bytes (already bounded by the header checks).
+    fn decompress(&mut self, payload: &[u8], raw_len: usize) -> Result<(), FormatError> {
+        // zstd writes from the start of the vector and never past its capacity.
+        self.shuffled.clear();
+        self.shuffled.reserve_exact(raw_len);
+        let written = self
+            .decompressor
+            .decompress_to_buffer(payload, &mut self.shuffled)
+            .map_err(|e| invalid("frame", format!("zstd: {e}")))?;
+        if written != raw_len || self.shuffled.len() != raw_len {
+            return Err(FormatError::Length { what: "frame payload", expected: raw_len as u64, found: written as u64 });
+        }
+        Ok(())
+    }
+}
+
+/// Decodes raw entries into `out`, checking that they are strictly increasing.
+fn push_increasing<E: Entry>(raw: &[u8], out: &mut Vec<E>) -> Result<(), FormatError> {
+    let mut previous: Option<&[u8]> = None;
+    for encoded in raw.chunks_exact(E::WIDTH) {
+        if previous.is_some_and(|previous| previous >= encoded) {
+            return Err(invalid("frame", format!("entries are not strictly increasing at {:?}", E::decode(encoded))));
+        }
+        out.push(E::decode(encoded));
+        previous = Some(encoded);
+    }
+    Ok(())
+}
+
+/// Decodes one whole frame (exactly its bytes), verifying magic, lengths, checksum and order.
+/// On error `out` is unchanged.
+pub fn decode_frame<E: Entry>(bytes: &[u8], out: &mut Vec<E>) -> Result<(), FormatError> {
+    let original = out.len();
+    let result = FrameDecoder::new().and_then(|mut decoder| decoder.decode(bytes, out));
+    if result.is_err() {
+        out.truncate(original);
+    }
+    result
+}
+
+/// Decodes `meta.frames[r]` from `bytes`, the contiguous range `meta.byte_range(r)` of the data
+/// file, and checks every frame against its index record. On error `out` is unchanged.
+pub fn decode_frames<E: Entry>(
+    meta: &TableMeta<E>,
+    r: Range<usize>,
+    bytes: &[u8],
+    out: &mut Vec<E>,
+) -> Result<(), FormatError> {
+    let original = out.len();
+    let result = decode_frames_checked(meta, r, bytes, out);
+    if result.is_err() {
+        out.truncate(original);
+    }
+    result
+}
+
+fn decode_frames_checked<E: Entry>(
+    meta: &TableMeta<E>,
+    r: Range<usize>,
+    bytes: &[u8],
+    out: &mut Vec<E>,
+) -> Result<(), FormatError> {
+    const WHAT: &str = "frame range";
+    if r.start > r.end || r.end > meta.frames.len() {
+        return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", meta.frames.len())));
+    }
+    let (start, end) = meta.byte_range(r.clone());
+    let expected = end.saturating_sub(start);
+    if bytes.len() as u64 != expected {
+        return Err(FormatError::Length { what: WHAT, expected, found: bytes.len() as u64 });
+    }
+    let mut decoder = FrameDecoder::new()?;
+    for index in r {
+        let before = out.len();
+        decoder.decode(frame_bytes(bytes, start, &meta.frames[index])?, out)?;
+        check_frame_against_index(meta, index, &out[before..])?;
+    }
+    Ok(())
+}
+
+/// The bytes of one frame within a range read that starts at data-file offset `start`. A meta
+/// from `TableMeta::decode` always fits; a hand-made inconsistent one gets an error, not a panic.
+fn frame_bytes<'a, E>(bytes: &'a [u8], start: u64, info: &FrameInfo<E>) -> Result<&'a [u8], FormatError> {
+    let at = info.offset.checked_sub(start).and_then(|at| usize::try_from(at).ok());
+    let range = at.and_then(|at| Some(at..at.checked_add(info.len as usize)?));
+    range
+        .and_then(|range| bytes.get(range))
+        .ok_or_else(|| invalid("frame range", format!("frame at {} is outside the bytes read", info.offset)))
+}
+
+/// The decoded entries of frame `index` must agree with the index: count, first entry, the next
+/// frame's first entry and `continues` flag, or the table's last entry.
+fn check_frame_against_index<E: Entry>(meta: &TableMeta<E>, index: usize, decoded: &[E]) -> Result<(), FormatError> {
+    let info = &meta.frames[index];
+    let mismatch =
+        |detail: &str| Err(invalid("frame", format!("frame {index} disagrees with the meta file: {detail}")));
+    let (Some(first), Some(last)) = (decoded.first(), decoded.last()) else { return mismatch("no entries") };
+    if decoded.len() != info.entries as usize {
+        return mismatch("entry count");
+    }
+    if *first != info.first {
+        return mismatch("first entry");
+    }
+    match meta.frames.get(index + 1) {
+        Some(next) if *last >= next.first => mismatch("overlaps the next frame"),
+        Some(next) if (last.key() == next.first.key()) != next.continues => mismatch("next frame's continues flag"),
+        None if Some(*last) != meta.last => mismatch("last entry"),
+        _ => Ok(()),
+    }
+}
+
+impl<E: Entry> TableMeta<E> {
+    /// True unless the filter proves that no entry has the hashed key.
+    pub fn may_contain(&self, h: KeyHash) -> bool {
+        self.filter.may_contain(h)
+    }
+
+    /// Frames that may hold entries `e` with `lo <= e <= hi`: every frame that does, plus at
+    /// most one extra frame at the start. Empty when the range is empty or misses the table.
+    pub fn frames_overlapping(&self, lo: &E, hi: &E) -> Range<usize> {
+        let Some(last) = self.last else { return 0..0 };
+        if lo > hi || *lo > last {
+            return 0..0;
+        }
+        // Frames starting at or before `hi`; the ones after them start past the range.
+        let end = self.frames.partition_point(|frame| frame.first <= *hi);
+        // The last frame starting at or before `lo` is the only earlier one that may reach `lo`.
+        let mut start = self.frames.partition_point(|frame| frame.first <= *lo).saturating_sub(1);
+        // It does not, when the next frame starts `lo`'s key without continuing it: then every
+        // entry of `start` has a smaller key than `lo`. This saves a frame on every key lookup.
+        if self.frames.get(start + 1).is_some_and(|next| next.first.key() == lo.key() && !next.continues) {
+            start += 1;
+        }
+        start.min(end)..end
+    }
+
+    /// Frames that may hold entries whose key is `key`.
+    pub fn frames_for_key(&self, key: RecordId) -> Range<usize> {
+        self.frames_overlapping(&E::min_for_key(key), &E::max_for_key(key))
+    }
+
+    /// The half-open byte range `(start, end)` of the data file covering `frames[r]`, for one
+    /// coalesced ranged read. An empty `r` gives an empty range. Panics if `r` is out of bounds.
+    pub fn byte_range(&self, r: Range<usize>) -> (u64, u64) {
+        assert!(r.start <= r.end && r.end <= self.frames.len(), "frame range {r:?} out of bounds");
+        let offset_of = |index: usize| self.frames.get(index).map_or(self.data_len, |frame| frame.offset);
+        if r.is_empty() {
+            return (offset_of(r.start), offset_of(r.start));
+        }
+        let last = &self.frames[r.end - 1];
+        (self.frames[r.start].offset, last.offset.saturating_add(u64::from(last.len)))
+    }
+
+    fn encoded_len(&self) -> usize {
+        META_HEADER_LEN
+            + self.filter.encoded_len()
+            + self.last.map_or(0, |_| E::WIDTH)
+            + self.frames.len() * (E::WIDTH + FRAME_INFO_FIXED_LEN)
+            + CHECKSUM_LEN
+    }
+
+    /// Appends the meta file encoding (docs/format.md "Meta file").
+    fn encode(&self, out: &mut Vec<u8>) {
+        assert_eq!(self.entries == 0, self.frames.is_empty());
+        assert_eq!(self.entries == 0, self.last.is_none());
+        let start = out.len();
+        out.extend_from_slice(&META_MAGIC);
+        out.extend_from_slice(&META_VERSION.to_le_bytes());
+        out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
+        out.extend_from_slice(&(E::KEY_WIDTH as u16).to_le_bytes());
+        out.extend_from_slice(&[0, 0]);
+        out.extend_from_slice(&(self.frames.len() as u32).to_le_bytes());
+        out.extend_from_slice(&self.entries.to_le_bytes());
+        out.extend_from_slice(&self.data_len.to_le_bytes());
+        out.extend_from_slice(&(self.filter.encoded_len() as u32).to_le_bytes());
+        self.filter.encode(out);
+        if let Some(last) = &self.last {
+            encode_entry(last, out);
+        }
+        for frame in &self.frames {
+            encode_entry(&frame.first, out);
+            out.push(if frame.continues { CONTINUES_FLAG } else { 0 });
+            out.extend_from_slice(&frame.offset.to_le_bytes());
+            out.extend_from_slice(&frame.len.to_le_bytes());
+            out.extend_from_slice(&frame.entries.to_le_bytes());
+        }
+        let checksum = xxh3_64(&out[start..]);
+        out.extend_from_slice(&checksum.to_le_bytes());
+        assert_eq!(out.len() - start, self.encoded_len());
+    }
+
+    /// Parses a meta file: header, exact length, checksum, then body and cross-field checks.
+    pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        let header = MetaHeader::parse::<E>(bytes)?;
+        verify_checksum(META_WHAT, bytes)?;
+        let mut reader = Reader::new(META_WHAT, &bytes[META_HEADER_LEN..bytes.len() - CHECKSUM_LEN]);
+        let filter = Filter::decode(reader.take(header.filter_len)?)?;
+        let last = if header.entries > 0 { Some(decode_entry(reader.take(E::WIDTH)?)) } else { None };
+        let frames = (0..header.frames).map(|_| decode_frame_info(&mut reader)).collect::<Result<Vec<_>, _>>()?;
+        reader.expect_end()?;
+        let meta = TableMeta { filter, frames, last, entries: header.entries, data_len: header.data_len };
+        meta.check_index()?;
+        assert_eq!(meta.encoded_len(), bytes.len());
+        Ok(meta)
+    }
+
+    /// Cross-field checks of a decoded index (the checksum only proves it was written whole).
+    fn check_index(&self) -> Result<(), FormatError> {
+        let bad = |detail: String| Err(invalid(META_WHAT, detail));
+        if (self.entries == 0) != self.frames.is_empty() {
+            return bad(format!("{} entries in {} frames", self.entries, self.frames.len()));
+        }
+        let (mut offset, mut entries) = (0u64, 0u64);
+        for (index, frame) in self.frames.iter().enumerate() {
+            check_range(META_WHAT, "frame entries", frame.entries.into(), 1, max_frame_entries::<E>() as u64)?;
+            check_range(
+                META_WHAT,
+                "frame length",
+                frame.len.into(),
+                FRAME_OVERHEAD as u64 + 1,
+                MAX_FRAME_BYTES as u64,
+            )?;
+            if frame.offset != offset {
+                return bad(format!("frame {index} at offset {} instead of {offset}", frame.offset));
+            }
+            let previous = index.checked_sub(1).map(|i| &self.frames[i]);
+            if previous.is_some_and(|previous| previous.first >= frame.first) {
+                return bad(format!("frame {index} does not start after frame {}", index - 1));
+            }
+            if index == 0 && frame.continues {
+                return bad("frame 0 continues a previous frame".into());
+            }
+            offset += u64::from(frame.len);
+            entries += u64::from(frame.entries);
+        }
+        if offset != self.data_len || entries != self.entries {
+            return bad(format!(
+                "frames cover {offset} bytes and {entries} entries, header says {} and {}",
+                self.data_len, self.entries
+            ));
+        }
+        self.check_last()
+    }
+
+    fn check_last(&self) -> Result<(), FormatError> {
+        let (Some(last), Some(last_frame)) = (self.last, self.frames.last()) else { return Ok(()) };
+        let fits = if last_frame.entries == 1 { last == last_frame.first } else { last > last_frame.first };
+        if !fits {
+            return Err(invalid(META_WHAT, format!("last entry {last:?} does not fit the last frame")));
+        }
+        Ok(())
+    }
+}
+
+const META_WHAT: &str = "meta";
+
+/// Fixed fields at the start of a meta file.
+struct MetaHeader {
+    frames: usize,
+    entries: u64,
+    data_len: u64,
+    filter_len: usize,
+}
+
+impl MetaHeader {
+    /// Parses and bounds-checks the header; the file must be exactly the length it implies.
+    fn parse<E: Entry>(bytes: &[u8]) -> Result<Self, FormatError> {
+        let mut reader = Reader::new(META_WHAT, bytes);
+        let magic = reader.array::<4>()?;
+        if magic != META_MAGIC {
+            return Err(FormatError::Magic { what: META_WHAT, found: magic });
+        }
+        let version = reader.u16()?;
+        if version != META_VERSION {
+            return Err(FormatError::Version { what: META_WHAT, found: version.into() });
+        }
+        let width = reader.u16()?;
+        check_range(META_WHAT, "entry width", width.into(), E::WIDTH as u64, E::WIDTH as u64)?;
+        let key_width = reader.u16()?;
+        check_range(META_WHAT, "key width", key_width.into(), E::KEY_WIDTH as u64, E::KEY_WIDTH as u64)?;
+        let reserved = reader.u16()?;
+        check_range(META_WHAT, "reserved", reserved.into(), 0, 0)?;
+        let frames = reader.u32()? as usize;
+        check_range(META_WHAT, "frame count", frames as u64, 0, MAX_FRAMES as u64)?;
+        let entries = reader.u64()?;
+        check_range(META_WHAT, "entry count", entries, 0, MAX_FRAMES as u64 * max_frame_entries::<E>() as u64)?;
+        let data_len = reader.u64()?;
+        check_range(META_WHAT, "data length", data_len, 0, MAX_FRAMES as u64 * MAX_FRAME_BYTES as u64)?;
+        let filter_len = reader.u32()? as usize;
+        check_range(META_WHAT, "filter length", filter_len as u64, 0, MAX_FILTER_LEN as u64)?;
+        let header = MetaHeader { frames, entries, data_len, filter_len };
+        let expected = header.file_len::<E>();
+        if bytes.len() != expected {
+            return Err(FormatError::Length { what: META_WHAT, expected: expected as u64, found: bytes.len() as u64 });
+        }
+        Ok(header)
+    }
+
+    /// Total file length implied by the header (every term is bounded, so no overflow).
+    fn file_len<E: Entry>(&self) -> usize {
+        let last_len = if self.entries > 0 { E::WIDTH } else { 0 };
+        META_HEADER_LEN + self.filter_len + last_len + self.frames * (E::WIDTH + FRAME_INFO_FIXED_LEN) + CHECKSUM_LEN
+    }
+}
+
+fn decode_frame_info<E: Entry>(reader: &mut Reader<'_>) -> Result<FrameInfo<E>, FormatError> {
+    let first = decode_entry(reader.take(E::WIDTH)?);
+    let flags = reader.u8()?;
+    if flags & !CONTINUES_FLAG != 0 {
+        return Err(invalid(META_WHAT, format!("unknown frame flags {flags:#04x}")));
+    }
+    let offset = reader.u64()?;
+    let len = reader.u32()?;
+    let entries = reader.u32()?;
+    Ok(FrameInfo { first, continues: flags & CONTINUES_FLAG != 0, offset, len, entries })
+}
+
+fn encode_entry<E: Entry>(entry: &E, out: &mut Vec<u8>) {
+    let at = out.len();
+    out.resize(at + E::WIDTH, 0);
+    entry.encode(&mut out[at..]);
+}
+
+fn decode_entry<E: Entry>(bytes: &[u8]) -> E {
+    assert_eq!(bytes.len(), E::WIDTH);
+    E::decode(bytes)
+}
+
+/// Checks the trailing little-endian xxh3-64 of `bytes` against everything before it.
+fn verify_checksum(what: &'static str, bytes: &[u8]) -> Result<(), FormatError> {
+    let Some(split) = bytes.len().checked_sub(CHECKSUM_LEN) else {
+        return Err(FormatError::Length { what, expected: CHECKSUM_LEN as u64, found: bytes.len() as u64 });
+    };
+    let stored = u64::from_le_bytes(bytes[split..].try_into().expect("8 bytes"));
+    let computed = xxh3_64(&bytes[..split]);
+    if stored != computed {
+        return Err(FormatError::Checksum { what, stored, computed });
+    }
+    Ok(())
+}
+
+fn check_range(what: &'static str, field: &'static str, value: u64, min: u64, max: u64) -> Result<(), FormatError> {
+    if (min..=max).contains(&value) { Ok(()) } else { Err(FormatError::OutOfRange { what, field, value, min, max }) }
+}
+
+fn invalid(what: &'static str, detail: String) -> FormatError {
+    FormatError::Invalid { what, detail }
+}
+
+/// Bounds-checked little-endian reads from a byte slice.
+struct Reader<'a> {
+    what: &'static str,
+    bytes: &'a [u8],
+    position: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(what: &'static str, bytes: &'a [u8]) -> Self {
+        Reader { what, bytes, position: 0 }
+    }
+
+    fn take(&mut self, len: usize) -> Result<&'a [u8], FormatError> {
+        let end = self.position.checked_add(len).filter(|&end| end <= self.bytes.len());
+        let Some(end) = end else {
+            let expected = (self.position as u64).saturating_add(len as u64);
+            return Err(FormatError::Length { what: self.what, expected, found: self.bytes.len() as u64 });
+        };
+        let taken = &self.bytes[self.position..end];
+        self.position = end;
+        Ok(taken)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N], FormatError> {
+        Ok(self.take(N)?.try_into().expect("N bytes"))
+    }
+
+    fn u8(&mut self) -> Result<u8, FormatError> {
+        Ok(self.array::<1>()?[0])
+    }
+
+    fn u16(&mut self) -> Result<u16, FormatError> {
+        Ok(u16::from_le_bytes(self.array()?))
+    }
+
+    fn u32(&mut self) -> Result<u32, FormatError> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64, FormatError> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn expect_end(&self) -> Result<(), FormatError> {
+        if self.position != self.bytes.len() {
+            return Err(FormatError::Length {
+                what: self.what,
+                expected: self.position as u64,
+                found: self.bytes.len() as u64,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ids::{Backlink, OUTLINED_BIT, Revocation};
+    use proptest::prelude::*;
+
+    fn options(frame_bytes: usize) -> TableOptions {
+        TableOptions { frame_bytes, ..TableOptions::default() }
+    }
+
+    /// Builds a table in memory: (data bytes, meta bytes, summary).
+    fn build<E: Entry>(entries: &[E], opts: &TableOptions) -> (Vec<u8>, Vec<u8>, TableSummary) {
+        let mut builder = TableBuilder::new(Vec::new(), opts, entries.len()).unwrap();
+        entries.iter().for_each(|entry| builder.push(entry).unwrap());
+        let (data, meta, summary) = builder.finish().unwrap();
+        assert_eq!(summary.data_len, data.len() as u64);
+        assert_eq!(summary.meta_len, meta.len() as u64);
+        assert_eq!(summary.entries, entries.len() as u64);
+        (data, meta, summary)
+    }
+
+    /// Reads frames[r] the way a query does: one contiguous byte range.
+    fn read_frames<E: Entry>(meta: &TableMeta<E>, data: &[u8], r: Range<usize>) -> Vec<E> {
+        let (start, end) = meta.byte_range(r.clone());
+        let mut out = Vec::new();
+        decode_frames(meta, r, &data[start as usize..end as usize], &mut out).unwrap();
+        out
+    }
+
+    fn entries_between<E: Entry>(meta: &TableMeta<E>, data: &[u8], lo: &E, hi: &E) -> Vec<E> {
+        let r = meta.frames_overlapping(lo, hi);
+        let frames = read_frames(meta, data, r.clone());
+        // Only the first frame of the range may miss the range entirely.
+        for frame in &meta.frames[r.clone()][1.min(r.len())..] {
+            assert!(*lo <= frame.first && frame.first <= *hi, "frame {frame:?} is outside {lo:?}..={hi:?}");
+        }
+        frames.into_iter().filter(|e| lo <= e && e <= hi).collect()
+    }
+
+    fn record(rkey: u64, collection: u64, did: u64) -> RecordId {
+        RecordId { rkey, collection, did }
+    }
+
+    /// Backlinks from small domains, so that keys repeat and frames split keys.
+    fn backlink_strategy() -> impl Strategy<Value = Backlink> {
+        (0..6u64, 0..40u64, 0..3u64, 1..3u64, 0..3u64).prop_map(|(target, rkey, did, location, rev)| Backlink {
+            target: record(target * 1000, 1, OUTLINED_BIT | target),
+            source: record(rkey << 20, 2, OUTLINED_BIT | did),
+            location,
+            source_rev: rev,
+        })
+    }
+
+    fn revocation_strategy() -> impl Strategy<Value = Revocation> {
+        (0..50u64, 0..3u64, 0..4u64)
+            .prop_map(|(rkey, did, rev)| Revocation { source: record(rkey, u64::from(rkey % 7 == 0), did), rev })
+    }
+
+    fn sorted_set<E: Entry>(mut entries: Vec<E>) -> Vec<E> {
+        entries.sort();
+        entries.dedup();
+        entries
+    }
+
+    /// Round trip plus `frames_overlapping` against a plain filter over the full list.
+    fn check_table<E: Entry>(entries: &[E], frame_bytes: usize, ranges: &[(E, E)]) {
+        let (data, meta_bytes, summary) = build(entries, &options(frame_bytes));
+        let meta = TableMeta::<E>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.frames.len(), summary.frames as usize);
+        assert_eq!(meta.last, entries.last().copied());
+        assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
+        for entry in entries {
+            assert!(meta.may_contain(KeyHash::of_record(&entry.key())));
+        }
+        for (a, b) in ranges {
+            let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+            let expected: Vec<E> = entries.iter().filter(|e| lo <= *e && *e <= hi).copied().collect();
+            assert_eq!(entries_between(&meta, &data, lo, hi), expected, "range {lo:?}..={hi:?}");
+            let key_entries: Vec<E> = entries.iter().filter(|e| e.key() == lo.key()).copied().collect();
+            let r = meta.frames_for_key(lo.key());
+            let found: Vec<E> = read_frames(&meta, &data, r).into_iter().filter(|e| e.key() == lo.key()).collect();
+            assert_eq!(found, key_entries);
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        #[test]
+        fn backlink_tables_round_trip(
+            entries in prop::collection::vec(backlink_strategy(), 0..300),
+            frame_bytes in prop_oneof![1..400usize, 400..70_000usize],
+            ranges in prop::collection::vec((backlink_strategy(), backlink_strategy()), 1..12),
+        ) {
+            check_table(&sorted_set(entries), frame_bytes, &ranges);
+        }
+
+        #[test]
+        fn revocation_tables_round_trip(
+            entries in prop::collection::vec(revocation_strategy(), 0..300),
+            frame_bytes in prop_oneof![1..200usize, 200..70_000usize],
+            ranges in prop::collection::vec((revocation_strategy(), revocation_strategy()), 1..12),
+        ) {
+            check_table(&sorted_set(entries), frame_bytes, &ranges);
+        }
+    }
+
+    /// One target with 10,000 backlinks between two neighbours, laid out so that with 64 entries
+    /// per frame the target starts inside frame 0 and the next neighbour starts frame 157.
+    fn popular_target_table() -> (Vec<Backlink>, [RecordId; 3]) {
+        let keys = [
+            record(4_000, 3, OUTLINED_BIT | 1),
+            record(5_000, 3, OUTLINED_BIT | 9),
+            record(6_000, 3, OUTLINED_BIT | 2),
+        ];
+        let link = |target: RecordId, i: u64| Backlink {
+            target,
+            source: record(1_000_000 + i * 17, 1, OUTLINED_BIT | (i % 97)),
+            location: 1,
+            source_rev: i,
+        };
+        let counts = [48, 10_000, 30];
+        let entries = keys.iter().zip(counts).flat_map(|(&key, count)| (0..count).map(move |i| link(key, i)));
+        (sorted_set(entries.collect()), keys)
+    }
+
+    #[test]
+    fn a_popular_target_spans_many_frames_and_all_are_found() {
+        let (entries, [before, popular, after]) = popular_target_table();
+        let (data, meta_bytes, _) = build(&entries, &options(64 * Backlink::WIDTH));
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.frames.len(), 158);
+        // Entries 48..10_048 are the popular target: frames 0..=156, all but the first continuing it.
+        let r = meta.frames_for_key(popular);
+        assert_eq!(r, 0..157);
+        assert!(meta.frames[1..157].iter().all(|frame| frame.continues && frame.first.target == popular));
+        let found: Vec<Backlink> = read_frames(&meta, &data, r).into_iter().filter(|e| e.target == popular).collect();
+        assert_eq!(found.len(), 10_000);
+
+        // Paging by source inside the target (entries 5_048..=5_147): frames 78..=80 only.
+        let page = &found[5_000..5_100];
+        let (lo, hi) = (page[0], page[99]);
+        assert_eq!(meta.frames_overlapping(&lo, &hi), 78..81);
+        assert_eq!(entries_between(&meta, &data, &lo, &hi), page);
+        let lo_source = Backlink { source: page[0].source, ..Backlink::min_for_key(popular) };
+        let hi_source = Backlink { source: page[99].source, ..Backlink::max_for_key(popular) };
+        assert_eq!(entries_between(&meta, &data, &lo_source, &hi_source), page);
+
+        // `after` starts frame 157 without continuing, so frame 156 is skipped.
+        assert!(!meta.frames[157].continues && meta.frames[157].first.target == after);
+        assert_eq!(meta.frames_for_key(after), 157..158);
+        assert_eq!(meta.frames_for_key(before), 0..1);
+        assert_eq!(meta.frames_for_key(record(4_500, 3, 1)), 0..1); // absent, between keys
+        assert_eq!(meta.frames_for_key(record(7_000, 3, 1)), 0..0); // past the last entry
+        assert_eq!(meta.frames_for_key(record(1, 1, 1)), 0..0); // before the first entry
+    }
+
+    #[test]
+    fn empty_tables_have_no_frames_and_reject_every_key() {
+        let (data, meta_bytes, summary) = build::<Backlink>(&[], &TableOptions::default());
+        assert!(data.is_empty());
+        assert_eq!(summary, TableSummary { entries: 0, frames: 0, data_len: 0, meta_len: meta_bytes.len() as u64 });
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.last, None);
+        let key = record(1, 2, 3);
+        assert!(!meta.may_contain(KeyHash::of_record(&key)));
+        assert_eq!(meta.frames_for_key(key), 0..0);
+        assert_eq!(meta.byte_range(0..0), (0, 0));
+    }
+
+    #[test]
+    #[cfg_attr(debug_assertions, should_panic(expected = "strictly increasing"))]
+    fn pushing_out_of_order_is_refused() {
+        let mut builder = TableBuilder::new(Vec::new(), &TableOptions::default(), 2).unwrap();
+        let later = Revocation { source: record(2, 0, 0), rev: 0 };
+        builder.push(&later).unwrap();
+        let result = builder.push(&Revocation { source: record(1, 0, 0), rev: 0 });
+        assert_eq!(result.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+        assert_eq!(builder.entries(), 1);
+    }
+
+    #[test]
+    fn options_outside_their_limits_are_refused() {
+        let refused = |opts: TableOptions| TableBuilder::<Revocation, _>::new(Vec::new(), &opts, 1).is_err();
+        assert!(refused(options(0)));
+        assert!(refused(options(MAX_FRAME_RAW_BYTES + 1)));
+        assert!(refused(TableOptions { zstd_level: 0, ..TableOptions::default() }));
+        assert!(refused(TableOptions { zstd_level: 20, ..TableOptions::default() }));
+        assert!(refused(TableOptions { filter_fpr: f64::NAN, ..TableOptions::default() }));
+        assert!(refused(TableOptions { filter_fpr: 0.9, ..TableOptions::default() }));
+        assert!(!refused(options(1)));
+        assert_eq!(options(1).entries_per_frame::<Backlink>(), 1);
+        assert_eq!(options(MAX_FRAME_RAW_BYTES).entries_per_frame::<Backlink>(), MAX_FRAME_RAW_BYTES / 64);
+    }
+
+    fn small_backlink_table() -> (Vec<Backlink>, Vec<u8>, Vec<u8>) {
+        let entries: Vec<Backlink> = (0..40u64)
+            .map(|i| Backlink {
+                target: record(100 + i / 8, 1, OUTLINED_BIT | 5),
+                source: record(1_000 + i, 2, OUTLINED_BIT | (i % 3)),
+                location: 1 + i % 2,
+                source_rev: i,
+            })
+            .collect();
+        let (data, meta, _) = build(&entries, &options(10 * Backlink::WIDTH));
+        (entries, data, meta)
+    }
+
+    #[test]
+    fn flipping_any_byte_of_the_data_file_is_detected() {
+        let (_, data, meta_bytes) = small_backlink_table();
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.frames.len(), 4);
+        for at in 0..data.len() {
+            for mask in [0x01, 0x80, 0xFF] {
+                let mut corrupt = data.clone();
+                corrupt[at] ^= mask;
+                let mut out = Vec::new();
+                let result = decode_frames(&meta, 0..4, &corrupt, &mut out);
+                assert!(result.is_err(), "flip {mask:#x} at {at} went unnoticed");
+                assert!(out.is_empty(), "entries leaked from a corrupt range");
+            }
+        }
+    }
+
+    #[test]
+    fn flipping_any_byte_of_the_meta_file_is_detected() {
+        let (_, _, meta_bytes) = small_backlink_table();
+        for at in 0..meta_bytes.len() {
+            for mask in [0x01, 0x80, 0xFF] {
+                let mut corrupt = meta_bytes.clone();
+                corrupt[at] ^= mask;
+                assert!(TableMeta::<Backlink>::decode(&corrupt).is_err(), "flip {mask:#x} at {at} went unnoticed");
+            }
+        }
+        for len in 0..meta_bytes.len() {
+            assert!(TableMeta::<Backlink>::decode(&meta_bytes[..len]).is_err());
+        }
+        assert!(TableMeta::<Revocation>::decode(&meta_bytes).is_err(), "entry width must be checked");
+    }
+
+    const GOLDEN_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden.data");
+    const GOLDEN_META: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden.meta");
+
+    /// Files written by format version 1 must keep decoding to the same entries.
+    #[test]
+    fn golden_table_files_still_decode() {
+        let (entries, _, _) = small_backlink_table();
+        let data = std::fs::read(GOLDEN_DATA).expect("tests/data/table_golden.data");
+        let meta_bytes = std::fs::read(GOLDEN_META).expect("tests/data/table_golden.meta");
+        assert_eq!(&data[..8], &[b'B', b'L', b'K', b'F', 1, 1, 64, 0]);
+        assert_eq!(&meta_bytes[..16], &[b'B', b'L', b'K', b'M', 1, 0, 64, 0, 24, 0, 0, 0, 4, 0, 0, 0]);
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.frames.iter().map(|f| f.entries).collect::<Vec<_>>(), [10, 10, 10, 10]);
+        assert_eq!(read_frames(&meta, &data, 0..4), entries);
+        assert_eq!(entries_between(&meta, &data, &entries[12], &entries[25]), &entries[12..=25]);
+    }
+
+    /// Run with `--ignored` only when the format changes on purpose (and bump the versions).
+    #[test]
+    #[ignore]
+    fn write_golden_table_files() {
+        let (_, data, meta) = small_backlink_table();
+        std::fs::write(GOLDEN_DATA, data).unwrap();
+        std::fs::write(GOLDEN_META, meta).unwrap();
+    }
+
+    /// Re-encodes a meta with a fresh checksum, so that only the cross-field checks can object.
+    fn reencoded(meta: &TableMeta<Backlink>) -> Result<TableMeta<Backlink>, FormatError> {
+        let mut bytes = Vec::new();
+        meta.encode(&mut bytes);
+        TableMeta::decode(&bytes)
+    }
+
+    #[test]
+    fn inconsistent_meta_with_a_valid_checksum_is_rejected() {
+        let (_, data, meta_bytes) = small_backlink_table();
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert_eq!(reencoded(&meta).unwrap(), meta);
+        let altered = |change: &dyn Fn(&mut TableMeta<Backlink>)| {
+            let mut copy = meta.clone();
+            change(&mut copy);
+            copy
+        };
+        assert!(reencoded(&altered(&|m| m.frames[1].offset += 1)).is_err());
+        assert!(reencoded(&altered(&|m| m.frames[0].continues = true)).is_err());
+        assert!(reencoded(&altered(&|m| m.frames.swap(1, 2))).is_err());
+        assert!(reencoded(&altered(&|m| m.data_len += 1)).is_err());
+        assert!(reencoded(&altered(&|m| m.entries += 1)).is_err());
+        assert!(reencoded(&altered(&|m| m.frames[3].entries = 0)).is_err());
+        assert!(reencoded(&altered(&|m| m.last = Some(m.frames[3].first))).is_err());
+
+        // A meta that passes its own checks but disagrees with the data is caught on decode.
+        let lying = altered(&|m| m.frames[2].continues = !m.frames[2].continues);
+        let lying = reencoded(&lying).unwrap();
+        let mut out = Vec::new();
+        assert!(decode_frames(&lying, 0..4, &data, &mut out).is_err());
+        let (start, end) = lying.byte_range(1..2);
+        assert!(decode_frames(&lying, 1..2, &data[start as usize..end as usize], &mut out).is_err());
+        assert!(out.is_empty());
+        assert!(decode_frames(&meta, 0..4, &data[1..], &mut out).is_err());
+        assert!(decode_frames(&meta, 3..5, &data, &mut out).is_err());
+    }
+
+    #[test]
+    fn frames_with_a_valid_checksum_but_bad_contents_are_rejected() {
+        let entry = |i: u64| Revocation { source: record(i, 0, 0), rev: 0 };
+        let raw_of = |entries: &[Revocation]| {
+            let mut raw = Vec::new();
+            entries.iter().for_each(|e| encode_entry(e, &mut raw));
+            raw
+        };
+        let mut encoder = FrameEncoder::new(3).unwrap();
+        let mut out = Vec::new();
+        let good = encoder.encode(&raw_of(&[entry(1), entry(2)]), Revocation::WIDTH).unwrap().to_vec();
+        decode_frame::<Revocation>(&good, &mut out).unwrap();
+        assert_eq!(out, [entry(1), entry(2)]);
+        for entries in [[entry(2), entry(2)], [entry(3), entry(2)]] {
+            let frame = encoder.encode(&raw_of(&entries), Revocation::WIDTH).unwrap().to_vec();
+            let error = decode_frame::<Revocation>(&frame, &mut out).unwrap_err();
+            assert!(error.to_string().contains("not strictly increasing"), "{error}");
+        }
+        assert_eq!(out.len(), 2, "failed decodes must not append");
+        let mut wrong_width: Vec<Backlink> = Vec::new();
+        assert!(matches!(decode_frame(&good, &mut wrong_width), Err(FormatError::OutOfRange { .. })));
+    }
+
+    /// SplitMix64, for realistic data that never changes between runs.
+    struct SplitMix(u64);
+
+    impl SplitMix {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    /// A TID: microseconds since the epoch above a 10-bit clock id.
+    fn tid(micros: u64, clock: u64) -> u64 {
+        (micros << 10) | (clock & 0x3FF)
+    }
+
+    /// Firehose-like backlinks: `targets` posts and accounts with Zipf-ish popularity, liked,
+    /// reposted and replied to by `users` accounts over about an hour, one stamp per link.
+    fn realistic_backlinks(count: usize, targets: usize, users: u64, seed: u64) -> Vec<Backlink> {
+        let mut rng = SplitMix(seed);
+        let start = 1_730_000_000_000_000u64;
+        let user = |rng: &mut SplitMix| OUTLINED_BIT | (1 + rng.below(users));
+        let target_ids: Vec<RecordId> = (0..targets)
+            .map(|i| match i % 5 {
+                0 => RecordId::repo(user(&mut rng)),
+                _ => record(tid(start - rng.below(86_400_000_000), rng.below(1024)), 3, user(&mut rng)),
+            })
+            .collect();
+        let weights: Vec<f64> = (1..=targets).map(|rank| 1.0 / (rank as f64).powf(1.1)).collect();
+        let cumulative: Vec<f64> = weights
+            .iter()
+            .scan(0.0, |sum, w| {
+                *sum += w;
+                Some(*sum)
+            })
+            .collect();
+        let total = *cumulative.last().unwrap();
+        let links = (0..count as u64).map(|i| {
+            let pick = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * total;
+            let target = target_ids[cumulative.partition_point(|&c| c < pick).min(targets - 1)];
+            let micros = start + i * 36_000 + rng.below(36_000);
+            let (collection, location) = match (target.is_repo(), rng.below(10)) {
+                (true, _) => (4, 3),      // follow: $.subject
+                (false, 0..=5) => (1, 1), // like: $.subject
+                (false, 6..=7) => (2, 1), // repost: $.subject
+                (false, _) => (3, 2),     // reply: $.reply.parent
+            };
+            let source = record(tid(micros, rng.below(1024)), collection, user(&mut rng));
+            Backlink { target, source, location, source_rev: 5_000_000 + i }
+        });
+        sorted_set(links.collect())
+    }
+
+    #[test]
+    fn realistic_backlinks_compress_below_20_bytes_each() {
+        let entries = realistic_backlinks(100_000, 3_000, 200_000, 42);
+        assert!(entries.len() > 99_900);
+        let (data, meta_bytes, summary) = build(&entries, &TableOptions::default());
+        let per_entry = data.len() as f64 / entries.len() as f64;
+        let meta_per_entry = meta_bytes.len() as f64 / entries.len() as f64;
+        println!(
+            "{} backlinks in {} frames: {per_entry:.2} data bytes/entry, {meta_per_entry:.2} meta bytes/entry",
+            summary.entries, summary.frames
+        );
+        assert!(per_entry < 20.0, "{per_entry:.2} bytes per entry");
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
+    }
+}

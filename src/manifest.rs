@@ -1,0 +1,201 @@
+//! Manifests: the published view of the index, `manifests/<generation>-<digest>` in the bucket.
+//!
+//! Invariants:
+//! - A manifest names only objects that were uploaded before it was written.
+//! - Its name carries its generation (16 hex digits, so names sort by generation) and the xxh3-128
+//!   of its body (32 hex digits); a reader recomputes the digest and rejects a mismatch.
+//! - Everything read from a manifest is validated before use: table ids are exactly 24 lowercase
+//!   hex digits, trees are known, counts and sizes are bounded. A hostile manifest is an error,
+//!   never a path outside `tables/`.
+
+use crate::catalog::{AccountState, IngestPosition, RunKind, TableRecord};
+use serde::{Deserialize, Serialize};
+use xxhash_rust::xxh3::xxh3_128;
+
+pub const MANIFEST_FORMAT: u32 = 1;
+/// Upper bounds on what a manifest may claim (far above any real index).
+const MAX_TABLES: usize = 1_000_000;
+const MAX_OBJECT_BYTES: u64 = 1 << 40;
+const MAX_MANIFEST_BYTES: usize = 256 << 20;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ManifestTable {
+    pub tree: String,
+    pub id: String,
+    pub run_id: String,
+    pub compacted: bool,
+    pub shard: u32,
+    pub shard_count: u32,
+    pub entries: u64,
+    pub data_len: u64,
+    pub meta_len: u64,
+    pub min_stamp: u64,
+    pub max_stamp: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: u32,
+    pub generation: u64,
+    pub cursor: Option<i64>,
+    pub clock: u64,
+    pub tables: Vec<ManifestTable>,
+    /// Hidden accounts: (did id, status), so a restored machine hides the same accounts.
+    pub hidden_accounts: Vec<(u64, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest {name}: {reason}")]
+    Invalid { name: String, reason: String },
+}
+
+impl Manifest {
+    pub fn new(
+        generation: u64,
+        position: IngestPosition,
+        tables: Vec<TableRecord>,
+        hidden: Vec<(u64, AccountState)>,
+    ) -> Self {
+        let tables = tables
+            .into_iter()
+            .map(|t| ManifestTable {
+                compacted: t.run_kind == RunKind::Compacted,
+                tree: t.tree,
+                id: t.id,
+                run_id: t.run_id,
+                shard: t.shard,
+                shard_count: t.shard_count,
+                entries: t.entries,
+                data_len: t.data_len,
+                meta_len: t.meta_len,
+                min_stamp: t.min_stamp,
+                max_stamp: t.max_stamp,
+            })
+            .collect();
+        let hidden_accounts = hidden.into_iter().map(|(did, state)| (did, state.as_str().to_string())).collect();
+        Manifest { format: MANIFEST_FORMAT, generation, cursor: position.cursor, clock: position.clock, tables, hidden_accounts }
+    }
+
+    /// The object name (`<generation>-<digest>`) and body.
+    pub fn encode(&self) -> (String, Vec<u8>) {
+        let body = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
+        let name = format!("{:016x}-{:032x}", self.generation, xxh3_128(&body));
+        assert!(body.len() <= MAX_MANIFEST_BYTES, "manifest larger than the decode limit");
+        (name, body)
+    }
+
+    /// Parses and validates a manifest fetched under `name`.
+    pub fn decode(name: &str, body: &[u8]) -> Result<Self, ManifestError> {
+        let invalid = |reason: String| ManifestError::Invalid { name: name.to_string(), reason };
+        let (generation, digest) = parse_name(name).ok_or_else(|| invalid("malformed name".into()))?;
+        if body.len() > MAX_MANIFEST_BYTES {
+            return Err(invalid(format!("{} bytes is over the limit", body.len())));
+        }
+        if xxh3_128(body) != digest {
+            return Err(invalid("digest does not match the body".into()));
+        }
+        let manifest: Manifest = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
+        if manifest.format != MANIFEST_FORMAT || manifest.generation != generation {
+            return Err(invalid("format or generation does not match".into()));
+        }
+        manifest.validate().map_err(invalid)?;
+        Ok(manifest)
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        if self.tables.len() > MAX_TABLES {
+            return Err(format!("{} tables is over the limit", self.tables.len()));
+        }
+        for table in &self.tables {
+            if !matches!(table.tree.as_str(), "links" | "thresholds") {
+                return Err(format!("unknown tree {:?}", table.tree));
+            }
+            if !is_table_id(&table.id) || !is_table_id(&table.run_id) {
+                return Err(format!("invalid table id {:?}", table.id));
+            }
+            if table.data_len > MAX_OBJECT_BYTES || table.meta_len > MAX_OBJECT_BYTES {
+                return Err(format!("table {} claims an impossible size", table.id));
+            }
+            if table.shard_count == 0 || table.shard >= table.shard_count {
+                return Err(format!("table {} has shard {} of {}", table.id, table.shard, table.shard_count));
+            }
+        }
+        if let Some((_, status)) = self.hidden_accounts.iter().find(|(_, s)| !AccountState::parse(s).is_hidden()) {
+            return Err(format!("hidden account with status {status:?}"));
+        }
+        Ok(())
+    }
+}
+
+/// Table ids are 24 lowercase hex digits: a 64-bit sequence number and 32 random bits.
+pub fn is_table_id(id: &str) -> bool {
+    id.len() == 24 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+fn parse_name(name: &str) -> Option<(u64, u128)> {
+    let (generation, digest) = name.split_once('-')?;
+    if generation.len() != 16 || digest.len() != 32 {
+        return None;
+    }
+    Some((u64::from_str_radix(generation, 16).ok()?, u128::from_str_radix(digest, 16).ok()?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(id: &str) -> TableRecord {
+        TableRecord {
+            id: id.into(),
+            tree: "links".into(),
+            run_id: id.into(),
+            run_kind: RunKind::Delta,
+            shard: 0,
+            shard_count: 1,
+            entries: 10,
+            data_len: 100,
+            meta_len: 50,
+            uploaded: true,
+            min_stamp: 1,
+            max_stamp: 9,
+        }
+    }
+
+    fn sample() -> Manifest {
+        Manifest::new(
+            7,
+            IngestPosition { cursor: Some(42), clock: 9 },
+            vec![table("0000000000000001abcdef01")],
+            vec![(5, AccountState::Suspended)],
+        )
+    }
+
+    #[test]
+    fn round_trips_and_names_itself() {
+        let manifest = sample();
+        let (name, body) = manifest.encode();
+        assert!(name.starts_with("0000000000000007-"));
+        assert_eq!(Manifest::decode(&name, &body).unwrap(), manifest);
+    }
+
+    #[test]
+    fn rejects_tampered_and_hostile_manifests() {
+        let (name, mut body) = sample().encode();
+        body[10] ^= 1;
+        assert!(Manifest::decode(&name, &body).is_err(), "digest mismatch accepted");
+
+        for hostile_id in ["../../etc/passwd", "0000000000000001ABCDEF01", "1", ""] {
+            let mut manifest = sample();
+            manifest.tables[0].id = hostile_id.into();
+            let (name, body) = manifest.encode();
+            let err = Manifest::decode(&name, &body).unwrap_err().to_string();
+            assert!(err.contains("invalid table id"), "{hostile_id}: {err}");
+        }
+        let mut manifest = sample();
+        manifest.tables[0].data_len = u64::MAX;
+        let (name, body) = manifest.encode();
+        assert!(Manifest::decode(&name, &body).is_err());
+        assert!(Manifest::decode("nonsense", b"{}").is_err());
+    }
+}

@@ -1,0 +1,779 @@
+//! Outline tables (`outlines.db`): strings (DIDs, collections, record keys, locations) <-> u64 ids.
+//!
+//! Invariants:
+//! - Ids come from sharded sequences, never from a hash: a writer interns with its own `shard`
+//!   and each (kind, shard) has its own counter, starting at 1. Id layouts:
+//!   - did: `OUTLINED_BIT | shard << 46 | counter`, counter < 2^46, bit 62 always clear;
+//!   - rkey: `OUTLINED_BIT | shard << 47 | counter`, counter < 2^47;
+//!   - collection, location: `shard << 48 | counter`, counter < 2^48 (collection 0 is `<self>`,
+//!     location 0 is unused; neither is ever allocated because counters start at 1).
+//! - An exhausted counter is an error, never a wraparound.
+//! - A string has at most one id per kind and an id at most one string: every transition of a
+//!   string (absent -> pending -> stored) happens under the allocator lock, and `intern` looks in
+//!   the pending map and in SQLite under that same lock before it allocates.
+//! - New strings stay in the pending map, never evicted, until `persist` writes all of them and the
+//!   advanced counters in one transaction. Only then may the bounded cache forget them (a miss
+//!   falls back to SQLite).
+//! - Caches are bounded: did and rkey by `OutlineOptions::cache_entries` each, collection and
+//!   location (a few thousand strings on the real network) by `SMALL_KIND_CACHE_ENTRIES`, which
+//!   in practice holds all of them; they are loaded at open.
+//! - Lock order: allocator, then SQLite connection, then a cache. Cache locks are never held while
+//!   taking another lock.
+//!
+//! Crash semantics: ids allocated but not yet persisted are forgotten after a crash, and the
+//! counters resume from their persisted values, so such an id may later be given to another
+//! string. That is safe because the engine always calls `persist()` before it commits a flush
+//! that refers to the ids: no durable table ever holds a forgotten id. Re-interning a string after
+//! a crash may give it a different id than before the crash, which is fine for the same reason.
+
+use crate::model::ids::OUTLINED_BIT;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite_migration::{M, Migrations};
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+/// Cache capacity of the collection and location kinds: large enough to hold every one of them.
+pub const SMALL_KIND_CACHE_ENTRIES: usize = 1 << 20;
+/// Most new strings that may wait for `persist`; beyond it `intern` fails until persist runs.
+pub const MAX_PENDING: usize = 1 << 22;
+
+/// Schema versions of `outlines.db`, oldest first. Append only: never edit a released migration.
+fn migrations() -> Migrations<'static> {
+    Migrations::new(vec![M::up(include_str!("../migrations/outlines/0001_outlines.sql"))])
+}
+
+/// What an outlined string is. The codes and names are stored and published: never change them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OutlineKind {
+    Did,
+    Collection,
+    Rkey,
+    Location,
+}
+
+impl OutlineKind {
+    pub const ALL: [OutlineKind; 4] =
+        [OutlineKind::Did, OutlineKind::Collection, OutlineKind::Rkey, OutlineKind::Location];
+
+    pub const fn code(self) -> u8 {
+        match self {
+            OutlineKind::Did => 1,
+            OutlineKind::Collection => 2,
+            OutlineKind::Rkey => 3,
+            OutlineKind::Location => 4,
+        }
+    }
+
+    pub fn from_code(code: u8) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.code() == code)
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            OutlineKind::Did => "did",
+            OutlineKind::Collection => "collection",
+            OutlineKind::Rkey => "rkey",
+            OutlineKind::Location => "location",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// Longest string of this kind, in bytes: the atproto limits for DIDs (2 KiB), NSIDs (317)
+    /// and record keys (512); locations are bounded by the extractor's depth limit.
+    pub const fn max_len(self) -> usize {
+        match self {
+            OutlineKind::Did => 2048,
+            OutlineKind::Collection => 317,
+            OutlineKind::Rkey => 512,
+            OutlineKind::Location => 2048,
+        }
+    }
+
+    const fn index(self) -> usize {
+        self.code() as usize - 1
+    }
+
+    const fn layout(self) -> IdLayout {
+        match self {
+            OutlineKind::Did => IdLayout { tag: OUTLINED_BIT, shard_shift: 46 },
+            OutlineKind::Rkey => IdLayout { tag: OUTLINED_BIT, shard_shift: 47 },
+            OutlineKind::Collection | OutlineKind::Location => IdLayout { tag: 0, shard_shift: 48 },
+        }
+    }
+}
+
+impl fmt::Display for OutlineKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `tag | shard << shard_shift | counter`: the 16-bit shard sits right below the tag bits, the
+/// counter fills the bits below the shard.
+#[derive(Debug, Clone, Copy)]
+struct IdLayout {
+    tag: u64,
+    shard_shift: u32,
+}
+
+impl IdLayout {
+    fn max_counter(self) -> u64 {
+        (1u64 << self.shard_shift) - 1
+    }
+
+    /// Bits above the shard field: they must equal the tag's (this keeps bit 62 of DIDs clear).
+    fn high_bits(self, id: u64) -> u64 {
+        id.checked_shr(self.shard_shift + 16).unwrap_or(0)
+    }
+
+    fn compose(self, shard: u16, counter: u64) -> Option<u64> {
+        if counter == 0 || counter > self.max_counter() {
+            return None;
+        }
+        let id = self.tag | (u64::from(shard) << self.shard_shift) | counter;
+        assert_eq!(self.split(id), Some((shard, counter)), "id layout round trip");
+        Some(id)
+    }
+
+    /// (shard, counter) of an id of this layout; `None` for any other u64.
+    fn split(self, id: u64) -> Option<(u16, u64)> {
+        let counter = id & self.max_counter();
+        if self.high_bits(id) != self.high_bits(self.tag) || counter == 0 {
+            return None;
+        }
+        let shard = ((id >> self.shard_shift) & 0xffff) as u16;
+        Some((shard, counter))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutlineOptions {
+    /// Cached strings per large kind (did, rkey), on top of the not-yet-persisted ones.
+    pub cache_entries: usize,
+}
+
+impl Default for OutlineOptions {
+    fn default() -> Self {
+        Self { cache_entries: 1 << 20 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutlineError {
+    #[error("outlines.db: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("outlines.db migration: {0}")]
+    Migration(#[from] rusqlite_migration::Error),
+    #[error("creating {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("a {kind} string must be 1..={max} bytes, got {len}")]
+    InvalidValue { kind: OutlineKind, len: usize, max: usize },
+    #[error("the {kind} sequence of shard {shard} is exhausted")]
+    Exhausted { kind: OutlineKind, shard: u16 },
+    #[error("{limit} new strings are waiting for persist()")]
+    TooManyPending { limit: usize },
+    #[error("outlines.db is corrupt: {0}")]
+    Corrupt(String),
+    #[error("a thread panicked while holding an outlines lock")]
+    Poisoned,
+}
+
+/// One cached (id, string) pair and its clock bit.
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    value: Arc<str>,
+    referenced: AtomicBool,
+}
+
+/// A bounded two-way map with clock (second chance) eviction: a hit sets the slot's bit under
+/// the read lock; eviction sweeps the hand forward, clearing set bits, to the first clear one.
+#[derive(Debug)]
+struct Cache {
+    capacity: usize,
+    slots: Vec<Slot>,
+    by_value: HashMap<Arc<str>, usize>,
+    by_id: HashMap<u64, usize>,
+    hand: usize,
+}
+
+impl Cache {
+    fn new(capacity: usize) -> Self {
+        Self { capacity, slots: Vec::new(), by_value: HashMap::new(), by_id: HashMap::new(), hand: 0 }
+    }
+
+    fn id_of(&self, value: &str) -> Option<u64> {
+        let slot = &self.slots[*self.by_value.get(value)?];
+        slot.referenced.store(true, Ordering::Relaxed);
+        Some(slot.id)
+    }
+
+    fn value_of(&self, id: u64) -> Option<Arc<str>> {
+        let slot = &self.slots[*self.by_id.get(&id)?];
+        slot.referenced.store(true, Ordering::Relaxed);
+        Some(slot.value.clone())
+    }
+
+    fn insert(&mut self, id: u64, value: Arc<str>) {
+        if self.capacity == 0 || self.by_id.contains_key(&id) {
+            return;
+        }
+        let index =
+            if self.slots.len() < self.capacity { self.push_slot(id, &value) } else { self.reuse_slot(id, &value) };
+        self.by_value.insert(value, index);
+        self.by_id.insert(id, index);
+        debug_assert_eq!(self.by_value.len(), self.slots.len());
+        debug_assert_eq!(self.by_id.len(), self.slots.len());
+    }
+
+    fn push_slot(&mut self, id: u64, value: &Arc<str>) -> usize {
+        self.slots.push(Slot { id, value: value.clone(), referenced: AtomicBool::new(false) });
+        self.slots.len() - 1
+    }
+
+    /// Evicts the clock's victim and puts the new pair in its slot. Each step of the sweep clears
+    /// a bit, so it ends within one turn of the clock (amortized O(1)).
+    fn reuse_slot(&mut self, id: u64, value: &Arc<str>) -> usize {
+        while self.slots[self.hand].referenced.swap(false, Ordering::Relaxed) {
+            self.hand = (self.hand + 1) % self.slots.len();
+        }
+        let victim = self.hand;
+        self.hand = (self.hand + 1) % self.slots.len();
+        let old = std::mem::replace(
+            &mut self.slots[victim],
+            Slot { id, value: value.clone(), referenced: AtomicBool::new(false) },
+        );
+        self.by_value.remove(&old.value);
+        self.by_id.remove(&old.id);
+        victim
+    }
+}
+
+/// Everything `intern` and `persist` change: the new strings and the sequences' next counters.
+#[derive(Debug, Default)]
+struct Allocator {
+    /// New strings in allocation order: their insertion order in `outlines.db`.
+    pending: Vec<(OutlineKind, u64, Arc<str>)>,
+    pending_ids: [HashMap<Arc<str>, u64>; 4],
+    pending_values: [HashMap<u64, Arc<str>>; 4],
+    /// Next counter of each (kind, shard) used since open (at most 4 * 2^16 entries).
+    next_counter: HashMap<(OutlineKind, u16), u64>,
+    /// Next counters of the sequences advanced since the last persist: what persist writes.
+    advanced: BTreeMap<(OutlineKind, u16), u64>,
+}
+
+impl Allocator {
+    fn pending_id(&self, kind: OutlineKind, value: &str) -> Option<u64> {
+        self.pending_ids[kind.index()].get(value).copied()
+    }
+
+    fn pending_value(&self, kind: OutlineKind, id: u64) -> Option<Arc<str>> {
+        self.pending_values[kind.index()].get(&id).cloned()
+    }
+
+    fn add_pending(&mut self, kind: OutlineKind, id: u64, value: Arc<str>) {
+        self.pending_ids[kind.index()].insert(value.clone(), id);
+        let previous = self.pending_values[kind.index()].insert(id, value.clone());
+        assert!(previous.is_none(), "{kind} id {id:#x} allocated twice");
+        self.pending.push((kind, id, value));
+    }
+
+    /// Forgets the pending strings (now stored) and returns them.
+    fn take_pending(&mut self) -> Vec<(OutlineKind, u64, Arc<str>)> {
+        self.pending_ids.iter_mut().for_each(HashMap::clear);
+        self.pending_values.iter_mut().for_each(HashMap::clear);
+        self.advanced.clear();
+        std::mem::take(&mut self.pending)
+    }
+}
+
+/// The outline tables: a SQLite file, a bounded cache per kind, and the pending new strings.
+#[derive(Debug)]
+pub struct Outlines {
+    db: Mutex<Connection>,
+    allocator: Mutex<Allocator>,
+    caches: [RwLock<Cache>; 4],
+}
+
+impl Outlines {
+    /// Opens (creating if needed) `outlines.db`, applies migrations, loads collections and locations.
+    pub fn open(path: &Path, opts: OutlineOptions) -> Result<Self, OutlineError> {
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| OutlineError::Io { path: dir.to_owned(), source })?;
+        }
+        let mut conn = Connection::open(path)?;
+        configure(&conn)?;
+        migrations().to_latest(&mut conn)?;
+        let caches = OutlineKind::ALL.map(|kind| {
+            let large = matches!(kind, OutlineKind::Did | OutlineKind::Rkey);
+            RwLock::new(Cache::new(if large { opts.cache_entries } else { SMALL_KIND_CACHE_ENTRIES }))
+        });
+        let outlines = Self { db: Mutex::new(conn), allocator: Mutex::default(), caches };
+        outlines.preload(OutlineKind::Collection)?;
+        outlines.preload(OutlineKind::Location)?;
+        Ok(outlines)
+    }
+
+    /// The id of `value`, if it has one. Never allocates: for queries.
+    pub fn lookup(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        if check_value(kind, value).is_err() {
+            return Ok(None); // a string that could never be interned has no id
+        }
+        if let Some(id) = self.cached_id(kind, value)? {
+            return Ok(Some(id));
+        }
+        if let Some(id) = self.lock_allocator()?.pending_id(kind, value) {
+            return Ok(Some(id));
+        }
+        // Checked after the pending map: a string persisted meanwhile is in SQLite by now.
+        let stored = self.stored_id(kind, value)?;
+        if let Some(id) = stored {
+            self.remember(kind, id, Arc::from(value))?;
+        }
+        Ok(stored)
+    }
+
+    /// The id of `value`, allocating one from sequence (kind, `shard`) if it has none yet. A new id
+    /// is pending (forgotten by a crash) until `persist`.
+    pub fn intern(&self, kind: OutlineKind, value: &str, shard: u16) -> Result<u64, OutlineError> {
+        check_value(kind, value)?;
+        if let Some(id) = self.cached_id(kind, value)? {
+            return Ok(id);
+        }
+        let mut allocator = self.lock_allocator()?;
+        if let Some(id) = allocator.pending_id(kind, value) {
+            return Ok(id);
+        }
+        // Still under the allocator lock: nobody can allocate or persist `value` meanwhile.
+        if let Some(id) = self.stored_id(kind, value)? {
+            self.remember(kind, id, Arc::from(value))?;
+            return Ok(id);
+        }
+        if allocator.pending.len() >= MAX_PENDING {
+            return Err(OutlineError::TooManyPending { limit: MAX_PENDING });
+        }
+        let id = self.allocate(&mut allocator, kind, shard)?;
+        allocator.add_pending(kind, id, Arc::from(value));
+        Ok(id)
+    }
+
+    /// The string of `id`, if it has one (an id outside the kind's layout has none).
+    pub fn resolve(&self, kind: OutlineKind, id: u64) -> Result<Option<Arc<str>>, OutlineError> {
+        if kind.layout().split(id).is_none() {
+            return Ok(None);
+        }
+        if let Some(value) = read(&self.caches[kind.index()])?.value_of(id) {
+            return Ok(Some(value));
+        }
+        if let Some(value) = self.lock_allocator()?.pending_value(kind, id) {
+            return Ok(Some(value));
+        }
+        let stored = self.stored_value(kind, id)?;
+        if let Some(value) = &stored {
+            self.remember(kind, id, value.clone())?;
+        }
+        Ok(stored)
+    }
+
+    /// Writes every pending string and the advanced counters in one transaction; returns how many
+    /// strings it wrote. On error nothing is written and everything stays pending.
+    pub fn persist(&self) -> Result<usize, OutlineError> {
+        let mut allocator = self.lock_allocator()?;
+        if allocator.pending.is_empty() && allocator.advanced.is_empty() {
+            return Ok(0);
+        }
+        self.write_pending(&allocator)?;
+        let stored = allocator.take_pending();
+        for (kind, id, value) in &stored {
+            self.remember(*kind, *id, value.clone())?;
+        }
+        Ok(stored.len())
+    }
+
+    /// Strings interned since the last successful `persist`.
+    pub fn pending(&self) -> usize {
+        self.allocator.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pending.len()
+    }
+
+    fn write_pending(&self, allocator: &Allocator) -> Result<(), OutlineError> {
+        let mut db = self.lock_db()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        {
+            let mut insert = tx.prepare_cached("INSERT INTO outlines (kind, id, value) VALUES (?1, ?2, ?3)")?;
+            for (kind, id, value) in &allocator.pending {
+                insert.execute(params![kind.code(), *id as i64, value.as_ref()])?;
+            }
+            let mut advance = tx.prepare_cached(
+                "INSERT INTO sequences (kind, shard, next) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (kind, shard) DO UPDATE SET next = excluded.next",
+            )?;
+            for ((kind, shard), next) in &allocator.advanced {
+                advance.execute(params![kind.code(), shard, *next as i64])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Takes the next counter of (kind, shard), loading it from SQLite on first use.
+    fn allocate(&self, allocator: &mut Allocator, kind: OutlineKind, shard: u16) -> Result<u64, OutlineError> {
+        let counter = match allocator.next_counter.get(&(kind, shard)) {
+            Some(next) => *next,
+            None => self.stored_next_counter(kind, shard)?,
+        };
+        let id = kind.layout().compose(shard, counter).ok_or(OutlineError::Exhausted { kind, shard })?;
+        allocator.next_counter.insert((kind, shard), counter + 1);
+        allocator.advanced.insert((kind, shard), counter + 1);
+        Ok(id)
+    }
+
+    fn stored_next_counter(&self, kind: OutlineKind, shard: u16) -> Result<u64, OutlineError> {
+        let db = self.lock_db()?;
+        let mut query = db.prepare_cached("SELECT next FROM sequences WHERE kind = ?1 AND shard = ?2")?;
+        let next: Option<i64> = query.query_row(params![kind.code(), shard], |row| row.get(0)).optional()?;
+        match next {
+            None => Ok(1),
+            Some(next) if next >= 1 => Ok(next as u64),
+            Some(next) => Err(OutlineError::Corrupt(format!("{kind} shard {shard} has next counter {next}"))),
+        }
+    }
+
+    fn stored_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        let db = self.lock_db()?;
+        let mut query = db.prepare_cached("SELECT id FROM outlines WHERE kind = ?1 AND value = ?2")?;
+        let id: Option<i64> = query.query_row(params![kind.code(), value], |row| row.get(0)).optional()?;
+        Ok(id.map(|id| id as u64))
+    }
+
+    fn stored_value(&self, kind: OutlineKind, id: u64) -> Result<Option<Arc<str>>, OutlineError> {
+        let db = self.lock_db()?;
+        let mut query = db.prepare_cached("SELECT value FROM outlines WHERE kind = ?1 AND id = ?2")?;
+        let value: Option<String> = query.query_row(params![kind.code(), id as i64], |row| row.get(0)).optional()?;
+        Ok(value.map(Arc::from))
+    }
+
+    /// Fills the cache of `kind` with its first strings, up to the cache's capacity.
+    fn preload(&self, kind: OutlineKind) -> Result<(), OutlineError> {
+        let mut cache = write(&self.caches[kind.index()])?;
+        let db = self.lock_db()?;
+        let mut query = db.prepare("SELECT id, value FROM outlines WHERE kind = ?1 ORDER BY seq LIMIT ?2")?;
+        let rows = query.query_map(params![kind.code(), cache.capacity as i64], |row| {
+            Ok((row.get::<_, i64>(0)? as u64, row.get::<_, String>(1)?))
+        })?;
+        for row in rows {
+            let (id, value) = row?;
+            cache.insert(id, Arc::from(value));
+        }
+        Ok(())
+    }
+
+    fn cached_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        Ok(read(&self.caches[kind.index()])?.id_of(value))
+    }
+
+    fn remember(&self, kind: OutlineKind, id: u64, value: Arc<str>) -> Result<(), OutlineError> {
+        write(&self.caches[kind.index()])?.insert(id, value);
+        Ok(())
+    }
+
+    fn lock_db(&self) -> Result<MutexGuard<'_, Connection>, OutlineError> {
+        self.db.lock().map_err(|_| OutlineError::Poisoned)
+    }
+
+    fn lock_allocator(&self) -> Result<MutexGuard<'_, Allocator>, OutlineError> {
+        self.allocator.lock().map_err(|_| OutlineError::Poisoned)
+    }
+}
+
+/// WAL, and `synchronous = FULL`: a commit is on disk when `persist` returns. NORMAL would not do
+/// here even though `persist` always precedes the catalog's commit: with NORMAL a power loss can
+/// drop the last outline commit while the later, fsynced commit of `state.db` (a different file,
+/// whose fsync does not order writes to this one) survives and refers to the lost ids. Persist runs
+/// once per flush, so the extra fsync costs nothing that matters.
+fn configure(conn: &Connection) -> Result<(), OutlineError> {
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") && !mode.eq_ignore_ascii_case("memory") {
+        return Err(OutlineError::Corrupt(format!("cannot switch outlines.db to WAL (mode is {mode})")));
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(())
+}
+
+fn check_value(kind: OutlineKind, value: &str) -> Result<(), OutlineError> {
+    let max = kind.max_len();
+    if value.is_empty() || value.len() > max {
+        return Err(OutlineError::InvalidValue { kind, len: value.len(), max });
+    }
+    Ok(())
+}
+
+fn read<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockReadGuard<'_, T>, OutlineError> {
+    lock.read().map_err(|_| OutlineError::Poisoned)
+}
+
+fn write<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockWriteGuard<'_, T>, OutlineError> {
+    lock.write().map_err(|_| OutlineError::Poisoned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ids::DID_RESERVED_BIT;
+    use std::collections::HashSet;
+
+    const DID: OutlineKind = OutlineKind::Did;
+    const COLLECTION: OutlineKind = OutlineKind::Collection;
+    const RKEY: OutlineKind = OutlineKind::Rkey;
+    const LOCATION: OutlineKind = OutlineKind::Location;
+
+    fn open(dir: &tempfile::TempDir, cache_entries: usize) -> Outlines {
+        Outlines::open(&dir.path().join("outlines.db"), OutlineOptions { cache_entries }).unwrap()
+    }
+
+    #[test]
+    fn outlines_are_shareable_and_migrations_valid() {
+        fn shareable<T: Send + Sync>() {}
+        shareable::<Outlines>();
+        migrations().validate().unwrap();
+    }
+
+    #[test]
+    fn kind_codes_and_names_are_stable() {
+        let table: Vec<_> = OutlineKind::ALL.iter().map(|k| (k.code(), k.name())).collect();
+        assert_eq!(table, [(1, "did"), (2, "collection"), (3, "rkey"), (4, "location")]);
+        for kind in OutlineKind::ALL {
+            assert_eq!(OutlineKind::from_code(kind.code()), Some(kind));
+            assert_eq!(OutlineKind::from_name(kind.name()), Some(kind));
+        }
+        assert_eq!(OutlineKind::from_code(0), None);
+        assert_eq!(OutlineKind::from_code(5), None);
+        assert_eq!(OutlineKind::from_name("DID"), None);
+    }
+
+    #[test]
+    fn layouts_compose_and_split() {
+        assert_eq!(DID.layout().compose(0, 1), Some(OUTLINED_BIT | 1));
+        assert_eq!(DID.layout().compose(3, 5), Some(OUTLINED_BIT | 3 << 46 | 5));
+        assert_eq!(DID.layout().compose(u16::MAX, (1 << 46) - 1), Some(OUTLINED_BIT | ((1 << 62) - 1)));
+        assert_eq!(DID.layout().compose(0, 1 << 46), None);
+        assert_eq!(DID.layout().compose(0, 0), None);
+        assert_eq!(RKEY.layout().compose(u16::MAX, (1 << 47) - 1), Some(u64::MAX));
+        assert_eq!(COLLECTION.layout().compose(0, 7), Some(7));
+        assert_eq!(LOCATION.layout().compose(2, 7), Some(2 << 48 | 7));
+        assert_eq!(COLLECTION.layout().compose(0, 1 << 48), None);
+        // Values outside a layout are not ids of that kind.
+        assert_eq!(DID.layout().split(1), None); // no outlined bit
+        assert_eq!(DID.layout().split(OUTLINED_BIT | DID_RESERVED_BIT | 1), None);
+        assert_eq!(DID.layout().split(OUTLINED_BIT), None); // counter 0
+        assert_eq!(RKEY.layout().split(0x0123_4567), None); // an inline TID
+        assert_eq!(COLLECTION.layout().split(0), None); // <self>
+        assert_eq!(LOCATION.layout().split(u64::MAX), Some((u16::MAX, (1 << 48) - 1)));
+    }
+
+    #[test]
+    fn intern_lookup_resolve_round_trip() {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines = open(&dir, 16);
+        let did = outlines.intern(DID, "did:plc:abc", 0).unwrap();
+        assert_eq!(did, OUTLINED_BIT | 1);
+        assert_eq!(outlines.intern(DID, "did:plc:abc", 7).unwrap(), did, "an existing string keeps its id");
+        assert_eq!(outlines.intern(DID, "did:plc:def", 0).unwrap(), OUTLINED_BIT | 2);
+        assert_eq!(outlines.intern(COLLECTION, "app.bsky.feed.like", 0).unwrap(), 1);
+        assert_eq!(outlines.intern(COLLECTION, "app.bsky.feed.post", 0).unwrap(), 2);
+        assert_eq!(outlines.intern(RKEY, "self", 0).unwrap(), OUTLINED_BIT | 1);
+        assert_eq!(outlines.intern(LOCATION, "$.subject", 0).unwrap(), 1);
+        // The same string in another kind is another entry.
+        assert_eq!(outlines.intern(LOCATION, "self", 0).unwrap(), 2);
+
+        assert_eq!(outlines.lookup(DID, "did:plc:abc").unwrap(), Some(did));
+        assert_eq!(outlines.lookup(DID, "did:plc:zzz").unwrap(), None);
+        assert_eq!(outlines.lookup(COLLECTION, "did:plc:abc").unwrap(), None);
+        assert_eq!(outlines.lookup(DID, "").unwrap(), None);
+        assert_eq!(outlines.resolve(DID, did).unwrap().as_deref(), Some("did:plc:abc"));
+        assert_eq!(outlines.resolve(RKEY, OUTLINED_BIT | 1).unwrap().as_deref(), Some("self"));
+        assert_eq!(outlines.resolve(DID, OUTLINED_BIT | 3).unwrap(), None);
+        assert_eq!(outlines.resolve(COLLECTION, 0).unwrap(), None);
+        assert_eq!(outlines.pending(), 7);
+        assert_eq!(outlines.lookup(DID, "did:plc:nope").unwrap(), None);
+        assert_eq!(outlines.pending(), 7, "lookup never allocates");
+    }
+
+    #[test]
+    fn shards_carry_their_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines = open(&dir, 16);
+        let id = outlines.intern(DID, "did:plc:three", 3).unwrap();
+        assert_eq!(id, OUTLINED_BIT | 3 << 46 | 1);
+        assert_eq!(DID.layout().split(id), Some((3, 1)));
+        assert_eq!(outlines.intern(DID, "did:plc:three-b", 3).unwrap(), OUTLINED_BIT | 3 << 46 | 2);
+        assert_eq!(outlines.intern(RKEY, "a", 3).unwrap(), OUTLINED_BIT | 3 << 47 | 1);
+        assert_eq!(outlines.intern(COLLECTION, "a.b.c", 3).unwrap(), 3 << 48 | 1);
+        assert_eq!(outlines.intern(DID, "did:plc:zero", 0).unwrap(), OUTLINED_BIT | 1);
+    }
+
+    #[test]
+    fn bad_strings_are_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines = open(&dir, 16);
+        assert!(matches!(outlines.intern(DID, "", 0), Err(OutlineError::InvalidValue { len: 0, max: 2048, .. })));
+        let long = "a".repeat(318);
+        assert!(matches!(outlines.intern(COLLECTION, &long, 0), Err(OutlineError::InvalidValue { len: 318, .. })));
+        assert_eq!(outlines.lookup(COLLECTION, &long).unwrap(), None);
+        assert_eq!(outlines.pending(), 0);
+    }
+
+    #[test]
+    fn persist_and_reopen_keep_ids_and_continue_counters() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, col) = {
+            let outlines = open(&dir, 16);
+            let a = outlines.intern(DID, "did:plc:a", 0).unwrap();
+            let b = outlines.intern(DID, "did:plc:b", 5).unwrap();
+            let col = outlines.intern(COLLECTION, "app.bsky.graph.follow", 0).unwrap();
+            assert_eq!(outlines.persist().unwrap(), 3);
+            assert_eq!(outlines.pending(), 0);
+            assert_eq!(outlines.persist().unwrap(), 0);
+            (a, b, col)
+        };
+        let outlines = open(&dir, 16);
+        assert_eq!(outlines.pending(), 0);
+        assert_eq!(outlines.lookup(DID, "did:plc:a").unwrap(), Some(a));
+        assert_eq!(outlines.intern(DID, "did:plc:b", 0).unwrap(), b);
+        assert_eq!(outlines.resolve(COLLECTION, col).unwrap().as_deref(), Some("app.bsky.graph.follow"));
+        assert_eq!(outlines.pending(), 0, "re-interning a stored string allocates nothing");
+        assert_eq!(outlines.intern(DID, "did:plc:c", 0).unwrap(), OUTLINED_BIT | 2);
+        assert_eq!(outlines.intern(DID, "did:plc:d", 5).unwrap(), OUTLINED_BIT | 5 << 46 | 2);
+        assert_eq!(outlines.intern(COLLECTION, "app.bsky.feed.repost", 0).unwrap(), 2);
+    }
+
+    #[test]
+    fn unpersisted_ids_are_forgotten_after_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let outlines = open(&dir, 16);
+            outlines.intern(DID, "did:plc:kept", 0).unwrap();
+            outlines.persist().unwrap();
+            assert_eq!(outlines.intern(DID, "did:plc:lost", 0).unwrap(), OUTLINED_BIT | 2);
+            assert_eq!(outlines.pending(), 1);
+        }
+        let outlines = open(&dir, 16);
+        assert_eq!(outlines.lookup(DID, "did:plc:lost").unwrap(), None);
+        assert_eq!(outlines.resolve(DID, OUTLINED_BIT | 2).unwrap(), None);
+        // The counter resumed from its persisted value, so the forgotten id is handed out again.
+        assert_eq!(outlines.intern(DID, "did:plc:other", 0).unwrap(), OUTLINED_BIT | 2);
+    }
+
+    #[test]
+    fn exhausted_sequence_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        drop(open(&dir, 16));
+        let conn = Connection::open(dir.path().join("outlines.db")).unwrap();
+        conn.execute("INSERT INTO sequences (kind, shard, next) VALUES (1, 9, ?1)", [(1i64 << 46) - 1]).unwrap();
+        drop(conn);
+        let outlines = open(&dir, 16);
+        assert_eq!(outlines.intern(DID, "did:plc:last", 9).unwrap(), OUTLINED_BIT | 9 << 46 | ((1 << 46) - 1));
+        assert!(matches!(outlines.intern(DID, "did:plc:more", 9), Err(OutlineError::Exhausted { shard: 9, .. })));
+        // Other shards are unaffected.
+        assert_eq!(outlines.intern(DID, "did:plc:more", 10).unwrap(), OUTLINED_BIT | 10 << 46 | 1);
+    }
+
+    #[test]
+    fn failed_persist_writes_nothing_and_keeps_pending() {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines = open(&dir, 16);
+        outlines.intern(DID, "did:plc:one", 0).unwrap();
+        outlines.intern(DID, "did:plc:two", 0).unwrap();
+        // Another writer (which must never exist) took the second id: the batch cannot commit.
+        let other = Connection::open(dir.path().join("outlines.db")).unwrap();
+        other
+            .execute("INSERT INTO outlines (kind, id, value) VALUES (1, ?1, 'x')", [(OUTLINED_BIT | 2) as i64])
+            .unwrap();
+        assert!(matches!(outlines.persist(), Err(OutlineError::Sqlite(_))));
+        assert_eq!(outlines.pending(), 2);
+        let rows: i64 = other.query_row("SELECT count(*) FROM outlines", [], |r| r.get(0)).unwrap();
+        let sequences: i64 = other.query_row("SELECT count(*) FROM sequences", [], |r| r.get(0)).unwrap();
+        assert_eq!((rows, sequences), (1, 0));
+        other.execute("DELETE FROM outlines", []).unwrap();
+        assert_eq!(outlines.persist().unwrap(), 2);
+    }
+
+    #[test]
+    fn tiny_cache_loses_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines = open(&dir, 3);
+        let names: Vec<String> = (0..500).map(|i| format!("did:plc:{i:05}")).collect();
+        let ids: Vec<u64> = names.iter().map(|n| outlines.intern(DID, n, 1).unwrap()).collect();
+        let check = |outlines: &Outlines| {
+            for (name, id) in names.iter().zip(&ids).rev() {
+                assert_eq!(outlines.lookup(DID, name).unwrap(), Some(*id));
+                assert_eq!(outlines.resolve(DID, *id).unwrap().as_deref(), Some(name.as_str()));
+            }
+        };
+        check(&outlines); // all pending: never evicted
+        assert_eq!(outlines.persist().unwrap(), 500);
+        check(&outlines); // stored: the cache holds 3, the rest come from SQLite
+        assert_eq!(read(&outlines.caches[DID.index()]).unwrap().slots.len(), 3);
+        assert_eq!(outlines.intern(DID, &names[0], 2).unwrap(), ids[0]);
+        assert_eq!(outlines.pending(), 0);
+    }
+
+    #[test]
+    fn clock_gives_referenced_entries_a_second_chance() {
+        let mut cache = Cache::new(2);
+        cache.insert(1, Arc::from("one"));
+        cache.insert(2, Arc::from("two"));
+        assert_eq!(cache.id_of("one"), Some(1));
+        cache.insert(3, Arc::from("three")); // evicts "two": "one" was referenced
+        assert_eq!(cache.id_of("two"), None);
+        assert_eq!(cache.value_of(1).as_deref(), Some("one"));
+        assert_eq!(cache.value_of(3).as_deref(), Some("three"));
+        let mut none = Cache::new(0);
+        none.insert(1, Arc::from("one"));
+        assert_eq!(none.id_of("one"), None);
+    }
+
+    #[test]
+    fn concurrent_shards_never_share_an_id() {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines = open(&dir, 64);
+        let names: Vec<String> = (0..400).map(|i| format!("did:web:host{i}.example")).collect();
+        let per_thread: Vec<Vec<u64>> = std::thread::scope(|scope| {
+            let workers: Vec<_> = (0..4u16)
+                .map(|shard| {
+                    let (outlines, names) = (&outlines, &names);
+                    scope.spawn(move || {
+                        // Every worker interns every name, each in its own order; persists race too.
+                        let mut order: Vec<usize> = (0..names.len()).collect();
+                        order.rotate_left(shard as usize * 97);
+                        let mut ids = vec![0; names.len()];
+                        for (step, i) in order.into_iter().enumerate() {
+                            ids[i] = outlines.intern(DID, &names[i], shard).unwrap();
+                            if step % 50 == 49 {
+                                outlines.persist().unwrap();
+                            }
+                        }
+                        ids
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).collect()
+        });
+        for ids in &per_thread[1..] {
+            assert_eq!(ids, &per_thread[0], "all workers agree on every string's id");
+        }
+        let distinct: HashSet<u64> = per_thread[0].iter().copied().collect();
+        assert_eq!(distinct.len(), names.len());
+        outlines.persist().unwrap();
+        let reopened = open(&dir, 64);
+        for (name, id) in names.iter().zip(&per_thread[0]) {
+            assert_eq!(reopened.lookup(DID, name).unwrap(), Some(*id));
+        }
+    }
+}

@@ -1,0 +1,504 @@
+//! listBacklinks: the two-round read path.
+//!
+//! Round 1 reads the target's entries: every memtable, and for every table whose filter admits the
+//! target, the frames that can hold them (one ranged read per table, all concurrently). Round 2
+//! reads the record-level and repo-level thresholds of the candidate sources from the revocation
+//! tree (again one round of concurrent reads). Then hidden accounts and filters apply, and ids
+//! are rendered back to URIs.
+//!
+//! Invariants:
+//! - Order: newest first is descending `(source, location)` (the source's rkey comes first, and
+//!   TIDs are timestamps); `reverse` is ascending. A cursor is the position of the last item
+//!   returned, and the next page starts strictly after it, so pages never skip or repeat a live
+//!   backlink.
+//! - A table read is bounded: only enough frames to cover the page are fetched. When a table is
+//!   cut short, only positions it fully covers are answered in this pass (its horizon); the rest
+//!   comes from another pass that starts at the horizon. Work per request is bounded by
+//!   `MAX_SCAN_ENTRIES`; a page that hits it is short but carries a cursor.
+//! - Of duplicates (same source and location), the freshest stamp decides liveness.
+//! - A backlink is live iff its stamp >= the record-level and the repo-level threshold of its
+//!   source and the source's account is not hidden.
+
+use crate::index::{Index, IndexError};
+use crate::lsm::entry::Entry;
+use crate::lsm::filter::KeyHash;
+use crate::lsm::tree::{ReadError, TableHandle};
+use crate::model::ids::{Backlink, RecordId, Revocation};
+use crate::model::syntax::{parse_target, validate_nsid};
+use crate::outline::OutlineKind;
+use std::collections::HashMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+pub const DEFAULT_LIMIT: usize = 100;
+pub const MAX_LIMIT: usize = 1000;
+/// Entries one request may scan before it returns a (possibly short) page with a cursor.
+pub const MAX_SCAN_ENTRIES: usize = 1 << 20;
+/// Bounds on repeated query parameters.
+const MAX_FILTERS: usize = 64;
+const MAX_PARAM_BYTES: usize = 8192;
+
+#[derive(Debug, thiserror::Error)]
+pub enum QueryError {
+    #[error("{0}")]
+    InvalidRequest(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl From<IndexError> for QueryError {
+    fn from(e: IndexError) -> Self {
+        QueryError::Internal(e.to_string())
+    }
+}
+
+impl From<ReadError> for QueryError {
+    fn from(e: ReadError) -> Self {
+        QueryError::Internal(e.to_string())
+    }
+}
+
+fn invalid(message: impl Into<String>) -> QueryError {
+    QueryError::InvalidRequest(message.into())
+}
+
+/// The parameters of listBacklinks, validated.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListParams {
+    pub target: String,
+    pub collections: Vec<String>,
+    pub locations: Vec<String>,
+    pub limit: usize,
+    pub cursor: Option<Cursor>,
+    pub reverse: bool,
+}
+
+impl ListParams {
+    pub fn new(target: impl Into<String>) -> Self {
+        Self {
+            target: target.into(),
+            collections: vec![],
+            locations: vec![],
+            limit: DEFAULT_LIMIT,
+            cursor: None,
+            reverse: false,
+        }
+    }
+
+    /// Parses query-string pairs; unknown parameters are ignored, as XRPC servers do.
+    pub fn from_pairs<'a>(pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Result<Self, QueryError> {
+        let mut target = None;
+        let mut params = ListParams::new("");
+        for (name, value) in pairs {
+            if value.len() > MAX_PARAM_BYTES {
+                return Err(invalid(format!("parameter {name} is longer than {MAX_PARAM_BYTES} bytes")));
+            }
+            match name {
+                "target" if target.is_some() => return Err(invalid("target given more than once")),
+                "target" => target = Some(value.to_string()),
+                "collection" => params.collections.push(parse_collection(value)?),
+                "location" => params.locations.push(parse_location(value)?),
+                "limit" => params.limit = parse_limit(value)?,
+                "cursor" if value.is_empty() => {}
+                "cursor" => params.cursor = Some(Cursor::decode(value)?),
+                "reverse" => params.reverse = parse_bool(value)?,
+                _ => {}
+            }
+        }
+        if params.collections.len() > MAX_FILTERS || params.locations.len() > MAX_FILTERS {
+            return Err(invalid(format!("at most {MAX_FILTERS} collection and location filters")));
+        }
+        params.target = target.ok_or_else(|| invalid("missing required parameter: target"))?;
+        parse_target(&params.target).map_err(|e| invalid(format!("invalid target: {e}")))?;
+        Ok(params)
+    }
+}
+
+fn parse_collection(value: &str) -> Result<String, QueryError> {
+    validate_nsid(value).map_err(|e| invalid(format!("invalid collection {value:?}: {e}")))?;
+    Ok(value.to_string())
+}
+
+fn parse_location(value: &str) -> Result<String, QueryError> {
+    if !value.starts_with('$') {
+        return Err(invalid(format!("invalid location {value:?}: a location is a path starting with $, like $.subject")));
+    }
+    Ok(value.to_string())
+}
+
+fn parse_limit(value: &str) -> Result<usize, QueryError> {
+    match value.parse::<usize>() {
+        Ok(limit) if (1..=MAX_LIMIT).contains(&limit) => Ok(limit),
+        _ => Err(invalid(format!("limit must be an integer from 1 to {MAX_LIMIT}, got {value:?}"))),
+    }
+}
+
+fn parse_bool(value: &str) -> Result<bool, QueryError> {
+    match value {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(invalid(format!("reverse must be true or false, got {value:?}"))),
+    }
+}
+
+/// Where a page ended: the last item's (source, location). Opaque to clients.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Cursor {
+    pub source: RecordId,
+    pub location: u64,
+    /// The next page starts at this position (true) or strictly after it (false, the usual case;
+    /// true only when a bounded pass stopped before answering this position).
+    pub inclusive: bool,
+}
+
+const CURSOR_VERSION: u8 = 1;
+const CURSOR_BYTES: usize = 1 + RecordId::WIDTH + 8 + 1;
+
+impl Cursor {
+    pub fn encode(&self) -> String {
+        let mut bytes = Vec::with_capacity(CURSOR_BYTES);
+        bytes.push(CURSOR_VERSION);
+        bytes.extend_from_slice(&self.source.to_bytes());
+        bytes.extend_from_slice(&self.location.to_be_bytes());
+        bytes.push(self.inclusive as u8);
+        assert_eq!(bytes.len(), CURSOR_BYTES);
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+
+    pub fn decode(text: &str) -> Result<Self, QueryError> {
+        let bad = || invalid("invalid cursor: pass back the cursor of the previous page unchanged");
+        if text.len() != CURSOR_BYTES * 2 || !text.is_ascii() {
+            return Err(bad());
+        }
+        let bytes: Vec<u8> = (0..CURSOR_BYTES)
+            .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
+            .collect::<Result<_, _>>()
+            .map_err(|_| bad())?;
+        if bytes[0] != CURSOR_VERSION || bytes[33] > 1 {
+            return Err(bad());
+        }
+        let cursor = Cursor {
+            source: RecordId::decode(&bytes[1..25]),
+            location: u64::from_be_bytes(bytes[25..33].try_into().expect("8 bytes")),
+            inclusive: bytes[33] == 1,
+        };
+        assert_eq!(cursor.encode(), text.to_ascii_lowercase());
+        Ok(cursor)
+    }
+
+    fn of(link: &Backlink) -> Self {
+        Cursor { source: link.source, location: link.location, inclusive: false }
+    }
+
+    /// Position only (source, location), for ordering.
+    fn position(&self) -> (RecordId, u64) {
+        (self.source, self.location)
+    }
+}
+
+/// One page of results, in page order.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ListPage {
+    /// (location, source URI) pairs.
+    pub items: Vec<(String, String)>,
+    pub cursor: Option<String>,
+}
+
+impl ListPage {
+    /// The JSON body of listBacklinks: backlinks grouped by location.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut groups = serde_json::Map::new();
+        for (location, uri) in &self.items {
+            let group = groups.entry(location.clone()).or_insert_with(|| serde_json::Value::Array(vec![]));
+            group.as_array_mut().expect("groups are arrays").push(uri.clone().into());
+        }
+        serde_json::json!({ "backlinks": groups, "cursor": self.cursor })
+    }
+}
+
+/// Resolved filters: `None` means "no filter"; an empty set means "nothing can match".
+struct Filters {
+    collections: Option<Vec<u64>>,
+    locations: Option<Vec<u64>>,
+}
+
+impl Filters {
+    fn resolve(index: &Index, params: &ListParams) -> Result<Self, QueryError> {
+        let ids = |kind, names: &[String]| -> Result<Option<Vec<u64>>, QueryError> {
+            if names.is_empty() {
+                return Ok(None);
+            }
+            let mut ids = Vec::new();
+            for name in names {
+                ids.extend(index.outlines.lookup(kind, name).map_err(IndexError::from)?);
+            }
+            Ok(Some(ids))
+        };
+        Ok(Filters {
+            collections: ids(OutlineKind::Collection, &params.collections)?,
+            locations: ids(OutlineKind::Location, &params.locations)?,
+        })
+    }
+
+    fn admits(&self, link: &Backlink) -> bool {
+        let admits = |ids: &Option<Vec<u64>>, id: u64| ids.as_ref().is_none_or(|ids| ids.contains(&id));
+        admits(&self.collections, link.source.collection) && admits(&self.locations, link.location)
+    }
+
+    fn matches_nothing(&self) -> bool {
+        self.collections.as_ref().is_some_and(|c| c.is_empty()) || self.locations.as_ref().is_some_and(|l| l.is_empty())
+    }
+}
+
+/// The reading direction and the exclusive start position of one pass.
+#[derive(Clone, Copy)]
+struct Pass {
+    target: RecordId,
+    reverse: bool,
+    after: Option<Cursor>,
+}
+
+impl Pass {
+    /// Inclusive entry bounds covering every position this pass may return.
+    fn bounds(&self) -> (Backlink, Backlink) {
+        let lo = Backlink::min_for_key(self.target);
+        let hi = Backlink::max_for_key(self.target);
+        match self.after {
+            None => (lo, hi),
+            Some(c) if self.reverse => (Backlink { source: c.source, location: c.location, ..lo }, hi),
+            Some(c) => (lo, Backlink { source: c.source, location: c.location, ..hi }),
+        }
+    }
+
+    /// After the start position in reading order (or at it, for an inclusive cursor).
+    fn is_after_start(&self, pos: Cursor) -> bool {
+        let Some(c) = self.after else { return true };
+        let (pos, start) = (pos.position(), c.position());
+        (c.inclusive && pos == start) || if self.reverse { pos > start } else { pos < start }
+    }
+
+    /// Within the region every table fully covered (`horizon` from `merge_horizon`).
+    fn within_horizon(&self, pos: Cursor, horizon: Option<Horizon>) -> bool {
+        match horizon {
+            None => true,
+            Some(Horizon::AtLeast(h)) => pos.position() >= h.position(),
+            Some(Horizon::Below(h)) => pos.position() < h.position(),
+        }
+    }
+}
+
+/// How far a truncated table read reaches, in positions of the target.
+#[derive(Clone, Copy, Debug)]
+enum Horizon {
+    /// Newest-first read: every position >= this one was read.
+    AtLeast(Cursor),
+    /// Oldest-first read: every position < this one was read.
+    Below(Cursor),
+}
+
+fn merge_horizon(a: Option<Horizon>, b: Option<Horizon>) -> Option<Horizon> {
+    match (a, b) {
+        (None, h) | (h, None) => h,
+        (Some(Horizon::AtLeast(x)), Some(Horizon::AtLeast(y))) => Some(Horizon::AtLeast(x.max(y))),
+        (Some(Horizon::Below(x)), Some(Horizon::Below(y))) => Some(Horizon::Below(x.min(y))),
+        _ => unreachable!("one pass reads in one direction"),
+    }
+}
+
+/// Frames of one table to read in round 1.
+struct Plan {
+    table: Arc<TableHandle<Backlink>>,
+    frames: Range<usize>,
+    horizon: Option<Horizon>,
+}
+
+/// Picks the frames of `table` that hold the first `want` entries of the pass.
+fn plan_table(table: &Arc<TableHandle<Backlink>>, pass: &Pass, want: usize) -> Option<Plan> {
+    let (lo, hi) = pass.bounds();
+    let all = table.meta.frames_overlapping(&lo, &hi);
+    if all.is_empty() {
+        return None;
+    }
+    let frames = &table.meta.frames;
+    let mut taken = 0usize;
+    let mut range = if pass.reverse { all.start..all.start } else { all.end..all.end };
+    while taken < want && range.len() < all.len() {
+        if pass.reverse {
+            taken += frames[range.end].entries as usize;
+            range.end += 1;
+        } else {
+            range.start -= 1;
+            taken += frames[range.start].entries as usize;
+        }
+    }
+    let horizon = if pass.reverse {
+        frames.get(range.end).filter(|f| range.end < all.end && f.first.target == pass.target).map(|f| Horizon::Below(Cursor::of(&f.first)))
+    } else {
+        let first = &frames[range.start].first;
+        (range.start > all.start && first.target == pass.target).then(|| Horizon::AtLeast(Cursor::of(first)))
+    };
+    Some(Plan { table: table.clone(), frames: range, horizon })
+}
+
+/// Round 1: candidate backlinks of the pass (freshest per position) and the horizon reached.
+async fn read_candidates(index: &Index, pass: &Pass, want: usize) -> Result<(Vec<Backlink>, Option<Horizon>), QueryError> {
+    let (lo, hi) = pass.bounds();
+    let snapshot = index.links.snapshot(&[(lo, hi)]);
+    let hash = KeyHash::of(&pass.target.to_bytes());
+    let plans: Vec<Plan> = snapshot
+        .tables
+        .iter()
+        .filter(|table| table.meta.may_contain(hash))
+        .filter_map(|table| plan_table(table, pass, want))
+        .collect();
+    let store = index.store.as_ref();
+    let reads = futures::future::try_join_all(plans.iter().map(|plan| plan.table.read_frames(store, plan.frames.clone()))).await?;
+    let horizon = plans.iter().fold(None, |h, plan| merge_horizon(h, plan.horizon));
+    let mut entries = snapshot.memtable_entries;
+    entries.extend(reads.into_iter().flatten());
+    entries.retain(|e| e.target == pass.target && lo <= *e && *e <= hi);
+    entries.retain(|e| pass.is_after_start(Cursor::of(e)) && pass.within_horizon(Cursor::of(e), horizon));
+    Ok((freshest_per_position(entries), horizon))
+}
+
+/// Sorts by position and keeps the largest stamp of each position.
+fn freshest_per_position(mut entries: Vec<Backlink>) -> Vec<Backlink> {
+    entries.sort_unstable();
+    let mut out: Vec<Backlink> = Vec::with_capacity(entries.len());
+    for entry in entries {
+        match out.last_mut() {
+            Some(last) if last.same_identity(&entry) => *last = entry,
+            _ => out.push(entry),
+        }
+    }
+    out
+}
+
+/// Round 2: the highest revocation stamp of each key (record-level and repo-level sources).
+pub async fn read_thresholds(index: &Index, keys: &[RecordId]) -> Result<HashMap<RecordId, u64>, QueryError> {
+    let ranges: Vec<_> = keys.iter().map(|k| (Revocation::min_for_key(*k), Revocation::max_for_key(*k))).collect();
+    let snapshot = index.thresholds.snapshot(&ranges);
+    let hashes: Vec<KeyHash> = keys.iter().map(|k| KeyHash::of(&k.to_bytes())).collect();
+    let mut reads = Vec::new();
+    for table in snapshot.tables.iter() {
+        let frames = keys
+            .iter()
+            .zip(&hashes)
+            .filter(|(_, hash)| table.meta.may_contain(**hash))
+            .map(|(key, _)| table.meta.frames_overlapping(&Revocation::min_for_key(*key), &Revocation::max_for_key(*key)));
+        for run in coalesce(frames.collect()) {
+            reads.push((table.clone(), run));
+        }
+    }
+    let store = index.store.as_ref();
+    let fetched = futures::future::try_join_all(reads.iter().map(|(table, run)| table.read_frames(store, run.clone()))).await?;
+    let mut thresholds: HashMap<RecordId, u64> = keys.iter().map(|k| (*k, 0)).collect();
+    for revocation in snapshot.memtable_entries.into_iter().chain(fetched.into_iter().flatten()) {
+        if let Some(threshold) = thresholds.get_mut(&revocation.source) {
+            *threshold = (*threshold).max(revocation.rev);
+        }
+    }
+    Ok(thresholds)
+}
+
+/// Merges overlapping or adjacent frame ranges into maximal runs (one ranged read each).
+fn coalesce(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    ranges.retain(|r| !r.is_empty());
+    ranges.sort_by_key(|r| r.start);
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for range in ranges {
+        match runs.last_mut() {
+            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+            _ => runs.push(range),
+        }
+    }
+    runs
+}
+
+/// Keeps the candidates that are live, visible and admitted by the filters.
+async fn live_only(index: &Index, candidates: Vec<Backlink>, filters: &Filters) -> Result<Vec<Backlink>, QueryError> {
+    let candidates: Vec<Backlink> =
+        candidates.into_iter().filter(|c| filters.admits(c) && !index.is_hidden(c.source.did)).collect();
+    let mut keys: Vec<RecordId> =
+        candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let thresholds = read_thresholds(index, &keys).await?;
+    let threshold = |key: &RecordId| thresholds.get(key).copied().unwrap_or(0);
+    Ok(candidates
+        .into_iter()
+        .filter(|c| c.source_rev >= threshold(&c.source).max(threshold(&RecordId::repo(c.source.did))))
+        .collect())
+}
+
+/// listBacklinks: one page of live backlinks to `params.target`.
+pub async fn list_backlinks(index: &Index, params: &ListParams) -> Result<ListPage, QueryError> {
+    let target = parse_target(&params.target).map_err(|e| invalid(format!("invalid target: {e}")))?;
+    let Some(target) = index.lookup_target(&target)? else { return Ok(ListPage::default()) };
+    let filters = Filters::resolve(index, params)?;
+    if filters.matches_nothing() {
+        return Ok(ListPage::default());
+    }
+    let (links, next) = collect_page(index, target, params, &filters).await?;
+    render_page(index, &links, next)
+}
+
+/// Gathers up to `limit` live links in page order, and where the next page starts (if anywhere).
+async fn collect_page(
+    index: &Index,
+    target: RecordId,
+    params: &ListParams,
+    filters: &Filters,
+) -> Result<(Vec<Backlink>, Option<Cursor>), QueryError> {
+    let mut pass = Pass { target, reverse: params.reverse, after: params.cursor };
+    let mut page: Vec<Backlink> = Vec::new();
+    let mut want = params.limit + 1;
+    let mut scanned = 0usize;
+    loop {
+        let (candidates, horizon) = read_candidates(index, &pass, want).await?;
+        let mut live = live_only(index, candidates, filters).await?;
+        if !params.reverse {
+            live.reverse();
+        }
+        page.extend(live);
+        if page.len() > params.limit {
+            page.truncate(params.limit);
+            let last = page.last().map(Cursor::of);
+            return Ok((page, last));
+        }
+        let Some(horizon) = horizon else { return Ok((page, None)) };
+        // Newest first answered every position >= h, so resume strictly below it; oldest first
+        // answered every position < h, so resume at h itself.
+        let resume = match horizon {
+            Horizon::AtLeast(h) => Cursor { inclusive: false, ..h },
+            Horizon::Below(h) => Cursor { inclusive: true, ..h },
+        };
+        // A horizon at or behind the start (a frame that straddles the cursor) answered nothing
+        // new: keep the start, and read further with the larger `want` below.
+        let resume = match pass.after {
+            Some(start) if !pass.is_after_start(resume) => start,
+            _ => resume,
+        };
+        scanned = scanned.saturating_add(want);
+        if scanned >= MAX_SCAN_ENTRIES {
+            // Bounded work: a short page whose cursor resumes exactly at the horizon.
+            return Ok((page, Some(resume)));
+        }
+        pass.after = Some(resume);
+        want = want.saturating_mul(2);
+    }
+}
+
+fn render_page(index: &Index, links: &[Backlink], next: Option<Cursor>) -> Result<ListPage, QueryError> {
+    let mut items = Vec::with_capacity(links.len());
+    for link in links {
+        let uri = index.render_uri(&link.source)?.ok_or_else(|| QueryError::Internal(format!("source id {:?} has no outline entry", link.source)))?;
+        let location = index
+            .outlines
+            .resolve(OutlineKind::Location, link.location)
+            .map_err(IndexError::from)?
+            .ok_or_else(|| QueryError::Internal(format!("location id {} has no outline entry", link.location)))?;
+        items.push((location.to_string(), uri));
+    }
+    Ok(ListPage { items, cursor: next.map(|c| c.encode()) })
+}

@@ -1,0 +1,387 @@
+//! `DirStore`: the object store that keeps objects as files under a local directory (the
+//! embedded default: the binary runs with no bucket at all).
+//!
+//! Invariants:
+//! - Key `a/b/c` is the file `<root>/a/b/c`; every key is validated (`validate_key`) first.
+//! - A put writes `<name>~<pid>-<n>` in the object's directory, fsyncs it, renames it over `<name>`
+//!   and fsyncs the directory: the object appears whole or not at all. `~` is not a key character,
+//!   so a temporary file can never be mistaken for an object, and `list` skips it (a crash may
+//!   leave one behind; it is never read).
+//! - Directories created for a put are fsynced into their parents before the put returns.
+//! - A read uses one open file for the size check and the read, so it sees one version whole.
+//! - All file IO runs on tokio's blocking pool, never on a runtime worker.
+
+use super::object::{
+    MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, split_prefix, validate_key,
+    validate_prefix,
+};
+use bytes::Bytes;
+use std::fs::File;
+use std::io::{ErrorKind, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Separates an object's name from the unique suffix of its temporary file. Not a key character.
+const TEMP_MARKER: char = '~';
+
+/// A store backed by a local directory.
+#[derive(Debug)]
+pub struct DirStore {
+    root: PathBuf,
+    /// Makes temporary file names unique among concurrent puts of this process.
+    temp_counter: AtomicU64,
+}
+
+impl DirStore {
+    /// A store rooted at `root`. The directory is created by the first put that needs it.
+    pub fn new(root: PathBuf) -> Self {
+        Self { root, temp_counter: AtomicU64::new(0) }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn path_of(&self, key: &str) -> PathBuf {
+        debug_assert!(validate_key(key).is_ok());
+        self.root.join(key)
+    }
+
+    fn next_temp_suffix(&self) -> String {
+        let n = self.temp_counter.fetch_add(1, Ordering::Relaxed);
+        format!("{TEMP_MARKER}{}-{n}", std::process::id())
+    }
+}
+
+/// Runs blocking file IO on tokio's blocking pool.
+async fn blocking<T: Send + 'static>(
+    task: impl FnOnce() -> Result<T, StoreError> + Send + 'static,
+) -> Result<T, StoreError> {
+    tokio::task::spawn_blocking(task).await.map_err(|e| StoreError::Other(format!("file io task failed: {e}")))?
+}
+
+#[async_trait::async_trait]
+impl Store for DirStore {
+    async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
+        validate_key(key)?;
+        if body.len() as u64 > MAX_OBJECT_LEN {
+            return Err(StoreError::Other(format!("object {key} is {} bytes, over the limit", body.len())));
+        }
+        let (root, path, suffix, key) = (self.root.clone(), self.path_of(key), self.next_temp_suffix(), key.to_owned());
+        blocking(move || put_file(&root, &path, &suffix, &body).map_err(|e| StoreError::io(&key, e))).await
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        validate_key(key)?;
+        let (path, key) = (self.path_of(key), key.to_owned());
+        blocking(move || read_whole(&path, &key)).await
+    }
+
+    async fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+        validate_key(key)?;
+        let (path, key) = (self.path_of(key), key.to_owned());
+        blocking(move || read_range(&path, &key, offset, len)).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        validate_prefix(prefix)?;
+        let (root, prefix) = (self.root.clone(), prefix.to_owned());
+        blocking(move || list_files(&root, &prefix)).await
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        validate_key(key)?;
+        let (path, key) = (self.path_of(key), key.to_owned());
+        // No directory fsync: a delete lost in a crash leaves garbage that the next GC removes.
+        blocking(move || match std::fs::remove_file(&path) {
+            Err(e) if is_missing(&e) => Ok(()),
+            other => other.map_err(|e| StoreError::io(&key, e)),
+        })
+        .await
+    }
+}
+
+/// Missing, or a path through a file (`a/b` when `a` is a file): both mean "no such object".
+fn is_missing(e: &std::io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory)
+}
+
+fn put_file(root: &Path, path: &Path, temp_suffix: &str, body: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().ok_or_else(|| std::io::Error::other("object path has no parent"))?;
+    let name = path.file_name().ok_or_else(|| std::io::Error::other("object path has no file name"))?;
+    ensure_durable_dir(root, dir)?;
+    let mut temp_name = name.to_os_string();
+    temp_name.push(temp_suffix);
+    let temp = dir.join(temp_name);
+    let written = write_synced(&temp, body).and_then(|()| std::fs::rename(&temp, path));
+    if written.is_err() {
+        // Best effort: the temporary file is invisible to readers either way.
+        let _ = std::fs::remove_file(&temp);
+    }
+    written?;
+    sync_dir(dir)
+}
+
+fn write_synced(path: &Path, body: &[u8]) -> std::io::Result<()> {
+    let mut file = File::create(path)?;
+    file.write_all(body)?;
+    file.sync_all()
+}
+
+/// Creates `dir` (under `root`) if needed and, when it did, fsyncs every new directory's parent so
+/// that the directory entries survive a crash along with the object.
+fn ensure_durable_dir(root: &Path, dir: &Path) -> std::io::Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    std::fs::create_dir_all(dir)?;
+    let mut current = dir;
+    while let Some(parent) = current.parent() {
+        // `Path::new("data").parent()` is `""`: the current directory.
+        sync_dir(if parent.as_os_str().is_empty() { Path::new(".") } else { parent })?;
+        if current == root || !current.starts_with(root) {
+            break;
+        }
+        current = parent;
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> std::io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Opens the object file; `NotFound` when it is missing or is not a regular file.
+fn open_object(path: &Path, key: &str) -> Result<(File, u64), StoreError> {
+    let file = File::open(path).map_err(|e| match is_missing(&e) {
+        true => StoreError::NotFound { key: key.to_owned() },
+        false => StoreError::io(key, e),
+    })?;
+    let meta = file.metadata().map_err(|e| StoreError::io(key, e))?;
+    if !meta.is_file() {
+        return Err(StoreError::NotFound { key: key.to_owned() });
+    }
+    Ok((file, meta.len()))
+}
+
+fn read_whole(path: &Path, key: &str) -> Result<Bytes, StoreError> {
+    // One open file for both the size and the read: reopening could see a newer object.
+    let (file, size) = open_object(path, key)?;
+    read_open_range(&file, size, key, 0, size)
+}
+
+fn read_range(path: &Path, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+    let (file, size) = open_object(path, key)?;
+    read_open_range(&file, size, key, offset, len)
+}
+
+fn read_open_range(file: &File, size: u64, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+    // Bounds are checked against the file size before anything is allocated, so a hostile
+    // `len` costs nothing.
+    let available = size.saturating_sub(offset).min(len);
+    let in_bounds = offset.checked_add(len).is_some_and(|end| end <= size);
+    if !in_bounds {
+        return Err(StoreError::ShortRead { key: key.to_owned(), expected: len, got: available });
+    }
+    if len > MAX_OBJECT_LEN {
+        return Err(StoreError::Other(format!("range of {len} bytes of {key} is over the object limit")));
+    }
+    let mut buf = vec![0u8; len as usize];
+    file.read_exact_at(&mut buf, offset).map_err(|e| match e.kind() {
+        // The file shrank under us: only possible if something outside the store edits it.
+        ErrorKind::UnexpectedEof => StoreError::ShortRead { key: key.to_owned(), expected: len, got: 0 },
+        _ => StoreError::io(key, e),
+    })?;
+    assert_eq!(buf.len() as u64, len);
+    Ok(Bytes::from(buf))
+}
+
+/// Deepest directory nesting `list` descends: a valid key has at most 256 segments.
+const MAX_LIST_DEPTH: usize = MAX_KEY_LEN / 2;
+
+fn list_files(root: &Path, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+    let (dirs, _partial) = split_prefix(prefix);
+    let start_key = dirs.join("/");
+    let mut stack = vec![(root.join(&start_key), start_key, dirs.len())];
+    let mut found = Vec::new();
+    while let Some((dir, dir_key, depth)) = stack.pop() {
+        for (name, kind, size) in read_dir_entries(&dir, &dir_key)? {
+            let key = if dir_key.is_empty() { name.clone() } else { format!("{dir_key}/{name}") };
+            if kind.is_dir() && depth < MAX_LIST_DEPTH && could_hold_prefix(&key, prefix) {
+                stack.push((dir.join(name), key, depth + 1));
+            } else if kind.is_file() && key.starts_with(prefix) {
+                found.push(ObjectInfo { key, size });
+            }
+        }
+        if found.len() > MAX_LIST_OBJECTS {
+            return Err(StoreError::Other(format!("more than {MAX_LIST_OBJECTS} objects under {prefix:?}")));
+        }
+    }
+    found.sort_unstable_by(|a, b| a.key.cmp(&b.key));
+    Ok(found)
+}
+
+/// Whether keys under directory `dir_key` may start with `prefix`.
+fn could_hold_prefix(dir_key: &str, prefix: &str) -> bool {
+    let with_slash = format!("{dir_key}/");
+    with_slash.starts_with(prefix) || prefix.starts_with(&with_slash)
+}
+
+/// The entries of `dir` that could be objects or hold objects: names that are valid key segments
+/// (this skips temporary files), regular files and directories only (never symlinks).
+fn read_dir_entries(dir: &Path, dir_key: &str) -> Result<Vec<(String, std::fs::FileType, u64)>, StoreError> {
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if is_missing(&e) => return Ok(Vec::new()),
+        other => other.map_err(|e| StoreError::io(dir_key, e))?,
+    };
+    let mut out = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| StoreError::io(dir_key, e))?;
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else { continue };
+        if validate_key(&name).is_err() {
+            continue;
+        }
+        let kind = entry.file_type().map_err(|e| StoreError::io(dir_key, e))?;
+        let size = if kind.is_file() { entry.metadata().map_err(|e| StoreError::io(dir_key, e))?.len() } else { 0 };
+        out.push((name, kind, size));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dir_store_is_shareable() {
+        fn shareable<T: Send + Sync + 'static>() {}
+        shareable::<DirStore>();
+        shareable::<std::sync::Arc<dyn Store>>();
+    }
+
+    fn store() -> (tempfile::TempDir, DirStore) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = DirStore::new(dir.path().join("bucket"));
+        (dir, store)
+    }
+
+    fn keys(infos: &[ObjectInfo]) -> Vec<&str> {
+        infos.iter().map(|i| i.key.as_str()).collect()
+    }
+
+    #[tokio::test]
+    async fn round_trip_and_not_found() {
+        let (_dir, store) = store();
+        store.put("tables/links/1.data", Bytes::from_static(b"hello world")).await.unwrap();
+        assert_eq!(store.get("tables/links/1.data").await.unwrap(), Bytes::from_static(b"hello world"));
+        store.put("empty", Bytes::new()).await.unwrap();
+        assert_eq!(store.get("empty").await.unwrap().len(), 0);
+        assert!(
+            matches!(store.get("tables/links/2.data").await, Err(StoreError::NotFound { key }) if key == "tables/links/2.data")
+        );
+        // A directory, or a path through a file, is not an object.
+        assert!(matches!(store.get("tables/links").await, Err(StoreError::NotFound { .. })));
+        assert!(matches!(store.get("empty/x").await, Err(StoreError::NotFound { .. })));
+        assert!(matches!(store.get_range("missing", 0, 1).await, Err(StoreError::NotFound { .. })));
+    }
+
+    #[tokio::test]
+    async fn ranges_are_exact_or_short_read() {
+        let (_dir, store) = store();
+        store.put("obj", Bytes::from_static(b"0123456789")).await.unwrap();
+        assert_eq!(store.get_range("obj", 0, 10).await.unwrap(), Bytes::from_static(b"0123456789"));
+        assert_eq!(store.get_range("obj", 3, 4).await.unwrap(), Bytes::from_static(b"3456"));
+        assert_eq!(store.get_range("obj", 9, 1).await.unwrap(), Bytes::from_static(b"9"));
+        assert_eq!(store.get_range("obj", 10, 0).await.unwrap(), Bytes::new());
+        let short = |r: Result<Bytes, StoreError>| match r {
+            Err(StoreError::ShortRead { expected, got, .. }) => (expected, got),
+            other => panic!("expected ShortRead, got {other:?}"),
+        };
+        assert_eq!(short(store.get_range("obj", 8, 5).await), (5, 2));
+        assert_eq!(short(store.get_range("obj", 11, 1).await), (1, 0));
+        assert_eq!(short(store.get_range("obj", 1, u64::MAX).await), (u64::MAX, 9));
+        assert_eq!(short(store.get_range("obj", u64::MAX, 2).await), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn hostile_keys_are_rejected_everywhere() {
+        let (dir, store) = store();
+        let long = "k".repeat(1000);
+        for key in ["../x", "/abs", "a//b", "a/./b", "", long.as_str()] {
+            let put = store.put(key, Bytes::from_static(b"x")).await;
+            assert!(matches!(put, Err(StoreError::InvalidKey { .. })), "put {key:?}: {put:?}");
+            assert!(matches!(store.get(key).await, Err(StoreError::InvalidKey { .. })));
+            assert!(matches!(store.get_range(key, 0, 1).await, Err(StoreError::InvalidKey { .. })));
+            assert!(matches!(store.delete(key).await, Err(StoreError::InvalidKey { .. })));
+        }
+        assert!(matches!(store.list("../").await, Err(StoreError::InvalidKey { .. })));
+        assert!(matches!(store.list("/etc").await, Err(StoreError::InvalidKey { .. })));
+        // Nothing was written anywhere, not even the store's root.
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+    }
+
+    #[tokio::test]
+    async fn list_filters_by_prefix_and_sorts() {
+        let (_dir, store) = store();
+        for key in ["tables/links/10.meta", "tables/links/02.data", "tables/thresholds/1.meta", "CURRENT", "tablesX"] {
+            store.put(key, Bytes::from(key.as_bytes().to_vec())).await.unwrap();
+        }
+        let all = store.list("").await.unwrap();
+        assert_eq!(
+            keys(&all),
+            ["CURRENT", "tables/links/02.data", "tables/links/10.meta", "tables/thresholds/1.meta", "tablesX"]
+        );
+        assert_eq!(all[1].size, "tables/links/02.data".len() as u64);
+        assert_eq!(keys(&store.list("tables/").await.unwrap()).len(), 3);
+        assert_eq!(keys(&store.list("tables").await.unwrap()).len(), 4);
+        assert_eq!(keys(&store.list("tables/links/1").await.unwrap()), ["tables/links/10.meta"]);
+        assert_eq!(keys(&store.list("tables/t").await.unwrap()), ["tables/thresholds/1.meta"]);
+        assert!(store.list("nothing/here/").await.unwrap().is_empty());
+        assert!(DirStore::new("/nonexistent/backlinks-test".into()).list("").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn delete_removes_and_tolerates_missing() {
+        let (_dir, store) = store();
+        store.put("a/b", Bytes::from_static(b"x")).await.unwrap();
+        store.delete("a/b").await.unwrap();
+        assert!(matches!(store.get("a/b").await, Err(StoreError::NotFound { .. })));
+        store.delete("a/b").await.unwrap();
+        store.delete("never/was").await.unwrap();
+        assert!(store.list("").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn overwrite_is_atomic_and_leaves_no_temp_files() {
+        let (_dir, store) = store();
+        let store = std::sync::Arc::new(store);
+        let bodies: Vec<Bytes> = (0..20u8).map(|i| Bytes::from(vec![i; 1 + 4096 * i as usize])).collect();
+        store.put("CURRENT", bodies[0].clone()).await.unwrap();
+        let writer = {
+            let (store, bodies) = (store.clone(), bodies.clone());
+            tokio::spawn(async move {
+                for body in bodies {
+                    store.put("CURRENT", body).await.unwrap();
+                }
+            })
+        };
+        // A reader racing the writer only ever sees one of the bodies, whole.
+        while !writer.is_finished() {
+            let seen = store.get("CURRENT").await.unwrap();
+            assert!(bodies.contains(&seen), "torn read of {} bytes", seen.len());
+        }
+        writer.await.unwrap();
+        assert_eq!(store.get("CURRENT").await.unwrap(), bodies[19]);
+        let names: Vec<_> = std::fs::read_dir(store.root()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, ["CURRENT"]);
+    }
+
+    #[tokio::test]
+    async fn list_skips_leftover_temp_files() {
+        let (_dir, store) = store();
+        store.put("dir/obj", Bytes::from_static(b"x")).await.unwrap();
+        std::fs::write(store.root().join("dir/obj~123-4"), b"half").unwrap();
+        assert_eq!(keys(&store.list("dir/").await.unwrap()), ["dir/obj"]);
+    }
+}

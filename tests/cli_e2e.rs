@@ -1,0 +1,193 @@
+//! End to end with the real binary: `import` the real Jetstream capture (plus a tail of deletes,
+//! updates and account events), `serve --no-ingest` on a free port, and check every target's
+//! listBacklinks against the answers DESIGN.md's rules give, written out by hand below. Then
+//! `backlinks query` must print exactly the same JSON, and bad parameters must get XRPC 400s.
+
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+
+const BIN: &str = env!("CARGO_BIN_EXE_backlinks");
+const CAPTURE: &str = "tests/data/jetstream/golden_v1.jsonl";
+
+fn run(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(BIN).args(args).output().expect("run backlinks");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+struct Server {
+    child: Child,
+    addr: String,
+}
+
+impl Server {
+    fn start(data_dir: &Path) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--no-ingest", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(data_dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start serve");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
+        Server { child, addr }
+    }
+
+    /// GET `path_and_query`; returns (status, JSON body).
+    fn get(&self, path_and_query: &str) -> (u16, Value) {
+        let mut stream = TcpStream::connect(&self.addr).unwrap();
+        write!(stream, "GET {path_and_query} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr).unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        let (head, body) = response.split_once("\r\n\r\n").expect("http response");
+        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+        (status, serde_json::from_str(body).unwrap_or_else(|e| panic!("body {body:?}: {e}")))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn list_path(target: &str, extra: &str) -> String {
+    let target: String = form_urlencoded::byte_serialize(target.as_bytes()).collect();
+    format!("/xrpc/blue.cerulea.backlinks.listBacklinks?target={target}{extra}")
+}
+
+/// Every target in the capture and its backlinks by the rules (hand-derived from the 10 lines).
+fn capture_expectations() -> Vec<(&'static str, Value)> {
+    let like = "at://did:plc:mcc5yghbk7tixqryac2yxku7/app.bsky.feed.like/3mmoojp7etg2g";
+    let reply = "at://did:plc:q235v55g5unth4zjjdpacfdr/app.bsky.feed.post/3mmoojp4cd223";
+    let repost = "at://did:plc:eizxoqcsvvvarxeb3pjkblrp/app.bsky.feed.repost/3mmoojpbade2i";
+    let follow = "at://did:plc:mxwlsvdgs6tn75lq6jrr2vp7/app.bsky.graph.follow/3mmoojocxvr2s";
+    let profile = "at://did:plc:o6t5vwyr7ae73foww7bgye4r/app.bsky.actor.profile/self";
+    let origin = "at://did:plc:qlhxnyjaacdu5jvapiqtbgqg/place.stream.broadcast.origin/did:plc:qlhxnyjaacdu5jvapiqtbgqg::did:web:prod-sea0.stream.place";
+    let block = "at://did:plc:2lv5zdhr6aqncw46v7zgxbio/app.bsky.graph.block/3mmoojpduny2w";
+    vec![
+        ("at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2j", json!({"$.subject": [like]})),
+        (
+            "at://did:plc:j76trmiofvaxxpvx2vnb2vwf/app.bsky.feed.post/3mmojbrjwbs26",
+            json!({"$.reply.parent": [reply], "$.reply.root": [reply]}),
+        ),
+        ("at://did:plc:hjloomm2tkve3pmfgbxegl3v/app.bsky.feed.post/3mmood3a6hc25", json!({"$.subject": [repost]})),
+        ("did:plc:anc6s2kher6ltrhhglxrzxsa", json!({"$.subject": [follow]})),
+        ("at://did:plc:o6t5vwyr7ae73foww7bgye4r/app.bsky.feed.post/3meuab5it2s2g", json!({"$.pinnedPost": [profile]})),
+        ("did:web:stream.place", json!({"$.broadcaster": [origin]})),
+        ("did:web:prod-sea0.stream.place", json!({"$.server": [origin]})),
+        ("did:plc:qlhxnyjaacdu5jvapiqtbgqg", json!({"$.streamer": [origin]})),
+        ("at://did:plc:qlhxnyjaacdu5jvapiqtbgqg", json!({"$.streamer": [origin]})),
+        ("did:plc:pgsrzsvisagr7wfqasmu3cgf", json!({"$.subject": [block]})),
+        // Not links: the websocket URL, CIDs, the record's own DID, unknown targets.
+        ("did:plc:mcc5yghbk7tixqryac2yxku7", json!({})),
+        ("at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2k", json!({})),
+    ]
+}
+
+#[test]
+fn import_then_serve_answers_every_capture_target_by_the_rules() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let data_str = data.to_str().unwrap();
+    let (ok, stdout, stderr) = run(&["import", "--data-dir", data_str, CAPTURE]);
+    assert!(ok, "import failed: {stderr}");
+    let summary: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(summary["lines"], 10);
+    assert_eq!(summary["applied"], 9, "8 commits and 1 account event");
+    assert_eq!(summary["skipped"], 1, "the identity event");
+    assert_eq!(summary["malformed"], 0);
+    assert!(data.join("bucket/CURRENT").exists(), "import publishes a manifest");
+
+    let server = Server::start(&data);
+    let (status, health) = server.get("/xrpc/_health");
+    assert_eq!((status, &health["status"]), (200, &json!("ok")));
+    for (target, backlinks) in capture_expectations() {
+        let (status, body) = server.get(&list_path(target, ""));
+        assert_eq!(status, 200, "{target}: {body}");
+        assert_eq!(body, json!({"backlinks": backlinks, "cursor": null}), "target {target}");
+        let (ok, printed, stderr) = run(&["query", "--data-dir", data_str, target]);
+        assert!(ok, "query {target}: {stderr}");
+        assert_eq!(serde_json::from_str::<Value>(&printed).unwrap(), body, "query and serve differ for {target}");
+    }
+}
+
+#[test]
+fn deletes_updates_and_account_events_apply_through_the_binary() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let input = dir.path().join("events.jsonl");
+    let mut text = std::fs::read_to_string(CAPTURE).unwrap();
+    let tail = [
+        // The like is deleted.
+        r#"{"did":"did:plc:mcc5yghbk7tixqryac2yxku7","time_us":1779719011000000,"kind":"commit","commit":{"rev":"3mmoojqaaaa2a","operation":"delete","collection":"app.bsky.feed.like","rkey":"3mmoojp7etg2g"}}"#,
+        // The profile drops its pinned post.
+        r#"{"did":"did:plc:o6t5vwyr7ae73foww7bgye4r","time_us":1779719011000001,"kind":"commit","commit":{"rev":"3mmoojqaaab2a","operation":"update","collection":"app.bsky.actor.profile","rkey":"self","record":{"$type":"app.bsky.actor.profile","displayName":"x"}}}"#,
+        // The follower deactivates (hidden), the blocker deletes the account (revoked).
+        r#"{"did":"did:plc:mxwlsvdgs6tn75lq6jrr2vp7","time_us":1779719011000002,"kind":"account","account":{"active":false,"did":"did:plc:mxwlsvdgs6tn75lq6jrr2vp7","seq":1,"status":"deactivated","time":"2026-05-25T14:23:30.000Z"}}"#,
+        r#"{"did":"did:plc:2lv5zdhr6aqncw46v7zgxbio","time_us":1779719011000003,"kind":"account","account":{"active":false,"did":"did:plc:2lv5zdhr6aqncw46v7zgxbio","seq":2,"status":"deleted","time":"2026-05-25T14:23:30.000Z"}}"#,
+        // Hostile lines: counted, never fatal.
+        r#"{"did":"did:plc:2lv5zdhr6aqncw46v7zgxbio","time_us":1779719011000004,"kind":"commit","commit":{"operation":"create","collection":"app.bsky.graph.block","rkey":"../x","record":{}}}"#,
+        "{\"truncated\": ",
+    ];
+    for line in tail {
+        text.push_str(line);
+        text.push('\n');
+    }
+    std::fs::write(&input, text).unwrap();
+    let (ok, stdout, stderr) = run(&["import", "--data-dir", data.to_str().unwrap(), input.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let summary: Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!((summary["applied"].clone(), summary["malformed"].clone()), (json!(13), json!(2)));
+
+    let server = Server::start(&data);
+    let gone = [
+        "at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2j",
+        "at://did:plc:o6t5vwyr7ae73foww7bgye4r/app.bsky.feed.post/3meuab5it2s2g",
+        "did:plc:anc6s2kher6ltrhhglxrzxsa",
+        "did:plc:pgsrzsvisagr7wfqasmu3cgf",
+    ];
+    for target in gone {
+        assert_eq!(server.get(&list_path(target, "")).1, json!({"backlinks": {}, "cursor": null}), "{target}");
+    }
+    let (_, still) = server.get(&list_path("did:plc:anc6s2kher6ltrhhglxrzxsa", "&limit=5"));
+    assert_eq!(still["backlinks"], json!({}));
+    let (_, kept) = server.get(&list_path("at://did:plc:hjloomm2tkve3pmfgbxegl3v/app.bsky.feed.post/3mmood3a6hc25", ""));
+    assert_eq!(kept["backlinks"]["$.subject"].as_array().unwrap().len(), 1);
+}
+
+#[test]
+fn bad_parameters_get_xrpc_400s() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let (ok, _, stderr) = run(&["import", "--data-dir", data.to_str().unwrap(), CAPTURE]);
+    assert!(ok, "{stderr}");
+    let server = Server::start(&data);
+    let post = "at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2j";
+    let cases = [
+        ("/xrpc/blue.cerulea.backlinks.listBacklinks".to_string(), "target"),
+        (list_path("https://example.com", ""), "target"),
+        (list_path("at://alice.example.com/app.bsky.feed.post/3mmoodizfwc2j", ""), "handle"),
+        (list_path(post, "&limit=0"), "limit"),
+        (list_path(post, "&limit=1001"), "limit"),
+        (list_path(post, "&limit=ten"), "limit"),
+        (list_path(post, "&cursor=zzz"), "cursor"),
+        (list_path(post, "&reverse=maybe"), "reverse"),
+        (list_path(post, "&collection=not%20an%20nsid"), "collection"),
+        (list_path(post, "&location=subject"), "location"),
+    ];
+    for (path, word) in cases {
+        let (status, body) = server.get(&path);
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["error"], "InvalidRequest", "{path}");
+        let message = body["message"].as_str().unwrap();
+        assert!(message.to_lowercase().contains(word), "{path}: message {message:?} should mention {word}");
+    }
+    let (status, body) = server.get("/xrpc/blue.cerulea.backlinks.noSuchMethod");
+    assert_eq!((status, body["error"].as_str()), (404, Some("MethodNotImplemented")));
+}
