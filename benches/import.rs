@@ -5,7 +5,7 @@ use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::model::tid::format_tid;
 use backlinks::store::dir::DirStore;
-use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 use std::sync::Arc;
 
 const EVENTS: usize = 20_000;
@@ -19,11 +19,29 @@ fn workload() -> Vec<u8> {
         let author = format!("did:plc:{:024}", next(5_000));
         let target_author = format!("did:plc:{:024}", next(500));
         let rkey = format_tid(1_700_000_000_000_000 + i as u64 * 1000);
-        let post = format!("at://{target_author}/app.bsky.feed.post/{}", format_tid(1_690_000_000_000_000 + next(2_000) * 7919));
+        let post = format!(
+            "at://{target_author}/app.bsky.feed.post/{}",
+            format_tid(1_690_000_000_000_000 + next(2_000) * 7919)
+        );
         let (collection, record) = match next(10) {
-            0..=5 => ("app.bsky.feed.like", format!(r#"{{"$type":"app.bsky.feed.like","createdAt":"2024-01-01T00:00:00Z","subject":{{"cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em","uri":"{post}"}}}}"#)),
-            6..=7 => ("app.bsky.feed.post", format!(r#"{{"$type":"app.bsky.feed.post","createdAt":"2024-01-01T00:00:00Z","text":"hello there","langs":["en"],"reply":{{"parent":{{"cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em","uri":"{post}"}},"root":{{"cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em","uri":"{post}"}}}}}}"#)),
-            _ => ("app.bsky.graph.follow", format!(r#"{{"$type":"app.bsky.graph.follow","createdAt":"2024-01-01T00:00:00Z","subject":"{target_author}"}}"#)),
+            0..=5 => (
+                "app.bsky.feed.like",
+                format!(
+                    r#"{{"$type":"app.bsky.feed.like","createdAt":"2024-01-01T00:00:00Z","subject":{{"cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em","uri":"{post}"}}}}"#
+                ),
+            ),
+            6..=7 => (
+                "app.bsky.feed.post",
+                format!(
+                    r#"{{"$type":"app.bsky.feed.post","createdAt":"2024-01-01T00:00:00Z","text":"hello there","langs":["en"],"reply":{{"parent":{{"cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em","uri":"{post}"}},"root":{{"cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em","uri":"{post}"}}}}}}"#
+                ),
+            ),
+            _ => (
+                "app.bsky.graph.follow",
+                format!(
+                    r#"{{"$type":"app.bsky.graph.follow","createdAt":"2024-01-01T00:00:00Z","subject":"{target_author}"}}"#
+                ),
+            ),
         };
         out.extend_from_slice(format!(r#"{{"did":"{author}","time_us":{i},"kind":"commit","commit":{{"rev":"{rkey}","operation":"create","collection":"{collection}","rkey":"{rkey}","record":{record},"cid":"bafyreidqpc7si3dbimffi64lz3xsx2qt45ip7rpna2qpslcddp23itjjzm"}}}}"#).as_bytes());
         out.push(b'\n');

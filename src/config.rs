@@ -11,10 +11,8 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
-pub const DEFAULT_JETSTREAM: &[&str] = &[
-    "wss://jetstream1.us-east.bsky.network/subscribe",
-    "wss://jetstream2.us-east.bsky.network/subscribe",
-];
+pub const DEFAULT_JETSTREAM: &[&str] =
+    &["wss://jetstream1.us-east.bsky.network/subscribe", "wss://jetstream2.us-east.bsky.network/subscribe"];
 
 /// The config file (TOML). Every field is optional.
 #[derive(Debug, Default, Clone, Deserialize, PartialEq)]

@@ -11,12 +11,12 @@
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
 
 use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, RunKind, TableRecord};
-use crate::extract::{extract_links, ExtractLimits};
+use crate::extract::{ExtractLimits, extract_links};
 use crate::ingest::jetstream::{Operation, RecordRef};
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
 use crate::lsm::table::TableOptions;
-use crate::lsm::tree::{table_key, ReadError, Tree};
+use crate::lsm::tree::{ReadError, Tree, table_key};
 use crate::model::ids::{Backlink, RecordId, Revocation};
 use crate::model::syntax::LinkTarget;
 use crate::model::tid::{format_tid, parse_tid};
@@ -192,7 +192,8 @@ impl Index {
             Operation::Delete(record_ref) => self.write_revocation(self.source_id(record_ref)?, stamp),
             Operation::Account { did, active, status } => {
                 let did = self.outlines.intern(OutlineKind::Did, did, WRITER_SHARD)?;
-                let state = if *active { AccountState::Active } else { AccountState::parse(status.as_deref().unwrap_or("")) };
+                let state =
+                    if *active { AccountState::Active } else { AccountState::parse(status.as_deref().unwrap_or("")) };
                 if state == AccountState::Deleted {
                     self.write_revocation(RecordId::repo(did), stamp);
                 }
@@ -223,7 +224,12 @@ impl Index {
         self.counters.revocations.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn write_backlinks(&self, record_ref: &RecordRef<'_>, record: &serde_json::Value, stamp: u64) -> Result<(), IndexError> {
+    fn write_backlinks(
+        &self,
+        record_ref: &RecordRef<'_>,
+        record: &serde_json::Value,
+        stamp: u64,
+    ) -> Result<(), IndexError> {
         let source = self.source_id(record_ref)?;
         let extraction = extract_links(record, &self.options.extract);
         let mut entries = Vec::with_capacity(extraction.links.len());

@@ -1,7 +1,7 @@
 //! The `backlinks` command line: serve, import, backfill, query.
 
-use anyhow::{bail, Context};
-use backlinks::config::{FileConfig, DEFAULT_LISTEN};
+use anyhow::{Context, bail};
+use backlinks::config::{DEFAULT_LISTEN, FileConfig};
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::query::list_backlinks;

@@ -74,7 +74,14 @@ impl Manifest {
             })
             .collect();
         let hidden_accounts = hidden.into_iter().map(|(did, state)| (did, state.as_str().to_string())).collect();
-        Manifest { format: MANIFEST_FORMAT, generation, cursor: position.cursor, clock: position.clock, tables, hidden_accounts }
+        Manifest {
+            format: MANIFEST_FORMAT,
+            generation,
+            cursor: position.cursor,
+            clock: position.clock,
+            tables,
+            hidden_accounts,
+        }
     }
 
     /// The object name (`<generation>-<digest>`) and body.

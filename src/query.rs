@@ -121,7 +121,9 @@ fn parse_collection(value: &str) -> Result<String, QueryError> {
 
 fn parse_location(value: &str) -> Result<String, QueryError> {
     if !value.starts_with('$') {
-        return Err(invalid(format!("invalid location {value:?}: a location is a path starting with $, like $.subject")));
+        return Err(invalid(format!(
+            "invalid location {value:?}: a location is a path starting with $, like $.subject"
+        )));
     }
     Ok(value.to_string())
 }
@@ -332,7 +334,10 @@ fn plan_table(table: &Arc<TableHandle<Backlink>>, pass: &Pass, want: usize) -> O
         }
     }
     let horizon = if pass.reverse {
-        frames.get(range.end).filter(|f| range.end < all.end && f.first.target == pass.target).map(|f| Horizon::Below(Cursor::of(&f.first)))
+        frames
+            .get(range.end)
+            .filter(|f| range.end < all.end && f.first.target == pass.target)
+            .map(|f| Horizon::Below(Cursor::of(&f.first)))
     } else {
         let first = &frames[range.start].first;
         (range.start > all.start && first.target == pass.target).then(|| Horizon::AtLeast(Cursor::of(first)))
@@ -341,7 +346,11 @@ fn plan_table(table: &Arc<TableHandle<Backlink>>, pass: &Pass, want: usize) -> O
 }
 
 /// Round 1: candidate backlinks of the pass (freshest per position) and the horizon reached.
-async fn read_candidates(index: &Index, pass: &Pass, want: usize) -> Result<(Vec<Backlink>, Option<Horizon>), QueryError> {
+async fn read_candidates(
+    index: &Index,
+    pass: &Pass,
+    want: usize,
+) -> Result<(Vec<Backlink>, Option<Horizon>), QueryError> {
     let (lo, hi) = pass.bounds();
     let snapshot = index.links.snapshot(&[(lo, hi)]);
     let hash = KeyHash::of(&pass.target.to_bytes());
@@ -352,7 +361,9 @@ async fn read_candidates(index: &Index, pass: &Pass, want: usize) -> Result<(Vec
         .filter_map(|table| plan_table(table, pass, want))
         .collect();
     let store = index.store.as_ref();
-    let reads = futures::future::try_join_all(plans.iter().map(|plan| plan.table.read_frames(store, plan.frames.clone()))).await?;
+    let reads =
+        futures::future::try_join_all(plans.iter().map(|plan| plan.table.read_frames(store, plan.frames.clone())))
+            .await?;
     let horizon = plans.iter().fold(None, |h, plan| merge_horizon(h, plan.horizon));
     let mut entries = snapshot.memtable_entries;
     entries.extend(reads.into_iter().flatten());
@@ -381,17 +392,16 @@ pub async fn read_thresholds(index: &Index, keys: &[RecordId]) -> Result<HashMap
     let hashes: Vec<KeyHash> = keys.iter().map(|k| KeyHash::of(&k.to_bytes())).collect();
     let mut reads = Vec::new();
     for table in snapshot.tables.iter() {
-        let frames = keys
-            .iter()
-            .zip(&hashes)
-            .filter(|(_, hash)| table.meta.may_contain(**hash))
-            .map(|(key, _)| table.meta.frames_overlapping(&Revocation::min_for_key(*key), &Revocation::max_for_key(*key)));
+        let frames = keys.iter().zip(&hashes).filter(|(_, hash)| table.meta.may_contain(**hash)).map(|(key, _)| {
+            table.meta.frames_overlapping(&Revocation::min_for_key(*key), &Revocation::max_for_key(*key))
+        });
         for run in coalesce(frames.collect()) {
             reads.push((table.clone(), run));
         }
     }
     let store = index.store.as_ref();
-    let fetched = futures::future::try_join_all(reads.iter().map(|(table, run)| table.read_frames(store, run.clone()))).await?;
+    let fetched =
+        futures::future::try_join_all(reads.iter().map(|(table, run)| table.read_frames(store, run.clone()))).await?;
     let mut thresholds: HashMap<RecordId, u64> = keys.iter().map(|k| (*k, 0)).collect();
     for revocation in snapshot.memtable_entries.into_iter().chain(fetched.into_iter().flatten()) {
         if let Some(threshold) = thresholds.get_mut(&revocation.source) {
@@ -419,8 +429,7 @@ fn coalesce(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
 async fn live_only(index: &Index, candidates: Vec<Backlink>, filters: &Filters) -> Result<Vec<Backlink>, QueryError> {
     let candidates: Vec<Backlink> =
         candidates.into_iter().filter(|c| filters.admits(c) && !index.is_hidden(c.source.did)).collect();
-    let mut keys: Vec<RecordId> =
-        candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();
+    let mut keys: Vec<RecordId> = candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();
     keys.sort_unstable();
     keys.dedup();
     let thresholds = read_thresholds(index, &keys).await?;
@@ -492,7 +501,9 @@ async fn collect_page(
 fn render_page(index: &Index, links: &[Backlink], next: Option<Cursor>) -> Result<ListPage, QueryError> {
     let mut items = Vec::with_capacity(links.len());
     for link in links {
-        let uri = index.render_uri(&link.source)?.ok_or_else(|| QueryError::Internal(format!("source id {:?} has no outline entry", link.source)))?;
+        let uri = index
+            .render_uri(&link.source)?
+            .ok_or_else(|| QueryError::Internal(format!("source id {:?} has no outline entry", link.source)))?;
         let location = index
             .outlines
             .resolve(OutlineKind::Location, link.location)

@@ -5,7 +5,7 @@
 //! - Every error is an XRPC error body `{"error", "message"}` with a 4xx/5xx status.
 
 use crate::index::Index;
-use crate::query::{list_backlinks, ListParams, QueryError};
+use crate::query::{ListParams, QueryError, list_backlinks};
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -58,7 +58,10 @@ pub fn parse_list_query(raw: Option<&str>) -> Result<ListParams, QueryError> {
     ListParams::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
-async fn list_handler(State(index): State<Arc<Index>>, RawQuery(raw): RawQuery) -> Result<Json<serde_json::Value>, XrpcError> {
+async fn list_handler(
+    State(index): State<Arc<Index>>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<serde_json::Value>, XrpcError> {
     let params = parse_list_query(raw.as_deref())?;
     let page = list_backlinks(&index, &params).await?;
     Ok(Json(page.to_json()))

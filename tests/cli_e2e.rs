@@ -3,7 +3,7 @@
 //! listBacklinks against the answers DESIGN.md's rules give, written out by hand below. Then
 //! `backlinks query` must print exactly the same JSON, and bad parameters must get XRPC 400s.
 
-use serde_json::{json, Value};
+use serde_json::{Value, json};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
@@ -14,7 +14,11 @@ const CAPTURE: &str = "tests/data/jetstream/golden_v1.jsonl";
 
 fn run(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN).args(args).output().expect("run backlinks");
-    (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 struct Server {
@@ -33,7 +37,11 @@ impl Server {
             .expect("start serve");
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("unexpected first line {line:?}")).to_string();
+        let addr = line
+            .trim()
+            .strip_prefix("listening on http://")
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
         Server { child, addr }
     }
 
@@ -157,7 +165,8 @@ fn deletes_updates_and_account_events_apply_through_the_binary() {
     }
     let (_, still) = server.get(&list_path("did:plc:anc6s2kher6ltrhhglxrzxsa", "&limit=5"));
     assert_eq!(still["backlinks"], json!({}));
-    let (_, kept) = server.get(&list_path("at://did:plc:hjloomm2tkve3pmfgbxegl3v/app.bsky.feed.post/3mmood3a6hc25", ""));
+    let (_, kept) =
+        server.get(&list_path("at://did:plc:hjloomm2tkve3pmfgbxegl3v/app.bsky.feed.post/3mmood3a6hc25", ""));
     assert_eq!(kept["backlinks"]["$.subject"].as_array().unwrap().len(), 1);
 }
 

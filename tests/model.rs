@@ -10,7 +10,7 @@ use backlinks::model::ids::RecordId;
 use backlinks::model::syntax::parse_target;
 use backlinks::model::tid::format_tid;
 use backlinks::outline::OutlineKind;
-use backlinks::query::{list_backlinks, Cursor, ListParams};
+use backlinks::query::{Cursor, ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
@@ -22,7 +22,13 @@ const COLLECTIONS: [&str; 3] = ["app.bsky.feed.like", "app.bsky.feed.post", "com
 const FIELDS: [&str; 3] = ["subject", "other", "list"];
 
 fn did(i: usize) -> String {
-    format!("did:plc:{}", "abcdefghijklmnopqrstuvwx".chars().map(|c| ((c as u8 - b'a' + i as u8) % 26 + b'a') as char).collect::<String>())
+    format!(
+        "did:plc:{}",
+        "abcdefghijklmnopqrstuvwx"
+            .chars()
+            .map(|c| ((c as u8 - b'a' + i as u8) % 26 + b'a') as char)
+            .collect::<String>()
+    )
 }
 
 fn rkey(i: usize) -> String {
@@ -149,7 +155,10 @@ impl Harness {
         let store = Arc::new(DirStore::new(self.dir.path().join("bucket")));
         // Drop the old index (and its lock) before opening again.
         let placeholder = tempfile::tempdir().unwrap();
-        let old = std::mem::replace(&mut self.index, Index::open(placeholder.path(), store.clone(), Self::options(), 1).unwrap());
+        let old = std::mem::replace(
+            &mut self.index,
+            Index::open(placeholder.path(), store.clone(), Self::options(), 1).unwrap(),
+        );
         drop(old);
         self.index = Index::open(self.dir.path(), store, Self::options(), 8).unwrap();
     }
@@ -164,7 +173,14 @@ impl Harness {
         }
     }
 
-    fn commit(&mut self, did_i: usize, operation: &str, collection: usize, rkey_i: usize, record: Option<serde_json::Value>) {
+    fn commit(
+        &mut self,
+        did_i: usize,
+        operation: &str,
+        collection: usize,
+        rkey_i: usize,
+        record: Option<serde_json::Value>,
+    ) {
         let mut commit = serde_json::json!({"rev": "3l3qo2vutsw2b", "operation": operation, "collection": COLLECTIONS[collection], "rkey": rkey(rkey_i)});
         if let Some(record) = record {
             commit["record"] = record;
@@ -175,11 +191,14 @@ impl Harness {
 
     fn account(&mut self, did_i: usize, active: bool, status: Option<&str>) {
         let time_us = self.time_us;
-        let mut account = serde_json::json!({"active": active, "did": did(did_i), "seq": 1, "time": "2024-01-01T00:00:00Z"});
+        let mut account =
+            serde_json::json!({"active": active, "did": did(did_i), "seq": 1, "time": "2024-01-01T00:00:00Z"});
         if let Some(status) = status {
             account["status"] = status.into();
         }
-        self.apply_json(serde_json::json!({"did": did(did_i), "time_us": time_us, "kind": "account", "account": account}));
+        self.apply_json(
+            serde_json::json!({"did": did(did_i), "time_us": time_us, "kind": "account", "account": account}),
+        );
     }
 
     fn run(&mut self, op: &Op) {
@@ -251,7 +270,7 @@ impl Harness {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     #[test]
     fn engine_matches_model(ops in prop::collection::vec(op(), 1..160)) {

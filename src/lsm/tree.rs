@@ -12,7 +12,7 @@
 use crate::catalog::TableRecord;
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
-use crate::lsm::table::{decode_frames, FormatError, TableBuilder, TableMeta, TableOptions, TableSummary};
+use crate::lsm::table::{FormatError, TableBuilder, TableMeta, TableOptions, TableSummary, decode_frames};
 use crate::store::object::{Store, StoreError};
 use bytes::Bytes;
 use std::fs::File;
@@ -153,15 +153,21 @@ impl<E: Entry> Tree<E> {
 
     /// Writes `memtable` as table `id` (data + meta), durable on local disk before returning.
     pub fn write_table(&self, memtable: &Memtable<E>, id: &str) -> std::io::Result<TableSummary> {
-        self.write_sorted(id, memtable.len(), memtable.iter().copied())
+        let distinct_keys = count_distinct_keys(memtable.iter());
+        self.write_sorted(id, distinct_keys, memtable.iter().copied())
     }
 
-    /// Writes sorted, unique entries as table `id`.
-    pub fn write_sorted(&self, id: &str, count: usize, entries: impl Iterator<Item = E>) -> std::io::Result<TableSummary> {
+    /// Writes sorted, unique entries as table `id`; `distinct_keys` sizes its filter.
+    pub fn write_sorted(
+        &self,
+        id: &str,
+        distinct_keys: usize,
+        entries: impl Iterator<Item = E>,
+    ) -> std::io::Result<TableSummary> {
         let data_path = self.local_path(id, "data");
         let tmp_data = data_path.with_extension("data.tmp");
         let file = BufWriter::new(File::create(&tmp_data)?);
-        let mut builder = TableBuilder::<E, _>::new(file, &self.options, count)?;
+        let mut builder = TableBuilder::<E, _>::new(file, &self.options, distinct_keys)?;
         for entry in entries {
             builder.push(&entry)?;
         }
@@ -203,6 +209,12 @@ impl<E: Entry> Tree<E> {
     pub fn local_path(&self, id: &str, ext: &str) -> PathBuf {
         self.dir.join(format!("{id}.{ext}"))
     }
+}
+
+/// Keys in sorted entries: the filter is over keys, and a popular key has many entries.
+fn count_distinct_keys<'a, E: Entry>(sorted: impl Iterator<Item = &'a E>) -> usize {
+    let mut previous = None;
+    sorted.filter(|e| previous.replace(e.key()) != Some(e.key())).count()
 }
 
 /// Write to a temporary name, fsync, rename over: the file appears whole or not at all.
