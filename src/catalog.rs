@@ -249,6 +249,24 @@ impl Catalog {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// Forgets a retired table whose objects and files are gone (the end of its GC).
+    pub fn forget_table(&self, table_id: &str) -> Result<(), CatalogError> {
+        let removed =
+            self.lock()?.execute("DELETE FROM tables WHERE id = ?1 AND obsolete_at IS NOT NULL", [table_id])?;
+        if removed == 0 {
+            return Err(CatalogError::UnknownTable { id: table_id.to_owned() });
+        }
+        Ok(())
+    }
+
+    /// Ids of every table the catalog knows, live or retired (what is not here is an orphan).
+    pub fn known_table_ids(&self) -> Result<std::collections::HashSet<String>, CatalogError> {
+        let db = self.lock()?;
+        let mut query = db.prepare_cached("SELECT id FROM tables")?;
+        let ids = query.query_map([], |row| row.get::<_, String>(0))?;
+        Ok(ids.collect::<Result<_, _>>()?)
+    }
+
     pub fn mark_uploaded(&self, table_id: &str) -> Result<(), CatalogError> {
         let changed = self.lock()?.execute("UPDATE tables SET uploaded = 1 WHERE id = ?1", [table_id])?;
         if changed == 0 {

@@ -13,8 +13,10 @@
 use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, RunKind, TableRecord};
 use crate::extract::{ExtractLimits, extract_links};
 use crate::ingest::jetstream::{Operation, RecordRef};
+use crate::lsm::compaction::{self, CompactionOptions};
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
+use crate::lsm::run::Run;
 use crate::lsm::table::TableOptions;
 use crate::lsm::tree::{ReadError, Tree, table_key};
 use crate::model::ids::{Backlink, RecordId, Revocation};
@@ -22,7 +24,7 @@ use crate::model::syntax::LinkTarget;
 use crate::model::tid::{format_tid, parse_tid};
 use crate::outline::{OutlineKind, OutlineOptions, Outlines};
 use crate::store::object::Store;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,6 +40,7 @@ pub struct IndexOptions {
     pub table: TableOptions,
     pub outline_cache_entries: usize,
     pub extract: ExtractLimits,
+    pub compaction: CompactionOptions,
     /// Open without taking the writer lock (for `backlinks query` next to a running server).
     /// Such an index must not be written to.
     pub read_only: bool,
@@ -50,6 +53,7 @@ impl Default for IndexOptions {
             table: TableOptions::default(),
             outline_cache_entries: 1 << 20,
             extract: ExtractLimits::default(),
+            compaction: CompactionOptions::default(),
             read_only: false,
         }
     }
@@ -69,6 +73,8 @@ pub enum IndexError {
     Read(#[from] ReadError),
     #[error(transparent)]
     Store(#[from] crate::store::object::StoreError),
+    #[error(transparent)]
+    Manifest(#[from] crate::manifest::ManifestError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IndexError + '_ {
@@ -85,6 +91,7 @@ pub struct WriteCounters {
     pub links_handle_authority: AtomicU64,
     pub links_over_limit: AtomicU64,
     pub flushes: AtomicU64,
+    pub compactions: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -106,6 +113,11 @@ pub struct Index {
     options: IndexOptions,
     hidden: RwLock<HashMap<u64, AccountState>>,
     writer: Mutex<WriterState>,
+    /// Held by the one compaction running at a time.
+    compacting: Mutex<()>,
+    /// Table ids named by the newest manifest this process published or found in the bucket:
+    /// GC never deletes them, whatever their age.
+    published: Mutex<Option<HashSet<String>>>,
     _lock: Option<File>,
 }
 
@@ -142,12 +154,21 @@ impl Index {
         let links = Tree::new(tables_dir.join(Backlink::TREE), options.table.clone()).map_err(io_err(&tables_dir))?;
         let thresholds =
             Tree::new(tables_dir.join(Revocation::TREE), options.table.clone()).map_err(io_err(&tables_dir))?;
+        let (mut link_tables, mut threshold_tables) = (Vec::new(), Vec::new());
         for record in catalog.tables()? {
             match record.tree.as_str() {
-                Backlink::TREE => links.install(links.open_table(record)?, None),
-                _ => thresholds.install(thresholds.open_table(record)?, None),
+                Backlink::TREE => link_tables.push(links.open_table(record)?),
+                _ => threshold_tables.push(thresholds.open_table(record)?),
             }
         }
+        if lock.is_some() {
+            // Files of tables a crash wrote but never committed; nothing else writes yet.
+            let known = catalog.known_table_ids()?;
+            links.remove_orphans(&known).map_err(io_err(links.dir()))?;
+            thresholds.remove_orphans(&known).map_err(io_err(thresholds.dir()))?;
+        }
+        links.load(link_tables)?;
+        thresholds.load(threshold_tables)?;
         let hidden = catalog.hidden_accounts()?.into_iter().collect();
         let position = catalog.position()?;
         let writer = WriterState { position, pending_accounts: Vec::new(), entropy: seed };
@@ -162,6 +183,8 @@ impl Index {
             options,
             hidden: RwLock::new(hidden),
             writer: Mutex::new(writer),
+            compacting: Mutex::new(()),
+            published: Mutex::new(None),
             _lock: lock,
         })
     }
@@ -314,9 +337,93 @@ impl Index {
         memtable: &Memtable<E>,
         writer: &mut WriterState,
     ) -> Result<TableRecord, IndexError> {
-        let id = format!("{:016x}{:08x}", self.catalog.next_table_seq()?, splitmix64(&mut writer.entropy) as u32);
+        let id = self.new_table_id(writer)?;
         let summary = tree.write_table(memtable, &id).map_err(io_err(tree.dir()))?;
         Ok(table_record(id, memtable, summary))
+    }
+
+    /// A fresh table (or run) id: the catalog's durable sequence and 32 injected random bits.
+    fn new_table_id(&self, writer: &mut WriterState) -> Result<String, IndexError> {
+        Ok(format!("{:016x}{:08x}", self.catalog.next_table_seq()?, splitmix64(&mut writer.entropy) as u32))
+    }
+
+    /// One compaction, if a tier of either tree is full: merges its oldest `fan_in` runs into one
+    /// sharded run and retires them at `now_ms`. Blocking (it reads through `runtime` when a table
+    /// is not local): call it from a blocking thread. Returns whether it merged anything.
+    pub fn compact_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {
+        let _one_at_a_time = self.compacting.lock().expect("compaction lock poisoned");
+        let options = &self.options.compaction;
+        if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
+            let thresholds =
+                compaction::load_thresholds(&self.thresholds.runs(), self.store.as_ref(), runtime, options)?;
+            let mut keep = |link: &Backlink| thresholds.as_ref().is_none_or(|t| !t.kills(link));
+            self.compact_tree(&self.links, &inputs, runtime, now_ms, &mut keep)?;
+            return Ok(true);
+        }
+        if let Some(inputs) = compaction::pick(&self.thresholds.runs(), options) {
+            self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, &mut |_| true)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn compact_tree<E: Entry>(
+        &self,
+        tree: &Tree<E>,
+        inputs: &[Arc<Run<E>>],
+        runtime: &tokio::runtime::Handle,
+        now_ms: u64,
+        keep: &mut dyn FnMut(&E) -> bool,
+    ) -> Result<(), IndexError> {
+        let options = &self.options.compaction;
+        let shard_count = compaction::shard_count_for(inputs.iter().map(|r| r.data_bytes()).sum(), options);
+        let (run_id, ids) = {
+            let mut writer = self.writer.lock().expect("writer lock poisoned");
+            let run_id = self.new_table_id(&mut writer)?;
+            let ids: Vec<String> =
+                (0..shard_count).map(|_| self.new_table_id(&mut writer)).collect::<Result<_, _>>()?;
+            (run_id, ids)
+        };
+        let output = compaction::merge(tree, inputs, &ids, self.store.as_ref(), runtime, options, keep)?;
+        let records: Vec<TableRecord> = output
+            .tables
+            .iter()
+            .zip(&ids)
+            .map(|((shard, summary, min_stamp, max_stamp), id)| TableRecord {
+                id: id.clone(),
+                tree: E::TREE.to_string(),
+                run_id: run_id.clone(),
+                run_kind: RunKind::Compacted,
+                shard: *shard,
+                shard_count,
+                entries: summary.entries,
+                data_len: summary.data_len,
+                meta_len: summary.meta_len,
+                uploaded: false,
+                min_stamp: *min_stamp,
+                max_stamp: *max_stamp,
+            })
+            .collect();
+        let removed: Vec<String> = inputs.iter().map(|r| r.id.clone()).collect();
+        let removed_refs: Vec<&str> = removed.iter().map(String::as_str).collect();
+        self.catalog.replace_runs(&removed_refs, &records, now_ms)?;
+        let tables = records.into_iter().map(|r| tree.open_table(r).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+        let run = Run::from_tables(tables).expect("a compaction writes every shard of its run");
+        tree.replace_runs(&removed, run);
+        for table in inputs.iter().flat_map(|r| r.tables.iter()) {
+            tree.remove_local(&table.record.id).map_err(io_err(tree.dir()))?;
+        }
+        self.counters.compactions.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            tree = E::TREE,
+            inputs = inputs.len(),
+            shards = shard_count,
+            entries_in = output.entries_in,
+            duplicates = output.duplicates_dropped,
+            killed = output.killed_dropped,
+            "compacted"
+        );
+        Ok(())
     }
 
     /// Uploads every table not yet in the bucket (data before meta), marking each uploaded.
@@ -348,7 +455,71 @@ impl Index {
         self.store.put(&format!("manifests/{name}"), body.into()).await?;
         self.store.put("CURRENT", name.clone().into_bytes().into()).await?;
         self.catalog.record_manifest(generation, &name)?;
+        let named = manifest.tables.iter().map(|t| t.id.clone()).collect();
+        *self.published.lock().expect("published lock poisoned") = Some(named);
         Ok(name)
+    }
+
+    /// Table ids the bucket's current manifest names (cached after the first read).
+    async fn published_ids(&self) -> Result<HashSet<String>, IndexError> {
+        if let Some(ids) = self.published.lock().expect("published lock poisoned").clone() {
+            return Ok(ids);
+        }
+        let ids = match self.store.get("CURRENT").await {
+            Ok(name) => {
+                let name = String::from_utf8_lossy(&name).into_owned();
+                let body = self.store.get(&format!("manifests/{name}")).await?;
+                let manifest = crate::manifest::Manifest::decode(&name, &body)?;
+                manifest.tables.into_iter().map(|t| t.id).collect()
+            }
+            Err(crate::store::object::StoreError::NotFound { .. }) => HashSet::new(),
+            Err(e) => return Err(e.into()),
+        };
+        *self.published.lock().expect("published lock poisoned") = Some(ids.clone());
+        Ok(ids)
+    }
+
+    /// Deletes retired tables (objects, local files, catalog rows) that retired at least
+    /// `grace_ms` before `now_ms` and that the current manifest no longer names, then objects
+    /// under `tables/` that the catalog does not know at all (left by a crash). Returns how many
+    /// tables and orphan objects it removed.
+    pub async fn collect_garbage(&self, now_ms: u64, grace_ms: u64) -> Result<(usize, usize), IndexError> {
+        let published = self.published_ids().await?;
+        let mut retired = 0;
+        for (record, _) in self.catalog.obsolete_tables(now_ms.saturating_sub(grace_ms))? {
+            if published.contains(&record.id) {
+                continue;
+            }
+            for ext in ["data", "meta"] {
+                self.store.delete(&table_key(&record.tree, &record.id, ext)).await?;
+            }
+            self.remove_local_table(&record)?;
+            self.catalog.forget_table(&record.id)?;
+            retired += 1;
+        }
+        let orphans = self.delete_orphan_objects().await?;
+        Ok((retired, orphans))
+    }
+
+    fn remove_local_table(&self, record: &TableRecord) -> Result<(), IndexError> {
+        match record.tree.as_str() {
+            Backlink::TREE => self.links.remove_local(&record.id).map_err(io_err(self.links.dir())),
+            _ => self.thresholds.remove_local(&record.id).map_err(io_err(self.thresholds.dir())),
+        }
+    }
+
+    /// Objects under `tables/` whose table id the catalog does not know.
+    async fn delete_orphan_objects(&self) -> Result<usize, IndexError> {
+        let known = self.catalog.known_table_ids()?;
+        let mut removed = 0;
+        for object in self.store.list("tables/").await? {
+            let id = object.key.rsplit('/').next().and_then(|name| name.split('.').next()).unwrap_or("");
+            if !known.contains(id) {
+                self.store.delete(&object.key).await?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// Renders a record id as an `at://` URI (or `at://DID` for the repo form).

@@ -22,6 +22,7 @@
 use crate::index::{Index, IndexError};
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
+use crate::lsm::run::Run;
 use crate::lsm::tree::{ReadError, TableHandle};
 use crate::model::ids::{Backlink, RecordId, Revocation};
 use crate::model::syntax::{parse_target, validate_nsid};
@@ -71,6 +72,9 @@ pub struct ListParams {
     pub limit: usize,
     pub cursor: Option<Cursor>,
     pub reverse: bool,
+    /// Only sources in these repositories (not a listBacklinks parameter: set by the
+    /// constellation-compatible layer, whose `did` filter it is).
+    pub dids: Vec<String>,
 }
 
 impl ListParams {
@@ -82,6 +86,7 @@ impl ListParams {
             limit: DEFAULT_LIMIT,
             cursor: None,
             reverse: false,
+            dids: vec![],
         }
     }
 
@@ -219,13 +224,14 @@ impl ListPage {
 }
 
 /// Resolved filters: `None` means "no filter"; an empty set means "nothing can match".
-struct Filters {
+pub struct Filters {
     collections: Option<Vec<u64>>,
     locations: Option<Vec<u64>>,
+    dids: Option<Vec<u64>>,
 }
 
 impl Filters {
-    fn resolve(index: &Index, params: &ListParams) -> Result<Self, QueryError> {
+    pub fn resolve(index: &Index, params: &ListParams) -> Result<Self, QueryError> {
         let ids = |kind, names: &[String]| -> Result<Option<Vec<u64>>, QueryError> {
             if names.is_empty() {
                 return Ok(None);
@@ -239,16 +245,19 @@ impl Filters {
         Ok(Filters {
             collections: ids(OutlineKind::Collection, &params.collections)?,
             locations: ids(OutlineKind::Location, &params.locations)?,
+            dids: ids(OutlineKind::Did, &params.dids)?,
         })
     }
 
-    fn admits(&self, link: &Backlink) -> bool {
+    pub fn admits(&self, link: &Backlink) -> bool {
         let admits = |ids: &Option<Vec<u64>>, id: u64| ids.as_ref().is_none_or(|ids| ids.contains(&id));
-        admits(&self.collections, link.source.collection) && admits(&self.locations, link.location)
+        admits(&self.collections, link.source.collection)
+            && admits(&self.locations, link.location)
+            && admits(&self.dids, link.source.did)
     }
 
-    fn matches_nothing(&self) -> bool {
-        self.collections.as_ref().is_some_and(|c| c.is_empty()) || self.locations.as_ref().is_some_and(|l| l.is_empty())
+    pub fn matches_nothing(&self) -> bool {
+        [&self.collections, &self.locations, &self.dids].iter().any(|ids| ids.as_ref().is_some_and(|i| i.is_empty()))
     }
 }
 
@@ -355,8 +364,9 @@ async fn read_candidates(
     let snapshot = index.links.snapshot(&[(lo, hi)]);
     let hash = KeyHash::of(&pass.target.to_bytes());
     let plans: Vec<Plan> = snapshot
-        .tables
+        .runs
         .iter()
+        .map(|run| run.table_for(&pass.target))
         .filter(|table| table.meta.may_contain(hash))
         .filter_map(|table| plan_table(table, pass, want))
         .collect();
@@ -373,7 +383,7 @@ async fn read_candidates(
 }
 
 /// Sorts by position and keeps the largest stamp of each position.
-fn freshest_per_position(mut entries: Vec<Backlink>) -> Vec<Backlink> {
+pub fn freshest_per_position(mut entries: Vec<Backlink>) -> Vec<Backlink> {
     entries.sort_unstable();
     let mut out: Vec<Backlink> = Vec::with_capacity(entries.len());
     for entry in entries {
@@ -391,12 +401,14 @@ pub async fn read_thresholds(index: &Index, keys: &[RecordId]) -> Result<HashMap
     let snapshot = index.thresholds.snapshot(&ranges);
     let hashes: Vec<KeyHash> = keys.iter().map(|k| KeyHash::of(&k.to_bytes())).collect();
     let mut reads = Vec::new();
-    for table in snapshot.tables.iter() {
-        let frames = keys.iter().zip(&hashes).filter(|(_, hash)| table.meta.may_contain(**hash)).map(|(key, _)| {
-            table.meta.frames_overlapping(&Revocation::min_for_key(*key), &Revocation::max_for_key(*key))
-        });
-        for run in coalesce(frames.collect()) {
-            reads.push((table.clone(), run));
+    for run in snapshot.runs.iter() {
+        for (table, keys) in keys_by_table(run, keys, &hashes) {
+            let frames = keys.iter().map(|key| {
+                table.meta.frames_overlapping(&Revocation::min_for_key(*key), &Revocation::max_for_key(*key))
+            });
+            for frames in coalesce(frames.collect()) {
+                reads.push((table.clone(), frames));
+            }
         }
     }
     let store = index.store.as_ref();
@@ -409,6 +421,26 @@ pub async fn read_thresholds(index: &Index, keys: &[RecordId]) -> Result<HashMap
         }
     }
     Ok(thresholds)
+}
+
+/// The keys each table of `run` may hold (its shard of them, admitted by its filter).
+fn keys_by_table<E: Entry>(
+    run: &Run<E>,
+    keys: &[RecordId],
+    hashes: &[KeyHash],
+) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
+    let mut by_table: Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> = Vec::new();
+    for (key, hash) in keys.iter().zip(hashes) {
+        let table = run.table_for(key);
+        if !table.meta.may_contain(*hash) {
+            continue;
+        }
+        match by_table.iter_mut().find(|(t, _)| Arc::ptr_eq(t, table)) {
+            Some((_, members)) => members.push(*key),
+            None => by_table.push((table.clone(), vec![*key])),
+        }
+    }
+    by_table
 }
 
 /// Merges overlapping or adjacent frame ranges into maximal runs (one ranged read each).
@@ -426,7 +458,11 @@ fn coalesce(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
 }
 
 /// Keeps the candidates that are live, visible and admitted by the filters.
-async fn live_only(index: &Index, candidates: Vec<Backlink>, filters: &Filters) -> Result<Vec<Backlink>, QueryError> {
+pub async fn live_only(
+    index: &Index,
+    candidates: Vec<Backlink>,
+    filters: &Filters,
+) -> Result<Vec<Backlink>, QueryError> {
     let candidates: Vec<Backlink> =
         candidates.into_iter().filter(|c| filters.admits(c) && !index.is_hidden(c.source.did)).collect();
     let mut keys: Vec<RecordId> = candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();

@@ -77,7 +77,16 @@ fn read_bounded_line(reader: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -
 
 /// Applies every event of a Jetstream v1 JSON-lines stream in order, flushing when a memtable is
 /// full and once at the end.
-pub fn import_lines(index: &Index, mut reader: impl BufRead) -> Result<ImportReport, IndexError> {
+pub fn import_lines(index: &Index, reader: impl BufRead) -> Result<ImportReport, IndexError> {
+    import_lines_with(index, reader, &mut |_| Ok(()))
+}
+
+/// `import_lines`, calling `after_flush` after every flush (to compact, say).
+pub fn import_lines_with(
+    index: &Index,
+    mut reader: impl BufRead,
+    after_flush: &mut dyn FnMut(&Index) -> Result<(), IndexError>,
+) -> Result<ImportReport, IndexError> {
     let mut report = ImportReport::default();
     let mut buf = Vec::with_capacity(64 << 10);
     loop {
@@ -98,10 +107,12 @@ pub fn import_lines(index: &Index, mut reader: impl BufRead) -> Result<ImportRep
         if index.wants_flush() {
             index.flush()?;
             report.flushes += 1;
+            after_flush(index)?;
         }
     }
     index.flush()?;
     report.flushes += 1;
+    after_flush(index)?;
     Ok(report)
 }
 

@@ -4,8 +4,10 @@
 //! in-bucket format (frames + meta); `filter` the one-hash blocked bloom filter in each meta;
 //! `tree` ties memtables and tables together for one entry type.
 
+pub mod compaction;
 pub mod entry;
 pub mod filter;
 pub mod memtable;
+pub mod run;
 pub mod table;
 pub mod tree;

@@ -40,6 +40,8 @@ pub const FRAME_OVERHEAD: usize = FRAME_HEADER_LEN + CHECKSUM_LEN;
 pub const MAX_FRAME_BYTES: usize = FRAME_OVERHEAD + MAX_FRAME_PAYLOAD_BYTES;
 /// Most frames in one table (2^24 frames of 64 KiB is 1 TiB of raw entries).
 pub const MAX_FRAMES: usize = 1 << 24;
+/// Most key hashes a builder reserves room for up front (it grows past this as keys arrive).
+const MAX_RESERVED_KEYS: usize = 1 << 20;
 pub const MIN_ZSTD_LEVEL: i32 = 1;
 pub const MAX_ZSTD_LEVEL: i32 = 19;
 
@@ -151,7 +153,9 @@ pub struct TableBuilder<E: Entry, W: Write> {
     pending: Vec<u8>,
     pending_start: Option<FrameStart<E>>,
     frames: Vec<FrameInfo<E>>,
-    filter: FilterBuilder,
+    /// One hash per distinct key, in order; the filter is built from them at `finish`.
+    key_hashes: Vec<KeyHash>,
+    filter_fpr: f64,
     last: Option<E>,
     entries: u64,
     data_len: u64,
@@ -159,8 +163,9 @@ pub struct TableBuilder<E: Entry, W: Write> {
 }
 
 impl<E: Entry, W: Write> TableBuilder<E, W> {
-    /// `expected_keys` sizes the filter: pass the number of distinct keys, or an upper bound
-    /// (which only makes the filter larger than it needs to be). Fails on invalid options.
+    /// `expected_keys` only reserves room for key hashes: the filter is sized at `finish` from the
+    /// exact number of distinct keys pushed (a streaming writer, such as a compaction, cannot know
+    /// it up front). Fails on invalid options.
     pub fn new(data_out: W, opts: &TableOptions, expected_keys: usize) -> io::Result<Self> {
         opts.validate()?;
         let entries_per_frame = opts.entries_per_frame::<E>();
@@ -171,7 +176,8 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             pending: Vec::with_capacity(entries_per_frame * E::WIDTH),
             pending_start: None,
             frames: Vec::new(),
-            filter: FilterBuilder::new(expected_keys, opts.filter_fpr),
+            key_hashes: Vec::with_capacity(expected_keys.min(MAX_RESERVED_KEYS)),
+            filter_fpr: opts.filter_fpr,
             last: None,
             entries: 0,
             data_len: 0,
@@ -201,7 +207,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         self.pending.resize(at + E::WIDTH, 0);
         entry.encode(&mut self.pending[at..]);
         if self.last.is_none_or(|last| last.key() != entry.key()) {
-            self.filter.insert(KeyHash::of(&self.pending[at..at + E::KEY_WIDTH]));
+            self.key_hashes.push(KeyHash::of(&self.pending[at..at + E::KEY_WIDTH]));
         }
         self.last = Some(*entry);
         self.entries += 1;
@@ -216,8 +222,12 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         self.check_usable()?;
         self.flush_frame_or_fail()?;
         self.data_out.flush()?;
+        let mut filter = FilterBuilder::new(self.key_hashes.len(), self.filter_fpr);
+        for hash in self.key_hashes.drain(..) {
+            filter.insert(hash);
+        }
         let meta = TableMeta {
-            filter: self.filter.finish(),
+            filter: filter.finish(),
             frames: self.frames,
             last: self.last,
             entries: self.entries,

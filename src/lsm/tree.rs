@@ -6,12 +6,14 @@
 //!   table happens under one write lock, so a reader (who takes memtable entries and the table list
 //!   under one read lock) never falls between the two.
 //! - A table file pair is complete on disk (written, fsynced, renamed) before it is installed.
-//! - The table list is an immutable `Arc<Vec<_>>` swapped as a whole; a reader's snapshot never
-//!   changes under it.
+//! - The run list is an immutable `Arc<Vec<_>>` swapped as a whole (a flush adds a delta run, a
+//!   compaction swaps its input runs for its output run in one step); a reader's snapshot never
+//!   changes under it. Runs are kept oldest first.
 
 use crate::catalog::TableRecord;
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
+use crate::lsm::run::Run;
 use crate::lsm::table::{FormatError, TableBuilder, TableMeta, TableOptions, TableSummary, decode_frames};
 use crate::store::object::{Store, StoreError};
 use bytes::Bytes;
@@ -84,13 +86,13 @@ pub fn table_key(tree: &str, id: &str, ext: &str) -> String {
 struct TreeState<E: Entry> {
     active: Memtable<E>,
     frozen: Vec<Arc<Memtable<E>>>,
-    tables: Arc<Vec<Arc<TableHandle<E>>>>,
+    runs: Arc<Vec<Arc<Run<E>>>>,
 }
 
-/// What a reader sees at one instant: matching memtable entries and the table list.
+/// What a reader sees at one instant: matching memtable entries and the run list.
 pub struct Snapshot<E: Entry> {
     pub memtable_entries: Vec<E>,
-    pub tables: Arc<Vec<Arc<TableHandle<E>>>>,
+    pub runs: Arc<Vec<Arc<Run<E>>>>,
 }
 
 #[derive(Debug)]
@@ -104,7 +106,7 @@ impl<E: Entry> Tree<E> {
     /// `dir` holds this tree's local table files (`state/tables/<tree>`).
     pub fn new(dir: PathBuf, options: TableOptions) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
-        let state = TreeState { active: Memtable::default(), frozen: Vec::new(), tables: Arc::new(Vec::new()) };
+        let state = TreeState { active: Memtable::default(), frozen: Vec::new(), runs: Arc::new(Vec::new()) };
         Ok(Self { dir, options, state: RwLock::new(state) })
     }
 
@@ -124,7 +126,7 @@ impl<E: Entry> Tree<E> {
         self.state.read().expect("tree lock poisoned").active.bytes()
     }
 
-    /// Entries `e` with `lo <= e <= hi` from every memtable, plus the table list, taken atomically.
+    /// Entries `e` with `lo <= e <= hi` from every memtable, plus the run list, taken atomically.
     pub fn snapshot(&self, ranges: &[(E, E)]) -> Snapshot<E> {
         let state = self.state.read().expect("tree lock poisoned");
         let mut memtable_entries = Vec::new();
@@ -133,11 +135,37 @@ impl<E: Entry> Tree<E> {
                 memtable_entries.extend(memtable.range(lo, hi).copied());
             }
         }
-        Snapshot { memtable_entries, tables: state.tables.clone() }
+        Snapshot { memtable_entries, runs: state.runs.clone() }
     }
 
-    pub fn tables(&self) -> Arc<Vec<Arc<TableHandle<E>>>> {
-        self.state.read().expect("tree lock poisoned").tables.clone()
+    /// Every table of every run, oldest run first.
+    pub fn tables(&self) -> Vec<Arc<TableHandle<E>>> {
+        self.runs().iter().flat_map(|run| run.tables.iter().cloned()).collect()
+    }
+
+    pub fn runs(&self) -> Arc<Vec<Arc<Run<E>>>> {
+        self.state.read().expect("tree lock poisoned").runs.clone()
+    }
+
+    /// Loads the runs of a reopened index: tables in catalog order, grouped by run.
+    pub fn load(&self, tables: Vec<TableHandle<E>>) -> Result<(), ReadError> {
+        let mut grouped: Vec<(String, Vec<Arc<TableHandle<E>>>)> = Vec::new();
+        for table in tables {
+            match grouped.iter_mut().find(|(run_id, _)| *run_id == table.record.run_id) {
+                Some((_, members)) => members.push(Arc::new(table)),
+                None => grouped.push((table.record.run_id.clone(), vec![Arc::new(table)])),
+            }
+        }
+        let mut runs = Vec::with_capacity(grouped.len());
+        for (run_id, members) in grouped {
+            let run = Run::from_tables(members).ok_or_else(|| ReadError::Corrupt {
+                object: format!("run {run_id}"),
+                source: FormatError::Invalid { what: "catalog", detail: "run with missing or repeated shards".into() },
+            })?;
+            runs.push(Arc::new(run));
+        }
+        self.state.write().expect("tree lock poisoned").runs = Arc::new(runs);
+        Ok(())
     }
 
     /// Moves the active memtable aside (still visible to readers) so it can be written out.
@@ -153,31 +181,56 @@ impl<E: Entry> Tree<E> {
 
     /// Writes `memtable` as table `id` (data + meta), durable on local disk before returning.
     pub fn write_table(&self, memtable: &Memtable<E>, id: &str) -> std::io::Result<TableSummary> {
-        let distinct_keys = count_distinct_keys(memtable.iter());
-        self.write_sorted(id, distinct_keys, memtable.iter().copied())
+        self.write_sorted(id, memtable.len(), memtable.iter().copied())
     }
 
-    /// Writes sorted, unique entries as table `id`; `distinct_keys` sizes its filter.
+    /// Writes sorted, unique entries as table `id`; `count_hint` reserves room for key hashes.
     pub fn write_sorted(
         &self,
         id: &str,
-        distinct_keys: usize,
+        count_hint: usize,
         entries: impl Iterator<Item = E>,
     ) -> std::io::Result<TableSummary> {
+        let mut writer = self.table_writer(id, count_hint)?;
+        for entry in entries {
+            writer.push(&entry)?;
+        }
+        writer.finish()
+    }
+
+    /// A writer of table `id` whose files become visible (durably) only at `finish`.
+    pub fn table_writer(&self, id: &str, count_hint: usize) -> std::io::Result<TableWriter<E>> {
         let data_path = self.local_path(id, "data");
         let tmp_data = data_path.with_extension("data.tmp");
         let file = BufWriter::new(File::create(&tmp_data)?);
-        let mut builder = TableBuilder::<E, _>::new(file, &self.options, distinct_keys)?;
-        for entry in entries {
-            builder.push(&entry)?;
+        let builder = TableBuilder::new(file, &self.options, count_hint)?;
+        Ok(TableWriter { builder, tmp_data, data_path, meta_path: self.local_path(id, "meta"), dir: self.dir.clone() })
+    }
+
+    /// Deletes the local files of table `id` (a retired table; missing files are fine).
+    pub fn remove_local(&self, id: &str) -> std::io::Result<()> {
+        for ext in ["data", "meta"] {
+            match std::fs::remove_file(self.local_path(id, ext)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
         }
-        let (file, meta, summary) = builder.finish()?;
-        let file = file.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&tmp_data, &data_path)?;
-        write_durably(&self.local_path(id, "meta"), &meta)?;
-        sync_dir(&self.dir)?;
-        Ok(summary)
+        Ok(())
+    }
+
+    /// Deletes local table files the catalog does not name: leftovers of a crash between
+    /// writing a table and committing it. Only safe before anything starts writing tables.
+    pub fn remove_orphans(&self, live_ids: &std::collections::HashSet<String>) -> std::io::Result<usize> {
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&self.dir)? {
+            let path = entry?.path();
+            let id = path.file_name().and_then(|n| n.to_str()).and_then(|n| n.split('.').next()).unwrap_or("");
+            if !live_ids.contains(id) {
+                std::fs::remove_file(&path)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
     }
 
     /// Opens a table whose files are on local disk (meta required; data optional = not cached).
@@ -190,15 +243,26 @@ impl<E: Entry> Tree<E> {
         Ok(TableHandle { record, meta, local_data })
     }
 
-    /// Makes `table` visible and drops the frozen memtable it replaces, in one step.
+    /// Makes `table` visible as a delta run and drops the frozen memtable it replaces, in one step.
     pub fn install(&self, table: TableHandle<E>, replaces: Option<&Arc<Memtable<E>>>) {
+        let run = Run::from_tables(vec![Arc::new(table)]).expect("a flushed table is a whole delta run");
         let mut state = self.state.write().expect("tree lock poisoned");
-        let mut tables: Vec<_> = state.tables.as_ref().clone();
-        tables.push(Arc::new(table));
-        state.tables = Arc::new(tables);
+        let mut runs: Vec<_> = state.runs.as_ref().clone();
+        runs.push(Arc::new(run));
+        state.runs = Arc::new(runs);
         if let Some(frozen) = replaces {
             state.frozen.retain(|m| !Arc::ptr_eq(m, frozen));
         }
+    }
+
+    /// Swaps the runs `removed` for `added` in one step (a compaction's result). The new run takes
+    /// the place of the oldest removed one, so the list stays oldest first.
+    pub fn replace_runs(&self, removed: &[String], added: Run<E>) {
+        let mut state = self.state.write().expect("tree lock poisoned");
+        let position = state.runs.iter().position(|r| removed.contains(&r.id)).unwrap_or(state.runs.len());
+        let mut runs: Vec<_> = state.runs.iter().filter(|r| !removed.contains(&r.id)).cloned().collect();
+        runs.insert(position.min(runs.len()), Arc::new(added));
+        state.runs = Arc::new(runs);
     }
 
     /// Drops a frozen memtable whose contents were empty or are otherwise installed.
@@ -211,10 +275,30 @@ impl<E: Entry> Tree<E> {
     }
 }
 
-/// Keys in sorted entries: the filter is over keys, and a popular key has many entries.
-fn count_distinct_keys<'a, E: Entry>(sorted: impl Iterator<Item = &'a E>) -> usize {
-    let mut previous = None;
-    sorted.filter(|e| previous.replace(e.key()) != Some(e.key())).count()
+/// Streams sorted entries into a table's files; `finish` makes them durable and visible.
+pub struct TableWriter<E: Entry> {
+    builder: TableBuilder<E, BufWriter<File>>,
+    tmp_data: PathBuf,
+    data_path: PathBuf,
+    meta_path: PathBuf,
+    dir: PathBuf,
+}
+
+impl<E: Entry> TableWriter<E> {
+    pub fn push(&mut self, entry: &E) -> std::io::Result<()> {
+        self.builder.push(entry)
+    }
+
+    /// Data file fsynced and renamed into place, then the meta file, then the directory.
+    pub fn finish(self) -> std::io::Result<TableSummary> {
+        let (file, meta, summary) = self.builder.finish()?;
+        let file = file.into_inner().map_err(|e| e.into_error())?;
+        file.sync_all()?;
+        std::fs::rename(&self.tmp_data, &self.data_path)?;
+        write_durably(&self.meta_path, &meta)?;
+        sync_dir(&self.dir)?;
+        Ok(summary)
+    }
 }
 
 /// Write to a temporary name, fsync, rename over: the file appears whole or not at all.

@@ -1,0 +1,305 @@
+//! Size-tiered compaction: merge `fan_in` runs of similar compressed size into one run,
+//! radix-split by the hash of the key into shards (one table per shard).
+//!
+//! Invariants:
+//! - Merging never changes an answer. Of entries with the same identity it keeps the freshest
+//!   (largest stamp), which is the one a reader would pick; for revocations that is the newest
+//!   threshold per source, the only one a reader uses.
+//! - A backlink is dropped only when a revocation that is already in a *table* of the revocation
+//!   tree kills it (stamp below its record- or repo-level threshold). Revocations are never
+//!   dropped (only superseded by newer ones for the same source), so such a backlink is dead
+//!   for every reader forever: dropping it only saves space. Revocations still in a memtable
+//!   are not consulted, so a crash cannot lose the reason a backlink was dropped.
+//! - Work is streamed: one batch of frames per input plus one frame per output shard in memory,
+//!   and the merge holds no lock of the tree; the result replaces its inputs in one step.
+//! - Runs are merged oldest first within a tier, and every input's size is bounded by its tier,
+//!   so one compaction's work is bounded by `fan_in` times its tier's size.
+
+use crate::lsm::entry::Entry;
+use crate::lsm::run::{shard_of, Run, MAX_SHARDS};
+use crate::lsm::table::TableSummary;
+use crate::lsm::tree::{ReadError, TableHandle, TableWriter, Tree};
+use crate::model::ids::{Backlink, RecordId, Revocation};
+use crate::store::object::Store;
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompactionOptions {
+    /// Runs merged at once (and runs per tier that trigger a merge).
+    pub fan_in: usize,
+    /// Runs below this many compressed bytes all belong to tier 0.
+    pub min_run_bytes: u64,
+    /// Target compressed bytes of one output shard table.
+    pub shard_bytes: u64,
+    /// Frames fetched per ranged read of an input table.
+    pub frames_per_read: usize,
+    /// Upper bound on input bytes read per second (pacing), or `None` for no limit.
+    pub max_bytes_per_sec: Option<u64>,
+    /// Most revocations held in memory to drop killed backlinks; above it nothing is dropped.
+    pub max_thresholds: usize,
+}
+
+impl Default for CompactionOptions {
+    fn default() -> Self {
+        Self {
+            fan_in: 8,
+            min_run_bytes: 1 << 20,
+            shard_bytes: 64 << 20,
+            frames_per_read: 16,
+            max_bytes_per_sec: Some(64 << 20),
+            max_thresholds: 4 << 20,
+        }
+    }
+}
+
+/// The size tier of a run: `floor(log_fan_in(bytes / min_run_bytes))`, 0 for small runs.
+pub fn tier(bytes: u64, options: &CompactionOptions) -> u32 {
+    let fan_in = options.fan_in.max(2) as u64;
+    let mut bound = options.min_run_bytes.max(1).saturating_mul(fan_in);
+    let mut tier = 0;
+    while bytes >= bound && bound < u64::MAX {
+        tier += 1;
+        bound = bound.saturating_mul(fan_in);
+    }
+    tier
+}
+
+/// The oldest `fan_in` runs of the lowest tier that has at least `fan_in` runs.
+pub fn pick<E: Entry>(runs: &[Arc<Run<E>>], options: &CompactionOptions) -> Option<Vec<Arc<Run<E>>>> {
+    let mut tiers: Vec<(u32, Vec<Arc<Run<E>>>)> = Vec::new();
+    for run in runs {
+        let t = tier(run.data_bytes(), options);
+        match tiers.iter_mut().find(|(tier, _)| *tier == t) {
+            Some((_, members)) => members.push(run.clone()),
+            None => tiers.push((t, vec![run.clone()])),
+        }
+    }
+    tiers.sort_by_key(|(t, _)| *t);
+    tiers.into_iter().find(|(_, members)| members.len() >= options.fan_in.max(2)).map(|(_, mut members)| {
+        members.truncate(options.fan_in.max(2));
+        members
+    })
+}
+
+/// Shards for an output of about `bytes` compressed bytes: a power of two near bytes / shard_bytes.
+pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
+    let wanted = bytes.div_ceil(options.shard_bytes.max(1)).clamp(1, MAX_SHARDS as u64);
+    (wanted as u32).next_power_of_two().min(MAX_SHARDS)
+}
+
+/// Revocation thresholds (newest per source) from the revocation tree's tables, for dropping
+/// killed backlinks. `None` when there are more than `limit` of them.
+#[derive(Debug, Default)]
+pub struct Thresholds {
+    by_source: HashMap<RecordId, u64>,
+}
+
+impl Thresholds {
+    /// True when a durable revocation kills `link`.
+    pub fn kills(&self, link: &Backlink) -> bool {
+        let threshold = |key: &RecordId| self.by_source.get(key).copied().unwrap_or(0);
+        link.source_rev < threshold(&link.source).max(threshold(&RecordId::repo(link.source.did)))
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_source.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_source.is_empty()
+    }
+}
+
+/// Reads every revocation in `runs`, or gives up (`None`) past `limit` entries.
+pub fn load_thresholds(
+    runs: &[Arc<Run<Revocation>>],
+    store: &dyn Store,
+    runtime: &tokio::runtime::Handle,
+    options: &CompactionOptions,
+) -> Result<Option<Thresholds>, ReadError> {
+    let total: u64 = runs.iter().map(|r| r.entries()).sum();
+    if total > options.max_thresholds as u64 {
+        return Ok(None);
+    }
+    let mut thresholds = Thresholds::default();
+    for table in runs.iter().flat_map(|r| r.tables.iter()) {
+        let mut scan = TableScan::new(table.clone(), options.frames_per_read);
+        while let Some(revocation) = scan.next(store, runtime)? {
+            let threshold = thresholds.by_source.entry(revocation.source).or_insert(0);
+            *threshold = (*threshold).max(revocation.rev);
+        }
+    }
+    Ok(Some(thresholds))
+}
+
+/// Reads one table in order, a batch of frames at a time.
+struct TableScan<E: Entry> {
+    table: Arc<TableHandle<E>>,
+    next_frame: usize,
+    frames_per_read: usize,
+    buffer: Vec<E>,
+    position: usize,
+}
+
+impl<E: Entry> TableScan<E> {
+    fn new(table: Arc<TableHandle<E>>, frames_per_read: usize) -> Self {
+        Self { table, next_frame: 0, frames_per_read: frames_per_read.max(1), buffer: Vec::new(), position: 0 }
+    }
+
+    fn next(&mut self, store: &dyn Store, runtime: &tokio::runtime::Handle) -> Result<Option<E>, ReadError> {
+        if self.position == self.buffer.len() {
+            let frames = self.table.meta.frames.len();
+            if self.next_frame == frames {
+                return Ok(None);
+            }
+            let batch = self.next_frame..(self.next_frame + self.frames_per_read).min(frames);
+            self.next_frame = batch.end;
+            self.buffer = runtime.block_on(self.table.read_frames(store, batch))?;
+            self.position = 0;
+        }
+        let entry = self.buffer[self.position];
+        self.position += 1;
+        Ok(Some(entry))
+    }
+
+    /// Compressed bytes of the frames read so far (for pacing).
+    fn bytes_read(&self) -> u64 {
+        let (start, end) = self.table.meta.byte_range(0..self.next_frame);
+        end - start
+    }
+}
+
+/// Keeps reading at or below a byte rate by sleeping between batches (we run on our own thread).
+struct Pacer {
+    started: Instant,
+    max_bytes_per_sec: Option<u64>,
+}
+
+impl Pacer {
+    fn wait(&self, bytes_so_far: u64) {
+        let Some(rate) = self.max_bytes_per_sec else { return };
+        let due = Duration::from_secs_f64(bytes_so_far as f64 / rate.max(1) as f64);
+        if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
+            std::thread::sleep(ahead.min(Duration::from_secs(1)));
+        }
+    }
+}
+
+/// What a merge wrote.
+#[derive(Debug)]
+pub struct MergeOutput {
+    /// (shard, summary, min stamp, max stamp) per output table, in shard order.
+    pub tables: Vec<(u32, TableSummary, u64, u64)>,
+    pub entries_in: u64,
+    pub duplicates_dropped: u64,
+    pub killed_dropped: u64,
+}
+
+/// One output shard being written.
+struct ShardOut<E: Entry> {
+    writer: TableWriter<E>,
+    min_stamp: u64,
+    max_stamp: u64,
+}
+
+/// Streams the entries of `inputs` into `ids.len()` shard tables of `tree`, keeping the freshest
+/// of each identity and only what `keep` admits. Blocking: run it on a blocking thread.
+pub fn merge<E: Entry>(
+    tree: &Tree<E>,
+    inputs: &[Arc<Run<E>>],
+    ids: &[String],
+    store: &dyn Store,
+    runtime: &tokio::runtime::Handle,
+    options: &CompactionOptions,
+    keep: &mut dyn FnMut(&E) -> bool,
+) -> Result<MergeOutput, ReadError> {
+    let shard_count = ids.len() as u32;
+    assert!((1..=MAX_SHARDS).contains(&shard_count), "bad shard count {shard_count}");
+    let io = |source| ReadError::Io { object: format!("compaction output in {}", tree.dir().display()), source };
+    let hint = (inputs.iter().map(|r| r.entries()).sum::<u64>() / shard_count as u64) as usize;
+    let mut outs: Vec<ShardOut<E>> = ids
+        .iter()
+        .map(|id| tree.table_writer(id, hint).map(|writer| ShardOut { writer, min_stamp: u64::MAX, max_stamp: 0 }))
+        .collect::<Result<_, _>>()
+        .map_err(io)?;
+    let mut scans: Vec<TableScan<E>> =
+        inputs.iter().flat_map(|r| r.tables.iter()).map(|t| TableScan::new(t.clone(), options.frames_per_read)).collect();
+    let mut heap = BinaryHeap::with_capacity(scans.len());
+    for (i, scan) in scans.iter_mut().enumerate() {
+        if let Some(entry) = scan.next(store, runtime)? {
+            heap.push(Reverse((entry, i)));
+        }
+    }
+    let pacer = Pacer { started: Instant::now(), max_bytes_per_sec: options.max_bytes_per_sec };
+    let mut output = MergeOutput { tables: Vec::new(), entries_in: 0, duplicates_dropped: 0, killed_dropped: 0 };
+    let mut pending: Option<E> = None;
+    while let Some(Reverse((entry, i))) = heap.pop() {
+        output.entries_in += 1;
+        if let Some(next) = scans[i].next(store, runtime)? {
+            heap.push(Reverse((next, i)));
+        }
+        match pending {
+            Some(previous) if previous.same_identity(&entry) => output.duplicates_dropped += 1,
+            Some(previous) => emit(&mut outs, previous, keep, &mut output).map_err(io)?,
+            None => {}
+        }
+        pending = Some(entry);
+        if output.entries_in.is_multiple_of(65_536) {
+            pacer.wait(scans.iter().map(|s| s.bytes_read()).sum());
+        }
+    }
+    if let Some(last) = pending {
+        emit(&mut outs, last, keep, &mut output).map_err(io)?;
+    }
+    for (shard, out) in outs.into_iter().enumerate() {
+        let summary = out.writer.finish().map_err(io)?;
+        let stamps = if summary.entries == 0 { (0, 0) } else { (out.min_stamp, out.max_stamp) };
+        output.tables.push((shard as u32, summary, stamps.0, stamps.1));
+    }
+    Ok(output)
+}
+
+fn emit<E: Entry>(
+    outs: &mut [ShardOut<E>],
+    entry: E,
+    keep: &mut dyn FnMut(&E) -> bool,
+    output: &mut MergeOutput,
+) -> std::io::Result<()> {
+    if !keep(&entry) {
+        output.killed_dropped += 1;
+        return Ok(());
+    }
+    let out = &mut outs[shard_of(&entry.key(), outs.len() as u32) as usize];
+    out.min_stamp = out.min_stamp.min(entry.stamp());
+    out.max_stamp = out.max_stamp.max(entry.stamp());
+    out.writer.push(&entry)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiers_grow_by_fan_in() {
+        let options = CompactionOptions { fan_in: 8, min_run_bytes: 1000, ..CompactionOptions::default() };
+        assert_eq!(tier(0, &options), 0);
+        assert_eq!(tier(7_999, &options), 0);
+        assert_eq!(tier(8_000, &options), 1);
+        assert_eq!(tier(63_999, &options), 1);
+        assert_eq!(tier(64_000, &options), 2);
+        assert_eq!(tier(u64::MAX, &options), 18);
+    }
+
+    #[test]
+    fn shard_counts_are_powers_of_two_and_bounded() {
+        let options = CompactionOptions { shard_bytes: 100, ..CompactionOptions::default() };
+        assert_eq!(shard_count_for(0, &options), 1);
+        assert_eq!(shard_count_for(100, &options), 1);
+        assert_eq!(shard_count_for(101, &options), 2);
+        assert_eq!(shard_count_for(500, &options), 8);
+        assert_eq!(shard_count_for(u64::MAX, &options), MAX_SHARDS);
+    }
+}

@@ -1,0 +1,95 @@
+//! Runs: the unit of the LSM's shape. A delta run is one table (a flushed memtable, any key); a
+//! compacted run is `shard_count` tables, one per shard of the key hash.
+//!
+//! Invariants:
+//! - Every table of a run has the run's id and shard count, and table `i` is shard `i`.
+//! - A compacted run holds each key in exactly one table: `shard_of(key, shard_count)`, so a
+//!   reader of one key opens one table per compacted run.
+//! - A delta run has `shard_count == 1`, so `shard_of` sends every key to its only table.
+
+use crate::catalog::RunKind;
+use crate::lsm::entry::Entry;
+use crate::lsm::tree::TableHandle;
+use crate::model::ids::RecordId;
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Most shards one compacted run may have.
+pub const MAX_SHARDS: u32 = 4096;
+
+/// The shard of `key` in a run of `shard_count` shards: multiply-shift of the key's xxh3-64, so a
+/// power-of-two count takes the hash's top bits (a radix split).
+pub fn shard_of(key: &RecordId, shard_count: u32) -> u32 {
+    assert!((1..=MAX_SHARDS).contains(&shard_count), "shard count {shard_count} out of range");
+    ((xxh3_64(&key.to_bytes()) as u128 * shard_count as u128) >> 64) as u32
+}
+
+#[derive(Debug)]
+pub struct Run<E: Entry> {
+    pub id: String,
+    pub kind: RunKind,
+    /// Tables in shard order.
+    pub tables: Vec<Arc<TableHandle<E>>>,
+}
+
+impl<E: Entry> Run<E> {
+    /// Builds a run from its tables (any order); `None` if they do not form a whole run.
+    pub fn from_tables(mut tables: Vec<Arc<TableHandle<E>>>) -> Option<Self> {
+        tables.sort_by_key(|t| t.record.shard);
+        let first = tables.first()?.record.clone();
+        let whole = tables.len() == first.shard_count as usize
+            && tables.iter().enumerate().all(|(i, t)| {
+                t.record.run_id == first.run_id
+                    && t.record.shard == i as u32
+                    && t.record.shard_count == first.shard_count
+            });
+        whole.then(|| Run { id: first.run_id, kind: first.run_kind, tables })
+    }
+
+    pub fn shard_count(&self) -> u32 {
+        self.tables.len() as u32
+    }
+
+    /// The one table that may hold `key`.
+    pub fn table_for(&self, key: &RecordId) -> &Arc<TableHandle<E>> {
+        &self.tables[shard_of(key, self.shard_count()) as usize]
+    }
+
+    /// Compressed bytes of the run's data files (what size-tiering compares).
+    pub fn data_bytes(&self) -> u64 {
+        self.tables.iter().map(|t| t.record.data_len).sum()
+    }
+
+    pub fn entries(&self) -> u64 {
+        self.tables.iter().map(|t| t.record.entries).sum()
+    }
+
+    /// The oldest stamp in the run (runs are compacted oldest first).
+    pub fn min_stamp(&self) -> u64 {
+        self.tables.iter().map(|t| t.record.min_stamp).min().unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_are_in_range_and_spread() {
+        let mut counts = [0u32; 8];
+        for did in 0..8000u64 {
+            let shard = shard_of(&RecordId::repo(did), 8);
+            counts[shard as usize] += 1;
+        }
+        assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "uneven shards: {counts:?}");
+        assert_eq!(shard_of(&RecordId::repo(5), 1), 0);
+    }
+
+    #[test]
+    fn power_of_two_counts_take_the_top_bits() {
+        let key = RecordId { rkey: 1, collection: 2, did: 3 };
+        let hash = xxh3_64(&key.to_bytes());
+        assert_eq!(shard_of(&key, 16) as u64, hash >> 60);
+        assert_eq!(shard_of(&key, 2) as u64, hash >> 63);
+    }
+}
