@@ -39,6 +39,19 @@ fn migrations() -> Migrations<'static> {
     Migrations::new(vec![M::up(include_str!("../migrations/state/0001_catalog.sql"))])
 }
 
+/// What `sync_to_manifest` applies.
+#[derive(Debug)]
+pub struct ManifestSync<'a> {
+    pub generation: u64,
+    pub name: &'a str,
+    pub retired_runs: &'a [String],
+    pub added: &'a [TableRecord],
+    pub position: IngestPosition,
+    pub hidden: &'a [(u64, AccountState)],
+    /// The next table sequence number must be at least this (past every id in the bucket).
+    pub min_table_seq: u64,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RunKind {
     /// One flushed memtable: one table, any target.
@@ -247,6 +260,39 @@ impl Catalog {
         let before = sql_int("obsolete time", before.min(i64::MAX as u64))?;
         let rows = query.query_map([before], |row| Ok((table_from_row(row)?, u64_at(row, 12)?)))?;
         Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Makes the catalog say exactly what a published manifest says (a restore, or a replica
+    /// following the writer), in one transaction: live tables the manifest does not name are
+    /// retired at `now_ms`, the ones it adds are inserted as uploaded, the position, the hidden
+    /// accounts and the manifest itself are recorded, and the table counter moves past `min_seq`.
+    pub fn sync_to_manifest(&self, sync: &ManifestSync<'_>, now_ms: u64) -> Result<(), CatalogError> {
+        validate_new_tables(sync.added)?;
+        let mut db = self.lock()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        for run_id in sync.retired_runs {
+            tx.execute(
+                "UPDATE tables SET obsolete_at = ?1 WHERE run_id = ?2 AND obsolete_at IS NULL",
+                params![sql_int("obsolete_at", now_ms)?, run_id],
+            )?;
+        }
+        insert_tables(&tx, sync.added)?;
+        set_position(&tx, &sync.position)?;
+        tx.execute("DELETE FROM accounts", [])?;
+        for (did, state) in sync.hidden {
+            set_account_state(&tx, *did, *state)?;
+        }
+        tx.execute(
+            "INSERT INTO counters (name, next) VALUES ('table_seq', ?1)
+             ON CONFLICT (name) DO UPDATE SET next = max(next, excluded.next)",
+            [sql_int("table counter", sync.min_table_seq.max(1))?],
+        )?;
+        tx.execute(
+            "INSERT OR IGNORE INTO manifests (generation, name) VALUES (?1, ?2)",
+            params![sql_int("generation", sync.generation)?, sync.name],
+        )?;
+        tx.commit()?;
+        Ok(())
     }
 
     /// Forgets a retired table whose objects and files are gone (the end of its GC).

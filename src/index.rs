@@ -10,7 +10,7 @@
 //!   tables hold: replaying from it re-derives the rest.
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
 
-use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, RunKind, TableRecord};
+use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, ManifestSync, RunKind, TableRecord};
 use crate::extract::{ExtractLimits, extract_links};
 use crate::ingest::jetstream::{Operation, RecordRef};
 use crate::lsm::compaction::{self, CompactionOptions};
@@ -19,6 +19,7 @@ use crate::lsm::memtable::Memtable;
 use crate::lsm::run::Run;
 use crate::lsm::table::TableOptions;
 use crate::lsm::tree::{ReadError, Tree, table_key};
+use crate::manifest::{Manifest, ManifestTable, OutlineRange};
 use crate::model::ids::{Backlink, RecordId, Revocation};
 use crate::model::syntax::LinkTarget;
 use crate::model::tid::{format_tid, parse_tid};
@@ -41,6 +42,8 @@ pub struct IndexOptions {
     pub outline_cache_entries: usize,
     pub extract: ExtractLimits,
     pub compaction: CompactionOptions,
+    /// Local bytes of table data kept as a cache; uploaded tables past it are read by range.
+    pub cache_bytes: u64,
     /// Open without taking the writer lock (for `backlinks query` next to a running server).
     /// Such an index must not be written to.
     pub read_only: bool,
@@ -54,6 +57,7 @@ impl Default for IndexOptions {
             outline_cache_entries: 1 << 20,
             extract: ExtractLimits::default(),
             compaction: CompactionOptions::default(),
+            cache_bytes: 4 << 30,
             read_only: false,
         }
     }
@@ -75,6 +79,8 @@ pub enum IndexError {
     Store(#[from] crate::store::object::StoreError),
     #[error(transparent)]
     Manifest(#[from] crate::manifest::ManifestError),
+    #[error("writer lease: {0}")]
+    Lease(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IndexError + '_ {
@@ -92,6 +98,29 @@ pub struct WriteCounters {
     pub links_over_limit: AtomicU64,
     pub flushes: AtomicU64,
     pub compactions: AtomicU64,
+}
+
+/// What the newest known manifest says, as far as publishing and GC care.
+#[derive(Debug, Clone, Default)]
+struct Published {
+    name: Option<String>,
+    table_ids: HashSet<String>,
+    outlines: Vec<OutlineRange>,
+}
+
+impl Published {
+    fn of(name: &str, manifest: &Manifest) -> Self {
+        Published {
+            name: Some(name.to_string()),
+            table_ids: manifest.tables.iter().map(|t| t.id.clone()).collect(),
+            outlines: manifest.outlines.clone(),
+        }
+    }
+
+    /// Outline rows up to this insertion sequence number are published.
+    fn outline_through(&self) -> i64 {
+        self.outlines.iter().map(|r| r.through).max().unwrap_or(0)
+    }
 }
 
 #[derive(Debug)]
@@ -115,9 +144,9 @@ pub struct Index {
     writer: Mutex<WriterState>,
     /// Held by the one compaction running at a time.
     compacting: Mutex<()>,
-    /// Table ids named by the newest manifest this process published or found in the bucket:
-    /// GC never deletes them, whatever their age.
-    published: Mutex<Option<HashSet<String>>>,
+    /// The newest manifest this process published or followed (loaded from the bucket on first
+    /// use): GC never deletes a table it names, and publishing extends its outline ranges.
+    published: Mutex<Option<Published>>,
     _lock: Option<File>,
 }
 
@@ -154,25 +183,16 @@ impl Index {
         let links = Tree::new(tables_dir.join(Backlink::TREE), options.table.clone()).map_err(io_err(&tables_dir))?;
         let thresholds =
             Tree::new(tables_dir.join(Revocation::TREE), options.table.clone()).map_err(io_err(&tables_dir))?;
-        let (mut link_tables, mut threshold_tables) = (Vec::new(), Vec::new());
-        for record in catalog.tables()? {
-            match record.tree.as_str() {
-                Backlink::TREE => link_tables.push(links.open_table(record)?),
-                _ => threshold_tables.push(thresholds.open_table(record)?),
-            }
-        }
         if lock.is_some() {
             // Files of tables a crash wrote but never committed; nothing else writes yet.
             let known = catalog.known_table_ids()?;
             links.remove_orphans(&known).map_err(io_err(links.dir()))?;
             thresholds.remove_orphans(&known).map_err(io_err(thresholds.dir()))?;
         }
-        links.load(link_tables)?;
-        thresholds.load(threshold_tables)?;
         let hidden = catalog.hidden_accounts()?.into_iter().collect();
         let position = catalog.position()?;
         let writer = WriterState { position, pending_accounts: Vec::new(), entropy: seed };
-        Ok(Self {
+        let index = Self {
             data_dir: data_dir.to_path_buf(),
             outlines,
             catalog,
@@ -186,7 +206,9 @@ impl Index {
             compacting: Mutex::new(()),
             published: Mutex::new(None),
             _lock: lock,
-        })
+        };
+        index.reload_trees()?;
+        Ok(index)
     }
 
     pub fn position(&self) -> IngestPosition {
@@ -351,17 +373,26 @@ impl Index {
     /// sharded run and retires them at `now_ms`. Blocking (it reads through `runtime` when a table
     /// is not local): call it from a blocking thread. Returns whether it merged anything.
     pub fn compact_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {
+        self.compact_once_with(runtime, now_ms, &self.options.compaction)
+    }
+
+    /// `compact_once` with other options (a benchmark or an operator's one-off).
+    pub fn compact_once_with(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        now_ms: u64,
+        options: &CompactionOptions,
+    ) -> Result<bool, IndexError> {
         let _one_at_a_time = self.compacting.lock().expect("compaction lock poisoned");
-        let options = &self.options.compaction;
         if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
             let thresholds =
                 compaction::load_thresholds(&self.thresholds.runs(), self.store.as_ref(), runtime, options)?;
             let mut keep = |link: &Backlink| thresholds.as_ref().is_none_or(|t| !t.kills(link));
-            self.compact_tree(&self.links, &inputs, runtime, now_ms, &mut keep)?;
+            self.compact_tree(&self.links, &inputs, runtime, now_ms, options, &mut keep)?;
             return Ok(true);
         }
         if let Some(inputs) = compaction::pick(&self.thresholds.runs(), options) {
-            self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, &mut |_| true)?;
+            self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, options, &mut |_| true)?;
             return Ok(true);
         }
         Ok(false)
@@ -373,9 +404,9 @@ impl Index {
         inputs: &[Arc<Run<E>>],
         runtime: &tokio::runtime::Handle,
         now_ms: u64,
+        options: &CompactionOptions,
         keep: &mut dyn FnMut(&E) -> bool,
     ) -> Result<(), IndexError> {
-        let options = &self.options.compaction;
         let shard_count = compaction::shard_count_for(inputs.iter().map(|r| r.data_bytes()).sum(), options);
         let (run_id, ids) = {
             let mut writer = self.writer.lock().expect("writer lock poisoned");
@@ -441,42 +472,221 @@ impl Index {
         Ok(pending.len())
     }
 
-    /// Publishes a manifest naming every table (all uploaded), then points CURRENT at it.
+    /// Publishes a manifest naming every table (all uploaded) and every outline range (new rows
+    /// uploaded first), then points CURRENT at it, then trims the local data cache.
     pub async fn publish_manifest(&self) -> Result<String, IndexError> {
+        let name = self.publish_uploaded().await?;
+        self.enforce_cache_budget()?;
+        Ok(name)
+    }
+
+    /// Evicts local data copies of uploaded tables, least recently read first, until the cached
+    /// bytes fit `cache_bytes`. Backlink tables go first: revocation tables are small and every
+    /// query reads them. A table not yet uploaded is never evicted: it exists nowhere else.
+    /// Metas always stay. Returns the bytes evicted.
+    pub fn enforce_cache_budget(&self) -> Result<u64, IndexError> {
+        let pending: HashSet<String> = self.catalog.pending_uploads()?.into_iter().map(|t| t.id).collect();
+        let cached = self.links.tables().iter().map(|t| t.cached_bytes()).sum::<u64>()
+            + self.thresholds.tables().iter().map(|t| t.cached_bytes()).sum::<u64>();
+        let mut over = cached.saturating_sub(self.options.cache_bytes);
+        let evicted = self.evict_from(&self.links, &pending, &mut over)?;
+        Ok(evicted + self.evict_from(&self.thresholds, &pending, &mut over)?)
+    }
+
+    fn evict_from<E: Entry>(
+        &self,
+        tree: &Tree<E>,
+        pending: &HashSet<String>,
+        over: &mut u64,
+    ) -> Result<u64, IndexError> {
+        let mut candidates: Vec<_> =
+            tree.tables().into_iter().filter(|t| t.cached_bytes() > 0 && !pending.contains(&t.record.id)).collect();
+        candidates.sort_by_key(|t| t.last_read());
+        let mut evicted = 0;
+        for table in candidates {
+            if *over == 0 {
+                break;
+            }
+            let freed = table.evict_local(tree.dir()).map_err(io_err(tree.dir()))?;
+            *over = over.saturating_sub(freed);
+            evicted += freed;
+        }
+        Ok(evicted)
+    }
+
+    async fn publish_uploaded(&self) -> Result<String, IndexError> {
         self.upload_pending().await?;
+        let previous = self.published().await?;
+        let mut outlines = previous.outlines.clone();
+        outlines.extend(self.upload_outline_ranges(previous.outline_through()).await?);
         let generation = self.catalog.last_manifest()?.map_or(1, |(generation, _)| generation + 1);
-        let manifest = crate::manifest::Manifest::new(
+        let manifest = Manifest::new(
             generation,
             self.catalog.position()?,
             self.catalog.tables()?,
             self.catalog.hidden_accounts()?,
+            outlines,
         );
         let (name, body) = manifest.encode();
         self.store.put(&format!("manifests/{name}"), body.into()).await?;
         self.store.put("CURRENT", name.clone().into_bytes().into()).await?;
         self.catalog.record_manifest(generation, &name)?;
-        let named = manifest.tables.iter().map(|t| t.id.clone()).collect();
-        *self.published.lock().expect("published lock poisoned") = Some(named);
+        *self.published.lock().expect("published lock poisoned") = Some(Published::of(&name, &manifest));
         Ok(name)
     }
 
-    /// Table ids the bucket's current manifest names (cached after the first read).
-    async fn published_ids(&self) -> Result<HashSet<String>, IndexError> {
-        if let Some(ids) = self.published.lock().expect("published lock poisoned").clone() {
-            return Ok(ids);
+    /// Uploads the outline rows stored after `after`, one object per kind that has any.
+    async fn upload_outline_ranges(&self, after: i64) -> Result<Vec<OutlineRange>, IndexError> {
+        let through = self.outlines.max_seq()?;
+        let mut ranges = Vec::new();
+        if through <= after {
+            return Ok(ranges);
         }
-        let ids = match self.store.get("CURRENT").await {
-            Ok(name) => {
-                let name = String::from_utf8_lossy(&name).into_owned();
-                let body = self.store.get(&format!("manifests/{name}")).await?;
-                let manifest = crate::manifest::Manifest::decode(&name, &body)?;
-                manifest.tables.into_iter().map(|t| t.id).collect()
+        for kind in OutlineKind::ALL {
+            let rows = self.outlines.rows_between(kind, after, through)?;
+            if rows.is_empty() {
+                continue;
             }
-            Err(crate::store::object::StoreError::NotFound { .. }) => HashSet::new(),
+            let range = OutlineRange { kind: kind.name().to_string(), after, through };
+            self.store.put(&range.key(), crate::outline::range::encode(kind, &rows).into()).await?;
+            ranges.push(range);
+        }
+        Ok(ranges)
+    }
+
+    /// The newest manifest known: the one this process published or followed, else CURRENT.
+    async fn published(&self) -> Result<Published, IndexError> {
+        if let Some(published) = self.published.lock().expect("published lock poisoned").clone() {
+            return Ok(published);
+        }
+        let published = match self.current_manifest().await? {
+            Some((name, manifest)) => Published::of(&name, &manifest),
+            None => Published::default(),
+        };
+        *self.published.lock().expect("published lock poisoned") = Some(published.clone());
+        Ok(published)
+    }
+
+    /// The bucket's CURRENT manifest, validated; `None` for an empty bucket.
+    pub async fn current_manifest(&self) -> Result<Option<(String, Manifest)>, IndexError> {
+        let name = match self.store.get("CURRENT").await {
+            Ok(name) => String::from_utf8_lossy(&name).into_owned(),
+            Err(crate::store::object::StoreError::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        *self.published.lock().expect("published lock poisoned") = Some(ids.clone());
-        Ok(ids)
+        let body = self.store.get(&format!("manifests/{name}")).await?;
+        let manifest = Manifest::decode(&name, &body)?;
+        Ok(Some((name, manifest)))
+    }
+
+    /// Restores a new, empty data directory from the bucket's CURRENT manifest (if there is
+    /// one). Returns whether it restored anything.
+    pub async fn restore_if_empty(&self, now_ms: u64) -> Result<bool, IndexError> {
+        let empty = self.catalog.last_manifest()?.is_none() && self.catalog.tables()?.is_empty();
+        if !empty {
+            return Ok(false);
+        }
+        match self.current_manifest().await? {
+            Some((name, manifest)) => {
+                self.follow(&name, manifest, now_ms).await?;
+                Ok(true)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// A replica's step: follows CURRENT if it moved. Returns whether it did.
+    pub async fn follow_current(&self, now_ms: u64) -> Result<bool, IndexError> {
+        let known = self.published.lock().expect("published lock poisoned").as_ref().and_then(|p| p.name.clone());
+        match self.current_manifest().await? {
+            Some((name, manifest)) if Some(&name) != known.as_ref() => {
+                self.follow(&name, manifest, now_ms).await?;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    /// Makes this index exactly what `manifest` describes: imports its outline ranges, fetches
+    /// the metas of tables it adds, retires the runs it no longer names, and takes its position
+    /// and hidden accounts. Table data stays in the bucket (read by range).
+    async fn follow(&self, name: &str, manifest: Manifest, now_ms: u64) -> Result<(), IndexError> {
+        let already = self.published.lock().expect("published lock poisoned").clone().unwrap_or_default();
+        for range in manifest.outlines.iter().filter(|r| !already.outlines.contains(r)) {
+            let kind = OutlineKind::from_name(&range.kind).expect("validated by Manifest::decode");
+            let rows = crate::outline::range::decode(kind, &self.store.get(&range.key()).await?)?;
+            self.outlines.import_rows(kind, &rows)?;
+        }
+        let live: HashMap<String, TableRecord> =
+            self.catalog.tables()?.into_iter().map(|t| (t.id.clone(), t)).collect();
+        let named: HashSet<&str> = manifest.tables.iter().map(|t| t.id.as_str()).collect();
+        let mut added = Vec::new();
+        for table in manifest.tables.iter().filter(|t| !live.contains_key(&t.id)) {
+            added.push(self.fetch_meta(table).await?);
+        }
+        let mut retired_runs: Vec<String> =
+            live.values().filter(|t| !named.contains(t.id.as_str())).map(|t| t.run_id.clone()).collect();
+        retired_runs.sort();
+        retired_runs.dedup();
+        let hidden: Vec<(u64, AccountState)> =
+            manifest.hidden_accounts.iter().map(|(did, status)| (*did, AccountState::parse(status))).collect();
+        let position = IngestPosition { cursor: manifest.cursor, clock: manifest.clock };
+        let sync = ManifestSync {
+            generation: manifest.generation,
+            name,
+            retired_runs: &retired_runs,
+            added: &added,
+            position: position.clone(),
+            hidden: &hidden,
+            min_table_seq: next_table_seq_after(&manifest),
+        };
+        self.catalog.sync_to_manifest(&sync, now_ms)?;
+        self.reload_trees()?;
+        for table in live.values().filter(|t| !named.contains(t.id.as_str())) {
+            self.remove_local_table(table)?;
+            self.catalog.forget_table(&table.id)?;
+        }
+        *self.hidden.write().expect("hidden lock poisoned") = hidden.into_iter().collect();
+        self.writer.lock().expect("writer lock poisoned").position = position;
+        *self.published.lock().expect("published lock poisoned") = Some(Published::of(name, &manifest));
+        Ok(())
+    }
+
+    /// Downloads and checks a table's meta into the local tree directory.
+    async fn fetch_meta(&self, table: &ManifestTable) -> Result<TableRecord, IndexError> {
+        let key = table_key(&table.tree, &table.id, "meta");
+        let bytes = self.store.get(&key).await?;
+        let dir = if table.tree == Backlink::TREE { self.links.dir() } else { self.thresholds.dir() };
+        let path = dir.join(format!("{}.meta", table.id));
+        crate::lsm::tree::write_durably(&path, &bytes).map_err(io_err(&path))?;
+        Ok(TableRecord {
+            id: table.id.clone(),
+            tree: table.tree.clone(),
+            run_id: table.run_id.clone(),
+            run_kind: if table.compacted { RunKind::Compacted } else { RunKind::Delta },
+            shard: table.shard,
+            shard_count: table.shard_count,
+            entries: table.entries,
+            data_len: table.data_len,
+            meta_len: table.meta_len,
+            uploaded: true,
+            min_stamp: table.min_stamp,
+            max_stamp: table.max_stamp,
+        })
+    }
+
+    /// Rebuilds both trees' run lists from the catalog, reusing open tables.
+    fn reload_trees(&self) -> Result<(), IndexError> {
+        let (mut links, mut thresholds) = (Vec::new(), Vec::new());
+        for record in self.catalog.tables()? {
+            match record.tree.as_str() {
+                Backlink::TREE => links.push(record),
+                _ => thresholds.push(record),
+            }
+        }
+        self.links.load(links)?;
+        self.thresholds.load(thresholds)?;
+        Ok(())
     }
 
     /// Deletes retired tables (objects, local files, catalog rows) that retired at least
@@ -484,7 +694,7 @@ impl Index {
     /// under `tables/` that the catalog does not know at all (left by a crash). Returns how many
     /// tables and orphan objects it removed.
     pub async fn collect_garbage(&self, now_ms: u64, grace_ms: u64) -> Result<(usize, usize), IndexError> {
-        let published = self.published_ids().await?;
+        let published = self.published().await?.table_ids;
         let mut retired = 0;
         for (record, _) in self.catalog.obsolete_tables(now_ms.saturating_sub(grace_ms))? {
             if published.contains(&record.id) {
@@ -576,4 +786,11 @@ pub fn splitmix64(state: &mut u64) -> u64 {
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
+}
+
+/// The table sequence a writer restored from `manifest` must start at: past every id in it (the
+/// first 16 hex digits of a table or run id are its sequence number).
+fn next_table_seq_after(manifest: &Manifest) -> u64 {
+    let seq_of = |id: &str| u64::from_str_radix(&id[..16], 16).unwrap_or(0);
+    manifest.tables.iter().flat_map(|t| [seq_of(&t.id), seq_of(&t.run_id)]).max().unwrap_or(0) + 1
 }

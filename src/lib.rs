@@ -4,17 +4,23 @@
 //! tables), `extract` (links in a record), `lsm` (the one generic fixed-width LSM), `store`
 //! (object storage), `catalog` (local SQLite state), `manifest` (the published view), `index`
 //! (the write path over all of them), `ingest` (events in), `query` (two-round listBacklinks),
-//! `server` (HTTP) and `config`.
+//! `count` (countBacklinks, bounded), `constellation` (compatible endpoints), `server` (HTTP),
+//! `status` (HTML pages), `metrics` (Prometheus) and `config`.
 
 pub mod catalog;
 pub mod config;
+pub mod constellation;
+pub mod count;
 pub mod extract;
 pub mod index;
 pub mod ingest;
+pub mod lease;
 pub mod lsm;
 pub mod manifest;
+pub mod metrics;
 pub mod model;
 pub mod outline;
 pub mod query;
 pub mod server;
+pub mod status;
 pub mod store;

@@ -1,11 +1,15 @@
 //! The `backlinks` command line: serve, import, backfill, query.
 
 use anyhow::{Context, bail};
-use backlinks::config::{DEFAULT_LISTEN, FileConfig};
-use backlinks::index::{Index, IndexOptions};
-use backlinks::ingest::import_lines;
+use backlinks::config::{DEFAULT_JETSTREAM, DEFAULT_LISTEN, FileConfig};
+use backlinks::index::{Index, IndexError, IndexOptions};
+use backlinks::ingest::import_lines_with;
+use backlinks::lease::WriterLease;
+use backlinks::metrics::{MeteredStore, Metrics};
 use backlinks::query::list_backlinks;
-use backlinks::server::{parse_list_query, router};
+use backlinks::server::systemd::{Notifier, feed_watchdog, watchdog_interval};
+use backlinks::server::{ServerOptions, app, parse_list_query};
+use backlinks::status::IngestMode;
 use backlinks::store::dir::DirStore;
 use backlinks::store::object::Store;
 use clap::{Args, Parser, Subcommand};
@@ -40,7 +44,7 @@ struct Common {
     /// Local data directory (default ./data).
     #[arg(long, env = "BACKLINKS_DATA_DIR")]
     data_dir: Option<PathBuf>,
-    /// Object store: file:///PATH (default <data-dir>/bucket); s3://BUCKET/PREFIX comes later.
+    /// Object store: file:///PATH (default <data-dir>/bucket) or s3://BUCKET/PREFIX.
     #[arg(long, env = "BACKLINKS_STORE")]
     store: Option<String>,
 }
@@ -61,6 +65,21 @@ struct ServeArgs {
     /// Serve a bucket that another process writes.
     #[arg(long, env = "BACKLINKS_READ_ONLY")]
     read_only: bool,
+    /// Queries served at once; one more gets an immediate 503 (default 64).
+    #[arg(long, env = "BACKLINKS_MAX_CONCURRENT_QUERIES")]
+    max_concurrent_queries: Option<usize>,
+    /// Stop a query after this many milliseconds with a 503 (default 10000).
+    #[arg(long, env = "BACKLINKS_REQUEST_TIMEOUT_MS")]
+    request_timeout_ms: Option<u64>,
+    /// Cache-Control max-age of query answers, in seconds (default 5).
+    #[arg(long, env = "BACKLINKS_CACHE_MAX_AGE_SECS")]
+    cache_max_age_secs: Option<u64>,
+    /// Entries countBacklinks reads before it estimates (default 65536).
+    #[arg(long, env = "BACKLINKS_COUNT_EXACT_LIMIT")]
+    count_exact_limit: Option<usize>,
+    /// Print the effective configuration (TOML, secrets redacted) and exit.
+    #[arg(long)]
+    print_config: bool,
 }
 
 #[derive(Args)]
@@ -116,17 +135,27 @@ fn setup(common: &Common) -> anyhow::Result<Setup> {
     let file = FileConfig::load(common.config.as_deref())?;
     let data_dir = common.data_dir.clone().or(file.data_dir.clone()).unwrap_or_else(|| PathBuf::from("data"));
     let store_url = common.store.clone().or(file.store.clone());
-    let store = open_store(store_url.as_deref(), &data_dir)?;
+    let store = open_store(store_url.as_deref(), &data_dir, &file)?;
     Ok(Setup { file, data_dir, store })
 }
 
-fn open_store(url: Option<&str>, data_dir: &std::path::Path) -> anyhow::Result<Arc<dyn Store>> {
+fn open_store(url: Option<&str>, data_dir: &std::path::Path, file: &FileConfig) -> anyhow::Result<Arc<dyn Store>> {
     match url {
         None => Ok(Arc::new(DirStore::new(data_dir.join("bucket")))),
         Some(url) if url.starts_with("file://") => Ok(Arc::new(DirStore::new(PathBuf::from(&url["file://".len()..])))),
-        Some(url) if url.starts_with("s3://") => bail!("the S3 store is not built yet; use file:///PATH or no --store"),
+        Some(url) if url.starts_with("s3://") => {
+            let env = |name: &str| std::env::var(name).ok();
+            let mut settings = backlinks::store::s3::S3Settings::resolve(url, &file.s3_keys(), &env)?;
+            settings.retry.seed = entropy_seed();
+            Ok(Arc::new(backlinks::store::s3::S3Store::new(settings)?))
+        }
         Some(url) => bail!("unsupported store URL {url:?}: expected file:///PATH or s3://BUCKET/PREFIX"),
     }
+}
+
+/// Wall-clock milliseconds, read only here at the top and passed down (GC and retirement times).
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// Table-id randomness, drawn once here and injected (never drawn deep inside).
@@ -159,41 +188,169 @@ async fn main() -> anyhow::Result<()> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    if args.print_config {
+        print!("{}", effective_config(&args)?);
+        return Ok(());
+    }
     let setup = setup(&args.common)?;
-    let read_only = args.read_only || setup.file.read_only.unwrap_or(false);
-    let no_ingest = args.no_ingest || setup.file.no_ingest.unwrap_or(false);
-    let index = open_index(&setup, read_only)?;
+    let config = serve_config(&args, &setup.file);
+    let (read_only, no_ingest) = (config.read_only == Some(true), config.no_ingest == Some(true));
     if !no_ingest && !read_only {
         tracing::warn!("live ingest is not built yet; serving the existing index only");
     }
-    let listen = args.listen.or(setup.file.listen.clone()).unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let metrics = Arc::new(Metrics::new());
+    let setup = Setup { store: Arc::new(MeteredStore::new(setup.store.clone(), metrics.clone())), ..setup };
+    // A replica writes its own data directory (the manifests it follows), so it takes its lock too.
+    let index = open_index(&setup, false)?;
+    if index.restore_if_empty(unix_ms()).await? {
+        tracing::info!(position = ?index.position(), "restored the data directory from the bucket");
+    }
+    if read_only {
+        start_following(index.clone(), REPLICA_POLL);
+    }
+    let ingest = if read_only { IngestMode::ReadOnly } else { IngestMode::ImportOnly };
+    let options = ServerOptions { ingest, ..ServerOptions::from_config(&config)? };
+    let notifier = Notifier::new(std::env::var_os("NOTIFY_SOCKET").as_deref()).context("NOTIFY_SOCKET")?.map(Arc::new);
+    let listen = config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_string());
     let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}");
     std::io::stdout().flush()?;
     tracing::info!(%addr, data_dir = %setup.data_dir.display(), "serving");
-    axum::serve(listener, router(index)).with_graceful_shutdown(shutdown_signal()).await?;
+    if let Some(notifier) = &notifier {
+        notify_systemd(notifier, &format!("READY=1\nSTATUS=serving on http://{addr}"));
+        start_watchdog(notifier.clone(), index.clone());
+    }
+    let shutdown = shutdown_signal(notifier.clone());
+    axum::serve(listener, app(index, options, metrics)).with_graceful_shutdown(shutdown).await?;
     Ok(())
 }
 
-async fn shutdown_signal() {
+/// The config file's keys with the serve flags and `BACKLINKS_*` variables applied (flags win).
+fn serve_config(args: &ServeArgs, file: &FileConfig) -> FileConfig {
+    let jetstream = if args.jetstream.is_empty() { file.jetstream.clone() } else { Some(args.jetstream.clone()) };
+    FileConfig {
+        data_dir: args.common.data_dir.clone().or(file.data_dir.clone()),
+        store: args.common.store.clone().or(file.store.clone()),
+        listen: args.listen.clone().or(file.listen.clone()),
+        jetstream,
+        no_ingest: Some(args.no_ingest || file.no_ingest.unwrap_or(false)),
+        read_only: Some(args.read_only || file.read_only.unwrap_or(false)),
+        max_concurrent_queries: args.max_concurrent_queries.or(file.max_concurrent_queries),
+        request_timeout_ms: args.request_timeout_ms.or(file.request_timeout_ms),
+        cache_max_age_secs: args.cache_max_age_secs.or(file.cache_max_age_secs),
+        count_exact_limit: args.count_exact_limit.or(file.count_exact_limit),
+        ..file.clone()
+    }
+}
+
+/// `serve --print-config`: every setting in effect, as TOML, with secrets redacted. Keys only the
+/// file sets (the S3 ones, say) are shown as the file has them.
+fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
+    let path = args.common.config.as_deref();
+    let config = serve_config(args, &FileConfig::load(path)?);
+    let (engine, server) = (config.index_options()?, ServerOptions::from_config(&config)?);
+    let data_dir = config.data_dir.clone().unwrap_or_else(|| PathBuf::from("data"));
+    let store = config.store.clone().unwrap_or_else(|| format!("file://{}", data_dir.join("bucket").display()));
+    let jetstream =
+        config.jetstream.clone().unwrap_or_else(|| DEFAULT_JETSTREAM.iter().map(|s| s.to_string()).collect());
+    let mut table = backlinks::config::load_table(path)?;
+    let mut set = |key: &str, value: toml::Value| {
+        table.insert(key.to_string(), value);
+    };
+    set("data_dir", data_dir.display().to_string().into());
+    set("store", store.into());
+    set("listen", config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_string()).into());
+    set("jetstream", toml::Value::Array(jetstream.into_iter().map(toml::Value::from).collect()));
+    set("no_ingest", config.no_ingest.unwrap_or(false).into());
+    set("read_only", config.read_only.unwrap_or(false).into());
+    set("memtable_bytes", (engine.memtable_bytes as i64).into());
+    set("frame_bytes", (engine.table.frame_bytes as i64).into());
+    set("zstd_level", i64::from(engine.table.zstd_level).into());
+    set("filter_fpr", engine.table.filter_fpr.into());
+    set("outline_cache_entries", (engine.outline_cache_entries as i64).into());
+    set("max_concurrent_queries", (server.max_concurrent_queries as i64).into());
+    set("request_timeout_ms", (server.request_timeout.as_millis() as i64).into());
+    set("cache_max_age_secs", (server.cache_max_age.as_secs() as i64).into());
+    set("count_exact_limit", (server.count.exact_scan_limit as i64).into());
+    backlinks::config::redact_secrets(&mut table);
+    Ok(toml::to_string(&table)?)
+}
+
+fn notify_systemd(notifier: &Notifier, state: &str) {
+    if let Err(e) = notifier.notify(state) {
+        tracing::warn!(error = %e, state, "systemd notification failed");
+    }
+}
+
+/// Feeds systemd's watchdog (when `WATCHDOG_USEC` asks for it) while the catalog answers.
+fn start_watchdog(notifier: Arc<Notifier>, index: Arc<Index>) {
+    let usec = std::env::var("WATCHDOG_USEC").ok();
+    let pid = std::env::var("WATCHDOG_PID").ok();
+    if let Some(every) = watchdog_interval(usec.as_deref(), pid.as_deref(), std::process::id()) {
+        tracing::info!(?every, "feeding the systemd watchdog");
+        tokio::spawn(feed_watchdog(notifier, every, move || index.catalog.position().is_ok()));
+    }
+}
+
+async fn shutdown_signal(notifier: Option<Arc<Notifier>>) {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
     tracing::info!("shutting down");
+    if let Some(notifier) = &notifier {
+        notify_systemd(notifier, "STOPPING=1");
+    }
+}
+
+/// How long a writer's lease on the bucket prefix lasts without renewal, and how long a new
+/// writer waits before reading its lease back (see `backlinks::lease`).
+const LEASE_TTL_MS: u64 = 60_000;
+const LEASE_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// How often a replica (`serve --read-only`) checks the bucket's CURRENT.
+const REPLICA_POLL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A replica's loop: follow every manifest the writer publishes.
+fn start_following(index: Arc<Index>, every: std::time::Duration) {
+    tokio::spawn(async move {
+        let mut ticker = tokio::time::interval(every);
+        loop {
+            ticker.tick().await;
+            match index.follow_current(unix_ms()).await {
+                Ok(true) => tracing::info!(position = ?index.position(), "followed a new manifest"),
+                Ok(false) => {}
+                Err(e) => tracing::warn!(error = %e, "following the bucket failed; retrying"),
+            }
+        }
+    });
 }
 
 async fn import(args: ImportArgs) -> anyhow::Result<()> {
     let setup = setup(&args.common)?;
     let index = open_index(&setup, false)?;
+    let owner = backlinks::lease::owner_id(&setup.data_dir, entropy_seed())?;
+    let lease = WriterLease::acquire(setup.store.clone(), &owner, unix_ms(), LEASE_TTL_MS, LEASE_SETTLE).await?;
+    index.restore_if_empty(unix_ms()).await?;
     let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
     let writer = index.clone();
-    let report =
-        tokio::task::spawn_blocking(move || import_lines(&writer, std::io::BufReader::with_capacity(1 << 20, file)))
-            .await??;
+    let runtime = tokio::runtime::Handle::current();
+    let report = tokio::task::spawn_blocking(move || {
+        let mut lease = lease;
+        let mut compact = |index: &Index| {
+            while index.compact_once(&runtime, unix_ms())? {}
+            runtime.block_on(lease.renew(unix_ms())).map_err(|e| IndexError::Lease(e.to_string()))?;
+            Ok(())
+        };
+        let report = import_lines_with(&writer, std::io::BufReader::with_capacity(1 << 20, file), &mut compact);
+        report.map(|report| (report, lease))
+    })
+    .await??;
+    let (report, lease) = report;
     let manifest = index.publish_manifest().await?;
+    lease.release().await?;
     for (line, reason) in &report.examples {
         tracing::warn!(line, %reason, "skipped malformed line");
     }

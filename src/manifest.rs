@@ -42,6 +42,25 @@ pub struct Manifest {
     pub tables: Vec<ManifestTable>,
     /// Hidden accounts: (did id, status), so a restored machine hides the same accounts.
     pub hidden_accounts: Vec<(u64, String)>,
+    /// Every published outline range, oldest first: together they hold every outlined string
+    /// the tables can name.
+    #[serde(default)]
+    pub outlines: Vec<OutlineRange>,
+}
+
+/// Outline rows of one kind with insertion sequence in `(after, through]`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OutlineRange {
+    pub kind: String,
+    pub after: i64,
+    pub through: i64,
+}
+
+impl OutlineRange {
+    /// `outlines/<kind>/<after>-<through>`, both as 16 hex digits.
+    pub fn key(&self) -> String {
+        format!("outlines/{}/{:016x}-{:016x}", self.kind, self.after, self.through)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -56,6 +75,7 @@ impl Manifest {
         position: IngestPosition,
         tables: Vec<TableRecord>,
         hidden: Vec<(u64, AccountState)>,
+        outlines: Vec<OutlineRange>,
     ) -> Self {
         let tables = tables
             .into_iter()
@@ -81,6 +101,7 @@ impl Manifest {
             clock: position.clock,
             tables,
             hidden_accounts,
+            outlines,
         }
     }
 
@@ -131,6 +152,17 @@ impl Manifest {
         if let Some((_, status)) = self.hidden_accounts.iter().find(|(_, s)| !AccountState::parse(s).is_hidden()) {
             return Err(format!("hidden account with status {status:?}"));
         }
+        if self.outlines.len() > MAX_TABLES {
+            return Err(format!("{} outline ranges is over the limit", self.outlines.len()));
+        }
+        for range in &self.outlines {
+            if crate::outline::OutlineKind::from_name(&range.kind).is_none()
+                || range.after < 0
+                || range.after >= range.through
+            {
+                return Err(format!("invalid outline range {range:?}"));
+            }
+        }
         Ok(())
     }
 }
@@ -175,6 +207,7 @@ mod tests {
             IngestPosition { cursor: Some(42), clock: 9 },
             vec![table("0000000000000001abcdef01")],
             vec![(5, AccountState::Suspended)],
+            vec![OutlineRange { kind: "did".into(), after: 0, through: 4 }],
         )
     }
 
@@ -204,5 +237,11 @@ mod tests {
         let (name, body) = manifest.encode();
         assert!(Manifest::decode(&name, &body).is_err());
         assert!(Manifest::decode("nonsense", b"{}").is_err());
+        for (kind, after, through) in [("../x", 0, 1), ("did", 5, 5), ("did", -1, 3)] {
+            let mut manifest = sample();
+            manifest.outlines[0] = OutlineRange { kind: kind.into(), after, through };
+            let (name, body) = manifest.encode();
+            assert!(Manifest::decode(&name, &body).is_err(), "accepted outline range {kind} {after} {through}");
+        }
     }
 }

@@ -396,6 +396,70 @@ impl Outlines {
         Ok(stored.len())
     }
 
+    /// The largest insertion sequence number stored (0 when empty).
+    pub fn max_seq(&self) -> Result<i64, OutlineError> {
+        let db = self.lock_db()?;
+        Ok(db.query_row("SELECT coalesce(max(seq), 0) FROM outlines", [], |row| row.get(0))?)
+    }
+
+    /// Stored (id, value) rows of `kind` with `after < seq <= through`, in insertion order: the
+    /// contents of one published outline range.
+    pub fn rows_between(
+        &self,
+        kind: OutlineKind,
+        after: i64,
+        through: i64,
+    ) -> Result<Vec<(u64, String)>, OutlineError> {
+        let db = self.lock_db()?;
+        let mut query = db
+            .prepare_cached("SELECT id, value FROM outlines WHERE kind = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq")?;
+        let rows = query
+            .query_map(params![kind.code(), after, through], |row| Ok((row.get::<_, i64>(0)? as u64, row.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Adds rows another machine published (a restore, a replica), keeping their ids and moving
+    /// each sequence past them, in one transaction. Rows already present are skipped; a row that
+    /// contradicts a stored one (same id or value, other partner) is an error.
+    pub fn import_rows(&self, kind: OutlineKind, rows: &[(u64, String)]) -> Result<usize, OutlineError> {
+        let layout = kind.layout();
+        let mut next: BTreeMap<u16, u64> = BTreeMap::new();
+        for (id, value) in rows {
+            check_value(kind, value)?;
+            let (shard, counter) =
+                layout.split(*id).ok_or_else(|| OutlineError::Corrupt(format!("{kind} id {id:#x} fits no layout")))?;
+            let entry = next.entry(shard).or_insert(1);
+            *entry = (*entry).max(counter + 1);
+        }
+        let mut allocator = self.lock_allocator()?; // no interning while counters move
+        allocator.next_counter.retain(|(k, _), _| *k != kind);
+        let mut db = self.lock_db()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut added = 0;
+        {
+            let mut insert =
+                tx.prepare_cached("INSERT OR IGNORE INTO outlines (kind, id, value) VALUES (?1, ?2, ?3)")?;
+            let mut stored = tx.prepare_cached("SELECT value FROM outlines WHERE kind = ?1 AND id = ?2")?;
+            for (id, value) in rows {
+                added += insert.execute(params![kind.code(), *id as i64, value])?;
+                let present: Option<String> =
+                    stored.query_row(params![kind.code(), *id as i64], |r| r.get(0)).optional()?;
+                if present.as_deref() != Some(value.as_str()) {
+                    return Err(OutlineError::Corrupt(format!("{kind} id {id:#x} is stored with another value")));
+                }
+            }
+            let mut advance = tx.prepare_cached(
+                "INSERT INTO sequences (kind, shard, next) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (kind, shard) DO UPDATE SET next = max(next, excluded.next)",
+            )?;
+            for (shard, counter) in &next {
+                advance.execute(params![kind.code(), shard, *counter as i64])?;
+            }
+        }
+        tx.commit()?;
+        Ok(added)
+    }
+
     /// Strings interned since the last successful `persist`.
     pub fn pending(&self) -> usize {
         self.allocator.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pending.len()
@@ -774,6 +838,90 @@ mod tests {
         let reopened = open(&dir, 64);
         for (name, id) in names.iter().zip(&per_thread[0]) {
             assert_eq!(reopened.lookup(DID, name).unwrap(), Some(*id));
+        }
+    }
+}
+
+/// A published outline range object (`outlines/<kind>/<after>-<through>`): zstd over
+/// `"BLOR"`, version u16 LE (1), kind code u8, row count u32 LE, rows (id u64 LE, value length
+/// u16 LE, value bytes), and an xxh3-64 LE of everything before it.
+pub mod range {
+    use super::{OutlineError, OutlineKind, check_value};
+    use xxhash_rust::xxh3::xxh3_64;
+
+    const MAGIC: &[u8; 4] = b"BLOR";
+    const VERSION: u16 = 1;
+    /// Largest decompressed range accepted (a range holds one publish interval's new strings).
+    pub const MAX_RANGE_BYTES: usize = 256 << 20;
+
+    pub fn encode(kind: OutlineKind, rows: &[(u64, String)]) -> Vec<u8> {
+        let mut raw = Vec::with_capacity(16 + rows.iter().map(|(_, v)| 10 + v.len()).sum::<usize>());
+        raw.extend_from_slice(MAGIC);
+        raw.extend_from_slice(&VERSION.to_le_bytes());
+        raw.push(kind.code());
+        raw.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+        for (id, value) in rows {
+            assert!(value.len() <= u16::MAX as usize, "outline values are at most 2048 bytes");
+            raw.extend_from_slice(&id.to_le_bytes());
+            raw.extend_from_slice(&(value.len() as u16).to_le_bytes());
+            raw.extend_from_slice(value.as_bytes());
+        }
+        raw.extend_from_slice(&xxh3_64(&raw).to_le_bytes());
+        assert!(raw.len() <= MAX_RANGE_BYTES, "outline range over the decode limit");
+        zstd::bulk::compress(&raw, 3).expect("zstd compresses in memory")
+    }
+
+    pub fn decode(kind: OutlineKind, compressed: &[u8]) -> Result<Vec<(u64, String)>, OutlineError> {
+        let corrupt = |why: &str| OutlineError::Corrupt(format!("outline range: {why}"));
+        let raw = zstd::bulk::decompress(compressed, MAX_RANGE_BYTES).map_err(|e| corrupt(&e.to_string()))?;
+        if raw.len() < 19 || &raw[..4] != MAGIC {
+            return Err(corrupt("bad magic or too short"));
+        }
+        let (body, sum) = raw.split_at(raw.len() - 8);
+        if xxh3_64(body).to_le_bytes() != sum {
+            return Err(corrupt("checksum mismatch"));
+        }
+        if u16::from_le_bytes([body[4], body[5]]) != VERSION || body[6] != kind.code() {
+            return Err(corrupt("unknown version or wrong kind"));
+        }
+        let count = u32::from_le_bytes(body[7..11].try_into().expect("4 bytes")) as usize;
+        let mut rows = Vec::with_capacity(count.min(body.len() / 10));
+        let mut at = 11;
+        for _ in 0..count {
+            let header = body.get(at..at + 10).ok_or_else(|| corrupt("truncated row"))?;
+            let id = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
+            let len = u16::from_le_bytes([header[8], header[9]]) as usize;
+            let value = body.get(at + 10..at + 10 + len).ok_or_else(|| corrupt("truncated value"))?;
+            let value = std::str::from_utf8(value).map_err(|_| corrupt("value is not UTF-8"))?.to_string();
+            check_value(kind, &value)?;
+            rows.push((id, value));
+            at += 10 + len;
+        }
+        if at != body.len() {
+            return Err(corrupt("trailing bytes"));
+        }
+        Ok(rows)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn round_trips_and_detects_corruption() {
+            let rows =
+                vec![(1u64 << 63 | 1, "did:plc:abc".to_string()), (1u64 << 63 | 2, "did:web:x.example".to_string())];
+            let bytes = encode(OutlineKind::Did, &rows);
+            assert_eq!(decode(OutlineKind::Did, &bytes).unwrap(), rows);
+            assert!(decode(OutlineKind::Rkey, &bytes).is_err(), "kind is checked");
+            let raw = zstd::bulk::decompress(&bytes, MAX_RANGE_BYTES).unwrap();
+            for i in 0..raw.len() {
+                let mut flipped = raw.clone();
+                flipped[i] ^= 0x10;
+                let recompressed = zstd::bulk::compress(&flipped, 3).unwrap();
+                assert!(decode(OutlineKind::Did, &recompressed).is_err(), "flip at {i} not detected");
+            }
+            assert!(decode(OutlineKind::Did, b"garbage").is_err());
         }
     }
 }

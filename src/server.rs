@@ -1,48 +1,208 @@
-//! HTTP: the XRPC endpoints on axum.
+//! HTTP: the XRPC endpoints, the constellation-compatible ones, lexicons, metrics and the status
+//! page, on axum, with the manners of a public service.
+//!
+//! Manners (outermost first): response compression (gzip or zstd, as the client accepts), CORS
+//! open to any origin for GET, a `Cache-Control` on every response, and around every query route
+//! a guard that admits at most `max_concurrent_queries` at once - the next one gets an immediate
+//! 503 `ServiceUnavailable` instead of a place in an unbounded queue - and cuts a query off at
+//! `request_timeout`, also with a 503. (The guard is a small axum middleware over a tokio
+//! semaphore rather than tower's `ConcurrencyLimit` + `LoadShed` + `Timeout`: those queue, or
+//! answer with bodies that are not XRPC errors.)
 //!
 //! Invariants:
 //! - The public listener has no mutating endpoint.
-//! - Every error is an XRPC error body `{"error", "message"}` with a 4xx/5xx status.
+//! - Every error is an XRPC error body `{"error", "message"}` with a 4xx/5xx status, CORS headers
+//!   and `Cache-Control: no-store` (an error must not be cached as if it were the answer).
+//! - Nothing depends on the `Accept` header.
+//! - A query string has at most `MAX_QUERY_PAIRS` parameters.
 
+use crate::config::{ConfigError, FileConfig};
+use crate::constellation::{self, GET_BACKLINK_DIDS, GET_BACKLINKS, GET_BACKLINKS_COUNT};
+use crate::count::{CountOptions, count_backlinks, parse_count_query};
 use crate::index::Index;
+use crate::metrics::Metrics;
 use crate::query::{ListParams, QueryError, list_backlinks};
-use axum::extract::{RawQuery, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
+use crate::status::{IngestMode, StatusFacts, render_error, render_results, render_status};
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
+use axum::http::{Method, StatusCode};
+use axum::middleware::{Next, from_fn_with_state};
+use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+use tokio::sync::Semaphore;
+use tower_http::compression::CompressionLayer;
+use tower_http::cors::{Any, CorsLayer};
 
 pub const LIST_BACKLINKS: &str = "/xrpc/blue.cerulea.backlinks.listBacklinks";
+pub const COUNT_BACKLINKS: &str = "/xrpc/blue.cerulea.backlinks.countBacklinks";
+/// The result page of the status page's query form.
+pub const UI_BACKLINKS: &str = "/ui/backlinks";
 
+/// Most parameters one query string may carry.
+pub const MAX_QUERY_PAIRS: usize = 256;
+
+pub const DEFAULT_MAX_CONCURRENT_QUERIES: usize = 64;
+pub const MAX_MAX_CONCURRENT_QUERIES: usize = 4096;
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_CACHE_MAX_AGE: Duration = Duration::from_secs(5);
+pub const MAX_CACHE_MAX_AGE: Duration = Duration::from_secs(86_400);
+/// Lexicons change only with a release.
+const LEXICON_MAX_AGE_SECS: u64 = 3600;
+
+/// The lexicon of every endpoint, by NSID, as kept in `lexicons/`.
+pub const LEXICONS: [(&str, &str); 5] = [
+    ("blue.cerulea.backlinks.listBacklinks", include_str!("../lexicons/blue/cerulea/backlinks/listBacklinks.json")),
+    ("blue.cerulea.backlinks.countBacklinks", include_str!("../lexicons/blue/cerulea/backlinks/countBacklinks.json")),
+    ("blue.microcosm.links.getBacklinks", include_str!("../lexicons/blue/microcosm/links/getBacklinks.json")),
+    ("blue.microcosm.links.getBacklinksCount", include_str!("../lexicons/blue/microcosm/links/getBacklinksCount.json")),
+    ("blue.microcosm.links.getBacklinkDids", include_str!("../lexicons/blue/microcosm/links/getBacklinkDids.json")),
+];
+
+/// Limits and facts the server runs with.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// Queries admitted at once; more get an immediate 503.
+    pub max_concurrent_queries: usize,
+    /// A query still running after this gets a 503.
+    pub request_timeout: Duration,
+    /// `max-age` of successful query answers.
+    pub cache_max_age: Duration,
+    pub count: CountOptions,
+    pub ingest: IngestMode,
+    /// When the process started (for the uptime on the status page).
+    pub started: Instant,
+    /// The wall clock (injected so tests can fix it).
+    pub wall_clock: fn() -> SystemTime,
+}
+
+impl Default for ServerOptions {
+    fn default() -> Self {
+        Self {
+            max_concurrent_queries: DEFAULT_MAX_CONCURRENT_QUERIES,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            cache_max_age: DEFAULT_CACHE_MAX_AGE,
+            count: CountOptions::default(),
+            ingest: IngestMode::ImportOnly,
+            started: Instant::now(),
+            wall_clock: SystemTime::now,
+        }
+    }
+}
+
+impl ServerOptions {
+    /// The limits from the config file's keys (defaults for absent ones), validated.
+    pub fn from_config(file: &FileConfig) -> Result<Self, ConfigError> {
+        let mut options = ServerOptions::default();
+        let bounded = |name: &str, value: u64, min: u64, max: u64| {
+            if (min..=max).contains(&value) {
+                Ok(value)
+            } else {
+                Err(ConfigError::Invalid(format!("{name} must be between {min} and {max}, got {value}")))
+            }
+        };
+        if let Some(n) = file.max_concurrent_queries {
+            options.max_concurrent_queries =
+                bounded("max_concurrent_queries", n as u64, 1, MAX_MAX_CONCURRENT_QUERIES as u64)? as usize;
+        }
+        if let Some(ms) = file.request_timeout_ms {
+            let ms = bounded("request_timeout_ms", ms, 1, MAX_REQUEST_TIMEOUT.as_millis() as u64)?;
+            options.request_timeout = Duration::from_millis(ms);
+        }
+        if let Some(secs) = file.cache_max_age_secs {
+            options.cache_max_age =
+                Duration::from_secs(bounded("cache_max_age_secs", secs, 0, MAX_CACHE_MAX_AGE.as_secs())?);
+        }
+        if let Some(n) = file.count_exact_limit {
+            let (min, max) = (crate::count::MIN_EXACT_SCAN_LIMIT as u64, crate::count::MAX_EXACT_SCAN_LIMIT as u64);
+            options.count.exact_scan_limit = bounded("count_exact_limit", n as u64, min, max)? as usize;
+        }
+        Ok(options)
+    }
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    pub index: Arc<Index>,
+    pub options: Arc<ServerOptions>,
+    pub metrics: Arc<Metrics>,
+    permits: Arc<Semaphore>,
+}
+
+/// The router with default options and fresh metrics.
 pub fn router(index: Arc<Index>) -> Router {
-    Router::new()
+    app(index, ServerOptions::default(), Arc::new(Metrics::new()))
+}
+
+/// The whole HTTP surface.
+pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> Router {
+    let permits = Arc::new(Semaphore::new(options.max_concurrent_queries.max(1)));
+    let state = AppState { index, options: Arc::new(options), metrics, permits };
+    let queries = Router::new()
         .route(LIST_BACKLINKS, get(list_handler))
+        .route(COUNT_BACKLINKS, get(count_handler))
+        .route(GET_BACKLINKS, get(constellation_list_handler))
+        .route(GET_BACKLINKS_COUNT, get(constellation_count_handler))
+        .route(GET_BACKLINK_DIDS, get(constellation_dids_handler))
+        .route(UI_BACKLINKS, get(ui_results_handler))
+        .route_layer(from_fn_with_state(state.clone(), query_guard));
+    let cors = CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([Method::GET, Method::HEAD])
+        .allow_headers(Any)
+        .max_age(Duration::from_secs(86_400));
+    Router::new()
+        .route("/", get(status_handler))
         .route("/xrpc/_health", get(health_handler))
+        .route("/metrics", get(metrics_handler))
+        .route("/lexicons", get(lexicon_list_handler))
+        .route("/lexicons/{file}", get(lexicon_handler))
+        .merge(queries)
         .fallback(not_found)
-        .with_state(index)
+        .layer(from_fn_with_state(state.clone(), cache_headers))
+        // CORS wraps the guard and the cache headers, so even a 503 is readable by a web page.
+        .layer(cors)
+        .layer(CompressionLayer::new().gzip(true).zstd(true))
+        .with_state(state)
 }
 
 /// An XRPC error response.
+#[derive(Debug)]
 pub struct XrpcError {
     status: StatusCode,
     error: &'static str,
     message: String,
 }
 
+impl XrpcError {
+    pub fn invalid_request(message: impl Into<String>) -> Self {
+        XrpcError { status: StatusCode::BAD_REQUEST, error: "InvalidRequest", message: message.into() }
+    }
+
+    pub fn service_unavailable(message: impl Into<String>) -> Self {
+        XrpcError { status: StatusCode::SERVICE_UNAVAILABLE, error: "ServiceUnavailable", message: message.into() }
+    }
+}
+
 impl IntoResponse for XrpcError {
     fn into_response(self) -> Response {
         let body = serde_json::json!({ "error": self.error, "message": self.message });
-        (self.status, Json(body)).into_response()
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response.headers_mut().insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        response
     }
 }
 
 impl From<QueryError> for XrpcError {
     fn from(e: QueryError) -> Self {
         match e {
-            QueryError::InvalidRequest(message) => {
-                XrpcError { status: StatusCode::BAD_REQUEST, error: "InvalidRequest", message }
-            }
+            QueryError::InvalidRequest(message) => XrpcError::invalid_request(message),
             QueryError::Internal(message) => {
                 tracing::error!(%message, "query failed");
                 XrpcError { status: StatusCode::INTERNAL_SERVER_ERROR, error: "InternalServerError", message }
@@ -51,32 +211,330 @@ impl From<QueryError> for XrpcError {
     }
 }
 
+/// Decodes a raw query string into at most `MAX_QUERY_PAIRS` (name, value) pairs.
+pub fn query_pairs(raw: Option<&str>) -> Result<Vec<(String, String)>, QueryError> {
+    let pairs = form_urlencoded::parse(raw.unwrap_or("").as_bytes()).take(MAX_QUERY_PAIRS + 1);
+    let pairs: Vec<(String, String)> = pairs.map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+    if pairs.len() > MAX_QUERY_PAIRS {
+        return Err(QueryError::InvalidRequest(format!("at most {MAX_QUERY_PAIRS} query parameters")));
+    }
+    Ok(pairs)
+}
+
 /// Parses a raw query string into validated listBacklinks parameters.
 pub fn parse_list_query(raw: Option<&str>) -> Result<ListParams, QueryError> {
-    let pairs: Vec<(String, String)> =
-        form_urlencoded::parse(raw.unwrap_or("").as_bytes()).map(|(k, v)| (k.into_owned(), v.into_owned())).collect();
+    let pairs = query_pairs(raw)?;
     ListParams::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
+/// The metric label of a query route.
+fn endpoint_label(path: &str) -> &'static str {
+    match path {
+        LIST_BACKLINKS => "listBacklinks",
+        COUNT_BACKLINKS => "countBacklinks",
+        GET_BACKLINKS => "getBacklinks",
+        GET_BACKLINKS_COUNT => "getBacklinksCount",
+        GET_BACKLINK_DIDS => "getBacklinkDids",
+        UI_BACKLINKS => "ui",
+        _ => "other",
+    }
+}
+
+/// Admits a query if a permit is free (else 503 at once), bounds its time, and measures it.
+async fn query_guard(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let endpoint = endpoint_label(request.uri().path());
+    let Ok(_permit) = state.permits.clone().try_acquire_owned() else {
+        state.metrics.count_rejection(endpoint, "capacity");
+        let limit = state.options.max_concurrent_queries;
+        return XrpcError::service_unavailable(format!("over capacity: {limit} queries are running; retry shortly"))
+            .into_response();
+    };
+    let started = Instant::now();
+    match tokio::time::timeout(state.options.request_timeout, next.run(request)).await {
+        Ok(response) => {
+            state.metrics.observe_query(endpoint, started.elapsed());
+            response
+        }
+        Err(_) => {
+            state.metrics.count_rejection(endpoint, "timeout");
+            let limit = state.options.request_timeout;
+            XrpcError::service_unavailable(format!("the query took longer than {limit:?} and was stopped"))
+                .into_response()
+        }
+    }
+}
+
+/// Success is cacheable for `cache_max_age` unless the handler said otherwise; errors never are.
+async fn cache_headers(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let value = if !response.status().is_success() {
+        HeaderValue::from_static("no-store")
+    } else if response.headers().contains_key(CACHE_CONTROL) {
+        return response;
+    } else {
+        let max_age = state.options.cache_max_age.as_secs();
+        HeaderValue::from_str(&format!("public, max-age={max_age}")).expect("ASCII header value")
+    };
+    response.headers_mut().insert(CACHE_CONTROL, value);
+    response
+}
+
 async fn list_handler(
-    State(index): State<Arc<Index>>,
+    State(state): State<AppState>,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<serde_json::Value>, XrpcError> {
     let params = parse_list_query(raw.as_deref())?;
-    let page = list_backlinks(&index, &params).await?;
+    let page = list_backlinks(&state.index, &params).await?;
     Ok(Json(page.to_json()))
 }
 
-async fn health_handler(State(index): State<Arc<Index>>) -> Json<serde_json::Value> {
-    let position = index.position();
-    Json(serde_json::json!({
+async fn count_handler(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<serde_json::Value>, XrpcError> {
+    let params = parse_count_query(&query_pairs(raw.as_deref())?)?;
+    let count = count_backlinks(&state.index, &params, state.options.count).await?;
+    Ok(Json(count.to_json()))
+}
+
+async fn constellation_list_handler(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<serde_json::Value>, XrpcError> {
+    let params = constellation::parse_query(&query_pairs(raw.as_deref())?)?;
+    Ok(Json(constellation::get_backlinks(&state.index, &params, state.options.count).await?))
+}
+
+async fn constellation_count_handler(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<serde_json::Value>, XrpcError> {
+    let params = constellation::parse_query(&query_pairs(raw.as_deref())?)?;
+    Ok(Json(constellation::get_backlinks_count(&state.index, &params, state.options.count).await?))
+}
+
+async fn constellation_dids_handler(
+    State(state): State<AppState>,
+    RawQuery(raw): RawQuery,
+) -> Result<Json<serde_json::Value>, XrpcError> {
+    let params = constellation::parse_query(&query_pairs(raw.as_deref())?)?;
+    Ok(Json(constellation::get_backlink_dids(&state.index, &params, state.options.count).await?))
+}
+
+async fn health_handler(State(state): State<AppState>) -> Response {
+    let position = state.index.position();
+    let body = Json(serde_json::json!({
         "status": "ok",
         "version": env!("CARGO_PKG_VERSION"),
         "clock": position.clock,
         "cursor": position.cursor,
-    }))
+    }));
+    ([(CACHE_CONTROL, "no-store")], body).into_response()
+}
+
+async fn metrics_handler(State(state): State<AppState>) -> Response {
+    let text = state.metrics.render(&state.index);
+    ([(CONTENT_TYPE, crate::metrics::CONTENT_TYPE), (CACHE_CONTROL, "no-store")], text).into_response()
+}
+
+async fn status_handler(State(state): State<AppState>) -> Result<Response, XrpcError> {
+    let options = state.options.clone();
+    let uptime = options.started.elapsed();
+    let now_us = (options.wall_clock)()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_micros()).unwrap_or(i64::MAX));
+    let index = state.index.clone();
+    let ingest = options.ingest.clone();
+    let facts = tokio::task::spawn_blocking(move || StatusFacts::gather(&index, ingest, uptime, now_us))
+        .await
+        .map_err(|e| XrpcError::service_unavailable(format!("status task failed: {e}")))?
+        .map_err(QueryError::Internal)?;
+    Ok(([(CACHE_CONTROL, "no-cache")], Html(render_status(&facts))).into_response())
+}
+
+/// The query form's target: runs listBacklinks and countBacklinks and renders both as HTML.
+async fn ui_results_handler(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Response {
+    let pairs = match query_pairs(raw.as_deref()) {
+        Ok(pairs) => pairs,
+        Err(e) => return (StatusCode::BAD_REQUEST, Html(render_error("", &e.to_string()))).into_response(),
+    };
+    let target = pairs.iter().find(|(k, _)| k == "target").map_or("", |(_, v)| v.as_str()).to_string();
+    match ui_results(&state, &pairs).await {
+        Ok(html) => Html(html).into_response(),
+        Err(QueryError::InvalidRequest(message)) => {
+            (StatusCode::BAD_REQUEST, Html(render_error(&target, &message))).into_response()
+        }
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Html(render_error(&target, &e.to_string()))).into_response(),
+    }
+}
+
+async fn ui_results(state: &AppState, pairs: &[(String, String)]) -> Result<String, QueryError> {
+    let params = ListParams::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
+    let page = list_backlinks(&state.index, &params).await?;
+    let count = count_backlinks(&state.index, &params, state.options.count).await?;
+    Ok(render_results(&params.target, params.limit, &page, &count))
+}
+
+async fn lexicon_list_handler() -> Response {
+    let names: Vec<&str> = LEXICONS.iter().map(|(nsid, _)| *nsid).collect();
+    let cache = format!("public, max-age={LEXICON_MAX_AGE_SECS}");
+    ([(CACHE_CONTROL, cache)], Json(serde_json::json!({ "lexicons": names }))).into_response()
+}
+
+/// `GET /lexicons/<nsid>.json`: the lexicon exactly as kept in the repository.
+async fn lexicon_handler(Path(file): Path<String>) -> Response {
+    let nsid = file.strip_suffix(".json").unwrap_or(&file);
+    match LEXICONS.iter().find(|(name, _)| *name == nsid) {
+        Some((_, text)) => {
+            let cache = format!("public, max-age={LEXICON_MAX_AGE_SECS}");
+            ([(CONTENT_TYPE, "application/json".to_string()), (CACHE_CONTROL, cache)], *text).into_response()
+        }
+        None => XrpcError { status: StatusCode::NOT_FOUND, error: "NotFound", message: format!("no lexicon {nsid:?}") }
+            .into_response(),
+    }
 }
 
 async fn not_found() -> XrpcError {
     XrpcError { status: StatusCode::NOT_FOUND, error: "MethodNotImplemented", message: "no such endpoint".into() }
+}
+
+/// systemd's notification protocol (`sd_notify`): readiness, watchdog keep-alives and stopping,
+/// sent as datagrams to the socket named by `NOTIFY_SOCKET`.
+///
+/// Invariants: without `NOTIFY_SOCKET` every call is a no-op (not run by systemd); a send never
+/// blocks (the socket is non-blocking; a full queue drops the message, as sd_notify does).
+pub mod systemd {
+    use std::ffi::OsStr;
+    use std::io;
+    use std::os::unix::net::UnixDatagram;
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    /// Where notifications go.
+    #[derive(Debug)]
+    enum Target {
+        Path(PathBuf),
+        /// A Linux abstract socket (`@name` in `NOTIFY_SOCKET`).
+        #[cfg(target_os = "linux")]
+        Abstract(std::os::unix::net::SocketAddr),
+    }
+
+    #[derive(Debug)]
+    pub struct Notifier {
+        socket: UnixDatagram,
+        target: Target,
+    }
+
+    /// The shortest and longest watchdog interval honoured (systemd allows microseconds to hours).
+    const MIN_WATCHDOG: Duration = Duration::from_millis(10);
+    const MAX_WATCHDOG: Duration = Duration::from_secs(24 * 3600);
+
+    impl Notifier {
+        /// The notifier for `NOTIFY_SOCKET`'s value; `None` when it is unset or empty.
+        pub fn new(notify_socket: Option<&OsStr>) -> io::Result<Option<Self>> {
+            let Some(name) = notify_socket.filter(|n| !n.is_empty()) else { return Ok(None) };
+            let target = target_of(name)?;
+            let socket = UnixDatagram::unbound()?;
+            socket.set_nonblocking(true)?;
+            Ok(Some(Notifier { socket, target }))
+        }
+
+        /// Sends one notification (`READY=1`, `WATCHDOG=1`, `STOPPING=1`, `STATUS=...`).
+        pub fn notify(&self, state: &str) -> io::Result<()> {
+            let sent = match &self.target {
+                Target::Path(path) => self.socket.send_to(state.as_bytes(), path),
+                #[cfg(target_os = "linux")]
+                Target::Abstract(addr) => self.socket.send_to_addr(state.as_bytes(), addr),
+            };
+            match sent {
+                Ok(_) => Ok(()),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+    }
+
+    fn target_of(name: &OsStr) -> io::Result<Target> {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = name.as_bytes();
+        match bytes.first() {
+            Some(b'/') => Ok(Target::Path(PathBuf::from(name))),
+            #[cfg(target_os = "linux")]
+            Some(b'@') => {
+                use std::os::linux::net::SocketAddrExt;
+                Ok(Target::Abstract(std::os::unix::net::SocketAddr::from_abstract_name(&bytes[1..])?))
+            }
+            _ => Err(io::Error::new(io::ErrorKind::InvalidInput, "NOTIFY_SOCKET must be an absolute path or @name")),
+        }
+    }
+
+    /// How often to send `WATCHDOG=1`: half of `WATCHDOG_USEC`, when the watchdog is meant for
+    /// this process (`WATCHDOG_PID` unset or equal to `own_pid`). `None`: no watchdog.
+    pub fn watchdog_interval(usec: Option<&str>, pid: Option<&str>, own_pid: u32) -> Option<Duration> {
+        if pid.is_some_and(|pid| pid.trim().parse::<u32>().ok() != Some(own_pid)) {
+            return None;
+        }
+        let usec: u64 = usec?.trim().parse().ok().filter(|&u| u > 0)?;
+        Some((Duration::from_micros(usec) / 2).clamp(MIN_WATCHDOG, MAX_WATCHDOG))
+    }
+
+    /// Sends `WATCHDOG=1` every `every` while `alive()` says the service works; returns never.
+    pub async fn feed_watchdog(notifier: std::sync::Arc<Notifier>, every: Duration, alive: impl Fn() -> bool) {
+        let mut ticks = tokio::time::interval(every);
+        loop {
+            ticks.tick().await;
+            if !alive() {
+                tracing::warn!("liveness probe failed; not feeding the systemd watchdog");
+                continue;
+            }
+            if let Err(e) = notifier.notify("WATCHDOG=1") {
+                tracing::warn!(error = %e, "systemd watchdog notification failed");
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn watchdog_interval_is_half_and_only_for_us() {
+            assert_eq!(watchdog_interval(Some("2000000"), None, 7), Some(Duration::from_secs(1)));
+            assert_eq!(watchdog_interval(Some("2000000"), Some("7"), 7), Some(Duration::from_secs(1)));
+            assert_eq!(watchdog_interval(Some("2000000"), Some("8"), 7), None);
+            assert_eq!(watchdog_interval(None, None, 7), None);
+            assert_eq!(watchdog_interval(Some("0"), None, 7), None);
+            assert_eq!(watchdog_interval(Some("x"), None, 7), None);
+            assert_eq!(watchdog_interval(Some("2"), None, 7), Some(MIN_WATCHDOG));
+        }
+
+        #[test]
+        fn notifications_arrive_as_datagrams() {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("notify");
+            let listener = UnixDatagram::bind(&path).unwrap();
+            let notifier = Notifier::new(Some(path.as_os_str())).unwrap().unwrap();
+            notifier.notify("READY=1").unwrap();
+            let mut buf = [0u8; 64];
+            let n = listener.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], b"READY=1");
+            assert!(Notifier::new(None).unwrap().is_none());
+            assert!(Notifier::new(Some(OsStr::new(""))).unwrap().is_none());
+            assert!(Notifier::new(Some(OsStr::new("relative"))).is_err());
+        }
+
+        #[cfg(target_os = "linux")]
+        #[test]
+        fn abstract_sockets_work_too() {
+            use std::os::linux::net::SocketAddrExt;
+            let name = format!("backlinks-test-{}", std::process::id());
+            let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
+            let listener = UnixDatagram::bind_addr(&addr).unwrap();
+            let notifier = Notifier::new(Some(OsStr::new(&format!("@{name}")))).unwrap().unwrap();
+            notifier.notify("STOPPING=1").unwrap();
+            let mut buf = [0u8; 64];
+            let n = listener.recv(&mut buf).unwrap();
+            assert_eq!(&buf[..n], b"STOPPING=1");
+        }
+    }
 }

@@ -3,66 +3,10 @@
 //! listBacklinks against the answers DESIGN.md's rules give, written out by hand below. Then
 //! `backlinks query` must print exactly the same JSON, and bad parameters must get XRPC 400s.
 
+mod support;
+
 use serde_json::{Value, json};
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command, Stdio};
-
-const BIN: &str = env!("CARGO_BIN_EXE_backlinks");
-const CAPTURE: &str = "tests/data/jetstream/golden_v1.jsonl";
-
-fn run(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(BIN).args(args).output().expect("run backlinks");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-struct Server {
-    child: Child,
-    addr: String,
-}
-
-impl Server {
-    fn start(data_dir: &Path) -> Self {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--no-ingest", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        Server { child, addr }
-    }
-
-    /// GET `path_and_query`; returns (status, JSON body).
-    fn get(&self, path_and_query: &str) -> (u16, Value) {
-        let mut stream = TcpStream::connect(&self.addr).unwrap();
-        write!(stream, "GET {path_and_query} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr).unwrap();
-        let mut response = String::new();
-        stream.read_to_string(&mut response).unwrap();
-        let (head, body) = response.split_once("\r\n\r\n").expect("http response");
-        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-        (status, serde_json::from_str(body).unwrap_or_else(|e| panic!("body {body:?}: {e}")))
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+use support::{CAPTURE, Server, run};
 
 fn list_path(target: &str, extra: &str) -> String {
     let target: String = form_urlencoded::byte_serialize(target.as_bytes()).collect();
@@ -199,4 +143,50 @@ fn bad_parameters_get_xrpc_400s() {
     }
     let (status, body) = server.get("/xrpc/blue.cerulea.backlinks.noSuchMethod");
     assert_eq!((status, body["error"].as_str()), (404, Some("MethodNotImplemented")));
+}
+
+#[test]
+fn a_second_writer_on_the_same_bucket_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = dir.path().join("bucket");
+    let store = format!("file://{}", bucket.display());
+    let first = dir.path().join("first");
+    let (ok, _, stderr) = run(&["import", "--data-dir", first.to_str().unwrap(), "--store", &store, CAPTURE]);
+    assert!(ok, "{stderr}");
+    assert!(!bucket.join("WRITER").exists(), "a finished import releases its lease");
+    // A live writer's lease (another owner, far from expiry) blocks a second writer.
+    let lease = json!({"owner": "someone-else", "host": "elsewhere", "pid": 4242, "expires_ms": u64::MAX / 2});
+    std::fs::write(bucket.join("WRITER"), lease.to_string()).unwrap();
+    let second = dir.path().join("second");
+    let (ok, _, stderr) = run(&["import", "--data-dir", second.to_str().unwrap(), "--store", &store, CAPTURE]);
+    assert!(!ok, "a second writer must refuse to start");
+    assert!(stderr.contains("another backlinks writer holds this bucket prefix"), "{stderr}");
+    assert!(stderr.contains("pid 4242"), "{stderr}");
+}
+
+/// The binary against the local Garage: `import --store s3://...`, then `serve` on an empty data
+/// directory with the same store restores itself from the bucket alone and answers identically.
+#[test]
+fn serve_on_an_empty_data_dir_restores_from_garage() {
+    let dir = tempfile::tempdir().unwrap();
+    let bucket = support::required_env("BACKLINKS_TEST_S3_BUCKET");
+    let store = format!("s3://{bucket}/{}", support::unique_prefix("cli-restore"));
+    let writer = dir.path().join("writer");
+    let (ok, _, stderr) = run(&["import", "--data-dir", writer.to_str().unwrap(), "--store", &store, CAPTURE]);
+    assert!(ok, "{stderr}");
+    let empty = dir.path().join("empty");
+    let server = Server::start_with(&empty, &["--store", &store]);
+    for (target, backlinks) in capture_expectations() {
+        let (status, body) = server.get(&list_path(target, ""));
+        assert_eq!(status, 200, "{target}: {body}");
+        assert_eq!(body, json!({"backlinks": backlinks, "cursor": null}), "restored answer for {target}");
+    }
+    assert!(
+        !empty
+            .join("state/tables/links")
+            .read_dir()
+            .unwrap()
+            .any(|e| { e.unwrap().path().extension().is_some_and(|x| x == "data") }),
+        "the restored server reads table data from the bucket by range"
+    );
 }

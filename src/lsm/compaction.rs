@@ -16,7 +16,7 @@
 //!   so one compaction's work is bounded by `fan_in` times its tier's size.
 
 use crate::lsm::entry::Entry;
-use crate::lsm::run::{shard_of, Run, MAX_SHARDS};
+use crate::lsm::run::{MAX_SHARDS, Run, shard_of};
 use crate::lsm::table::TableSummary;
 use crate::lsm::tree::{ReadError, TableHandle, TableWriter, Tree};
 use crate::model::ids::{Backlink, RecordId, Revocation};
@@ -225,8 +225,11 @@ pub fn merge<E: Entry>(
         .map(|id| tree.table_writer(id, hint).map(|writer| ShardOut { writer, min_stamp: u64::MAX, max_stamp: 0 }))
         .collect::<Result<_, _>>()
         .map_err(io)?;
-    let mut scans: Vec<TableScan<E>> =
-        inputs.iter().flat_map(|r| r.tables.iter()).map(|t| TableScan::new(t.clone(), options.frames_per_read)).collect();
+    let mut scans: Vec<TableScan<E>> = inputs
+        .iter()
+        .flat_map(|r| r.tables.iter())
+        .map(|t| TableScan::new(t.clone(), options.frames_per_read))
+        .collect();
     let mut heap = BinaryHeap::with_capacity(scans.len());
     for (i, scan) in scans.iter_mut().enumerate() {
         if let Some(entry) = scan.next(store, runtime)? {

@@ -22,6 +22,7 @@ use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// Why a read of a table failed. Corruption always names the object.
@@ -40,8 +41,14 @@ pub enum ReadError {
 pub struct TableHandle<E: Entry> {
     pub record: TableRecord,
     pub meta: TableMeta<E>,
-    local_data: Option<Arc<File>>,
+    /// The local copy of the data file, while cached (`None`: read by range from the bucket).
+    local_data: RwLock<Option<Arc<File>>>,
+    /// `READ_TICKS` at the last read: the cache evicts the least recently read tables first.
+    last_read: AtomicU64,
 }
+
+/// A logical clock of table reads (not wall time): orders tables by recency for eviction.
+static READ_TICKS: AtomicU64 = AtomicU64::new(0);
 
 impl<E: Entry> TableHandle<E> {
     /// Object key of the data file in the bucket.
@@ -63,7 +70,9 @@ impl<E: Entry> TableHandle<E> {
     }
 
     async fn read_range(&self, store: &dyn Store, offset: u64, len: u64) -> Result<Bytes, ReadError> {
-        let Some(file) = self.local_data.clone() else {
+        self.last_read.store(READ_TICKS.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
+        let local = self.local_data.read().expect("table lock poisoned").clone();
+        let Some(file) = local else {
             return Ok(store.get_range(&self.data_key(), offset, len).await?);
         };
         let object = self.data_key();
@@ -74,6 +83,27 @@ impl<E: Entry> TableHandle<E> {
         .await
         .map_err(|e| ReadError::Io { object: object.clone(), source: std::io::Error::other(e) })?
         .map_err(|source| ReadError::Io { object, source })
+    }
+}
+
+impl<E: Entry> TableHandle<E> {
+    /// Bytes of the local data copy (0 when not cached).
+    pub fn cached_bytes(&self) -> u64 {
+        if self.local_data.read().expect("table lock poisoned").is_some() { self.record.data_len } else { 0 }
+    }
+
+    pub fn last_read(&self) -> u64 {
+        self.last_read.load(Ordering::Relaxed)
+    }
+
+    /// Drops the local data copy (reads go to the bucket from now on) and deletes its file. The
+    /// caller checks the table is uploaded. Readers holding the open file finish unharmed.
+    pub fn evict_local(&self, dir: &Path) -> std::io::Result<u64> {
+        let Some(_file) = self.local_data.write().expect("table lock poisoned").take() else { return Ok(0) };
+        match std::fs::remove_file(dir.join(format!("{}.data", self.record.id))) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(self.record.data_len),
+        }
     }
 }
 
@@ -147,13 +177,20 @@ impl<E: Entry> Tree<E> {
         self.state.read().expect("tree lock poisoned").runs.clone()
     }
 
-    /// Loads the runs of a reopened index: tables in catalog order, grouped by run.
-    pub fn load(&self, tables: Vec<TableHandle<E>>) -> Result<(), ReadError> {
+    /// Sets the run list to the tables `records` name (catalog order, grouped by run), reusing
+    /// tables already open and opening the others from their local metas.
+    pub fn load(&self, records: Vec<TableRecord>) -> Result<(), ReadError> {
+        let open: std::collections::HashMap<String, Arc<TableHandle<E>>> =
+            self.tables().into_iter().map(|t| (t.record.id.clone(), t)).collect();
         let mut grouped: Vec<(String, Vec<Arc<TableHandle<E>>>)> = Vec::new();
-        for table in tables {
+        for record in records {
+            let table = match open.get(&record.id) {
+                Some(table) => table.clone(),
+                None => Arc::new(self.open_table(record)?),
+            };
             match grouped.iter_mut().find(|(run_id, _)| *run_id == table.record.run_id) {
-                Some((_, members)) => members.push(Arc::new(table)),
-                None => grouped.push((table.record.run_id.clone(), vec![Arc::new(table)])),
+                Some((_, members)) => members.push(table),
+                None => grouped.push((table.record.run_id.clone(), vec![table])),
             }
         }
         let mut runs = Vec::with_capacity(grouped.len());
@@ -240,7 +277,7 @@ impl<E: Entry> Tree<E> {
         let bytes = std::fs::read(&meta_path).map_err(|source| ReadError::Io { object: object.clone(), source })?;
         let meta = TableMeta::decode(&bytes).map_err(|source| ReadError::Corrupt { object, source })?;
         let local_data = File::open(self.local_path(&record.id, "data")).ok().map(Arc::new);
-        Ok(TableHandle { record, meta, local_data })
+        Ok(TableHandle { record, meta, local_data: RwLock::new(local_data), last_read: AtomicU64::new(0) })
     }
 
     /// Makes `table` visible as a delta run and drops the frozen memtable it replaces, in one step.

@@ -1,4 +1,6 @@
 //! Object storage: a trait and its implementations.
 
 pub mod dir;
+pub mod faulty;
 pub mod object;
+pub mod s3;

@@ -1,0 +1,314 @@
+//! Constellation-compatible endpoints: `blue.microcosm.links.getBacklinks`, `getBacklinksCount` and
+//! `getBacklinkDids`, answered from the same index as listBacklinks, for the clients that exist.
+//!
+//! Paths. Constellation names where a link sits with a path without `$` (`subject.uri`, also
+//! written `.subject.uri`) in which a strong reference ends in `.uri`. Ours (DESIGN.md) puts a strong
+//! reference at the object's own path (`$.subject`) and keeps `.uri` only on a `uri` field of any
+//! other object. So a constellation path ending in `.uri` stands for two of our locations, `$.X`
+//! (a strong ref) and `$.X.uri` (a plain string field), and both are asked for; any other path
+//! `X` is our `$.X`. The way back (`constellation_paths`) gives both spellings of `$.X`.
+//!
+//! Invariants:
+//! - `source` (`collection:path`) and `subject` are required; every parameter is validated and a
+//!   bad one is a 400 InvalidRequest naming it. An unknown subject is a 200 with nothing in it.
+//! - Work is bounded: `limit` is 1..=`MAX_LIMIT`, at most `MAX_DIDS` `did` filters, and
+//!   getBacklinkDids reads at most `MAX_DID_ROUNDS` pages of listBacklinks per request.
+//! - Totals come from countBacklinks with the same filters; an estimate adds `"approximate": true`
+//!   (exact answers have exactly constellation's fields).
+
+use crate::count::{CountOptions, count_backlinks};
+use crate::model::syntax::{parse_target, validate_did, validate_nsid};
+use crate::query::{ListPage, ListParams, QueryError, list_backlinks};
+use serde_json::{Value, json};
+use std::collections::HashSet;
+
+pub const GET_BACKLINKS: &str = "/xrpc/blue.microcosm.links.getBacklinks";
+pub const GET_BACKLINKS_COUNT: &str = "/xrpc/blue.microcosm.links.getBacklinksCount";
+pub const GET_BACKLINK_DIDS: &str = "/xrpc/blue.microcosm.links.getBacklinkDids";
+
+/// Constellation's default page size.
+pub const DEFAULT_LIMIT: usize = 16;
+/// Our listBacklinks maximum (constellation's own maximum is lower, so every valid limit works).
+pub const MAX_LIMIT: usize = crate::query::MAX_LIMIT;
+/// Most `did` filters one request may give.
+pub const MAX_DIDS: usize = 64;
+/// Most listBacklinks pages one getBacklinkDids request reads to fill its page of distinct DIDs.
+pub const MAX_DID_ROUNDS: usize = 8;
+/// Longest path in `source`.
+const MAX_PATH_BYTES: usize = 1024;
+
+fn invalid(message: impl Into<String>) -> QueryError {
+    QueryError::InvalidRequest(message.into())
+}
+
+/// Our locations for a constellation path (`subject.uri` or `.subject.uri`): see the module header.
+pub fn locations_for_path(path: &str) -> Result<Vec<String>, QueryError> {
+    let dotted = if path.starts_with('.') || path.starts_with('[') { path.to_string() } else { format!(".{path}") };
+    let bad = |why: &str| invalid(format!("invalid path {path:?} in source: {why}"));
+    if path.is_empty() || path.len() > MAX_PATH_BYTES {
+        return Err(bad("must be 1 to 1024 bytes"));
+    }
+    if dotted.contains("..") || dotted.ends_with('.') || dotted.chars().any(|c| c.is_whitespace() || c == '$') {
+        return Err(bad("expected a path like subject.uri or reply.parent.uri"));
+    }
+    let plain = format!("${dotted}");
+    match dotted.strip_suffix(".uri") {
+        Some(strong_ref) if !strong_ref.is_empty() => Ok(vec![format!("${strong_ref}"), plain]),
+        _ => Ok(vec![plain]),
+    }
+}
+
+/// The constellation paths that name our location `$.X`: `.X.uri` if the link is a strong
+/// reference there, `.X` if it is a plain string.
+pub fn constellation_paths(location: &str) -> Vec<String> {
+    match location.strip_prefix('$') {
+        None | Some("") => vec![],
+        Some(path) if path.ends_with(".uri") => vec![path.to_string()],
+        Some(path) => vec![format!("{path}.uri"), path.to_string()],
+    }
+}
+
+/// A parsed `source`: the collection and our candidate locations.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    pub collection: String,
+    pub locations: Vec<String>,
+}
+
+/// Parses `collection:path` (`app.bsky.feed.like:subject.uri`).
+pub fn parse_source(text: &str) -> Result<Source, QueryError> {
+    let Some((collection, path)) = text.split_once(':') else {
+        return Err(invalid(format!(
+            "invalid source {text:?}: expected collection:path, like app.bsky.feed.like:subject.uri"
+        )));
+    };
+    validate_nsid(collection).map_err(|e| invalid(format!("invalid collection {collection:?} in source: {e}")))?;
+    Ok(Source { collection: collection.to_string(), locations: locations_for_path(path)? })
+}
+
+/// Validated parameters of the three endpoints, as listBacklinks parameters.
+pub fn parse_query(pairs: &[(String, String)]) -> Result<ListParams, QueryError> {
+    let mut subject = None;
+    let mut source = None;
+    let mut dids = Vec::new();
+    let mut paging: Vec<(&str, &str)> = Vec::new();
+    for (name, value) in pairs {
+        match name.as_str() {
+            "subject" if subject.is_some() => return Err(invalid("subject given more than once")),
+            "subject" => subject = Some(value.as_str()),
+            "source" if source.is_some() => return Err(invalid("source given more than once")),
+            "source" => source = Some(parse_source(value)?),
+            "did" => dids.push(parse_did(value)?),
+            "limit" | "cursor" | "reverse" => paging.push((name.as_str(), value.as_str())),
+            _ => {}
+        }
+    }
+    let subject = subject.ok_or_else(|| invalid("missing required parameter: subject"))?;
+    parse_target(subject).map_err(|e| invalid(format!("invalid subject {subject:?}: {e}")))?;
+    let source = source.ok_or_else(|| {
+        invalid("missing required parameter: source (collection:path, like app.bsky.feed.like:subject.uri)")
+    })?;
+    if dids.len() > MAX_DIDS {
+        return Err(invalid(format!("at most {MAX_DIDS} did filters")));
+    }
+    let mut translated = vec![("target", subject), ("collection", source.collection.as_str())];
+    translated.extend(source.locations.iter().map(|l| ("location", l.as_str())));
+    translated.extend(paging.iter().copied());
+    let mut params = ListParams::from_pairs(translated)?;
+    if !paging.iter().any(|(name, _)| *name == "limit") {
+        params.limit = DEFAULT_LIMIT;
+    }
+    params.dids = dids;
+    Ok(params)
+}
+
+fn parse_did(value: &str) -> Result<String, QueryError> {
+    validate_did(value).map_err(|e| invalid(format!("invalid did {value:?}: {e}")))?;
+    Ok(value.to_string())
+}
+
+/// `at://DID/COLLECTION/RKEY` -> `{"did", "collection", "rkey"}`.
+fn record_json(uri: &str) -> Result<Value, QueryError> {
+    let parts: Vec<&str> = uri.strip_prefix("at://").map(|rest| rest.splitn(3, '/').collect()).unwrap_or_default();
+    match parts.as_slice() {
+        [did, collection, rkey] => Ok(json!({ "did": did, "collection": collection, "rkey": rkey })),
+        _ => Err(QueryError::Internal(format!("source {uri:?} is not a record URI"))),
+    }
+}
+
+fn did_of(uri: &str) -> Result<&str, QueryError> {
+    uri.strip_prefix("at://")
+        .and_then(|rest| rest.split('/').next())
+        .ok_or_else(|| QueryError::Internal(format!("source {uri:?} is not an at:// URI")))
+}
+
+/// Adds `"approximate": true` to an estimate; exact answers keep constellation's exact shape.
+fn mark_estimate(mut body: Value, approximate: bool) -> Value {
+    if approximate {
+        body["approximate"] = Value::Bool(true);
+    }
+    body
+}
+
+/// getBacklinks: `{"total", "records": [{"did", "collection", "rkey"}], "cursor"}`.
+pub async fn get_backlinks(
+    index: &crate::index::Index,
+    params: &ListParams,
+    options: CountOptions,
+) -> Result<Value, QueryError> {
+    let page = list_backlinks(index, params).await?;
+    let count = count_backlinks(index, params, options).await?;
+    let records: Vec<Value> = page.items.iter().map(|(_, uri)| record_json(uri)).collect::<Result<_, _>>()?;
+    let body = json!({ "total": count.total, "records": records, "cursor": page.cursor });
+    Ok(mark_estimate(body, count.approximate))
+}
+
+/// getBacklinksCount: `{"total"}`.
+pub async fn get_backlinks_count(
+    index: &crate::index::Index,
+    params: &ListParams,
+    options: CountOptions,
+) -> Result<Value, QueryError> {
+    let count = count_backlinks(index, params, options).await?;
+    Ok(mark_estimate(json!({ "total": count.total }), count.approximate))
+}
+
+/// getBacklinkDids: `{"total", "linking_dids", "cursor"}`. DIDs are distinct within a page (a DID
+/// may appear again on a later page); `total` counts distinct DIDs over every page.
+pub async fn get_backlink_dids(
+    index: &crate::index::Index,
+    params: &ListParams,
+    options: CountOptions,
+) -> Result<Value, QueryError> {
+    let (dids, cursor) = distinct_dids_page(index, params).await?;
+    let count = count_backlinks(index, params, options).await?;
+    let body = json!({ "total": count.distinct_dids, "linking_dids": dids, "cursor": cursor });
+    Ok(mark_estimate(body, count.approximate))
+}
+
+/// Up to `params.limit` distinct DIDs in page order, and the cursor after the last one read.
+/// Each round asks for no more backlinks than DIDs still missing, so a round never overshoots and
+/// the cursor of its page is exactly where the next request resumes.
+async fn distinct_dids_page(
+    index: &crate::index::Index,
+    params: &ListParams,
+) -> Result<(Vec<String>, Option<String>), QueryError> {
+    let mut seen = HashSet::new();
+    let mut dids = Vec::new();
+    let mut round = params.clone();
+    for _ in 0..MAX_DID_ROUNDS {
+        round.limit = params.limit - dids.len();
+        let page: ListPage = list_backlinks(index, &round).await?;
+        for (_, uri) in &page.items {
+            let did = did_of(uri)?;
+            if seen.insert(did.to_string()) {
+                dids.push(did.to_string());
+            }
+        }
+        match page.cursor {
+            Some(cursor) if dids.len() < params.limit => {
+                round.cursor = Some(crate::query::Cursor::decode(&cursor)?);
+            }
+            cursor => return Ok((dids, cursor)),
+        }
+    }
+    let resume = round.cursor.map(|c| c.encode());
+    Ok((dids, resume))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
+        items.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    const POST: &str = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/3kaaaaaaaaaaa";
+
+    #[test]
+    fn paths_map_to_locations_and_back() {
+        assert_eq!(locations_for_path("subject.uri").unwrap(), ["$.subject", "$.subject.uri"]);
+        assert_eq!(locations_for_path(".subject.uri").unwrap(), ["$.subject", "$.subject.uri"]);
+        assert_eq!(locations_for_path("subject").unwrap(), ["$.subject"]);
+        assert_eq!(locations_for_path(".reply.parent.uri").unwrap(), ["$.reply.parent", "$.reply.parent.uri"]);
+        assert_eq!(locations_for_path("uri").unwrap(), ["$.uri"]);
+        let facet = ".facets[].features[app.bsky.richtext.facet#mention].did";
+        assert_eq!(locations_for_path(facet).unwrap(), [format!("${facet}")]);
+        for bad in ["", ".", "a..b", "a.", "$.subject", "sub ject"] {
+            assert!(locations_for_path(bad).is_err(), "{bad:?}");
+        }
+        assert_eq!(constellation_paths("$.subject"), [".subject.uri", ".subject"]);
+        assert_eq!(constellation_paths("$.embed.record.uri"), [".embed.record.uri"]);
+        assert!(constellation_paths("subject").is_empty());
+        assert!(constellation_paths("$").is_empty());
+        for location in ["$.subject", "$.reply.parent", "$.list[].uri", "$.facets[].features[x#y].did"] {
+            for path in constellation_paths(location) {
+                assert!(locations_for_path(&path).unwrap().contains(&location.to_string()), "{location} {path}");
+            }
+        }
+    }
+
+    #[test]
+    fn sources_split_at_the_first_colon() {
+        let source = parse_source("app.bsky.feed.like:subject.uri").unwrap();
+        assert_eq!(source.collection, "app.bsky.feed.like");
+        assert_eq!(source.locations, ["$.subject", "$.subject.uri"]);
+        let message = |r: Result<Source, QueryError>| match r {
+            Err(QueryError::InvalidRequest(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        assert!(message(parse_source("app.bsky.feed.like")).contains("expected collection:path"));
+        assert!(message(parse_source("not an nsid:subject")).contains("invalid collection"));
+        assert!(message(parse_source("app.bsky.feed.like:")).contains("invalid path"));
+    }
+
+    #[test]
+    fn queries_translate_to_list_parameters() {
+        let query = pairs(&[
+            ("subject", POST),
+            ("source", "app.bsky.feed.like:subject.uri"),
+            ("did", "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb"),
+            ("did", "did:web:example.com"),
+            ("reverse", "true"),
+            ("ignored", "x"),
+        ]);
+        let params = parse_query(&query).unwrap();
+        assert_eq!(params.target, POST);
+        assert_eq!(params.collections, ["app.bsky.feed.like"]);
+        assert_eq!(params.locations, ["$.subject", "$.subject.uri"]);
+        assert_eq!(params.dids, ["did:plc:bbbbbbbbbbbbbbbbbbbbbbbb", "did:web:example.com"]);
+        assert_eq!((params.limit, params.reverse, params.cursor), (DEFAULT_LIMIT, true, None));
+        let with_limit = pairs(&[("subject", POST), ("source", "a.b.c:x"), ("limit", "1000")]);
+        assert_eq!(parse_query(&with_limit).unwrap().limit, 1000);
+        let errors = [
+            (pairs(&[("source", "a.b.c:x")]), "missing required parameter: subject"),
+            (pairs(&[("subject", POST)]), "missing required parameter: source"),
+            (pairs(&[("subject", "nope"), ("source", "a.b.c:x")]), "invalid subject"),
+            (pairs(&[("subject", POST), ("source", "a.b.c:x"), ("did", "bob")]), "invalid did"),
+            (pairs(&[("subject", POST), ("source", "a.b.c:x"), ("limit", "0")]), "limit must be"),
+            (pairs(&[("subject", POST), ("source", "a.b.c:x"), ("limit", "1001")]), "limit must be"),
+            (pairs(&[("subject", POST), ("subject", POST), ("source", "a.b.c:x")]), "more than once"),
+        ];
+        for (query, expected) in errors {
+            match parse_query(&query) {
+                Err(QueryError::InvalidRequest(message)) => assert!(message.contains(expected), "{message}"),
+                other => panic!("{query:?}: {other:?}"),
+            }
+        }
+        let too_many: Vec<(String, String)> = pairs(&[("subject", POST), ("source", "a.b.c:x")])
+            .into_iter()
+            .chain((0..=MAX_DIDS).map(|i| ("did".to_string(), format!("did:plc:{i:024}"))))
+            .collect();
+        assert!(parse_query(&too_many).is_err());
+    }
+
+    #[test]
+    fn record_uris_split_into_their_parts() {
+        let uri = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.like/3kaaaaaaaaaaa";
+        let expected = json!({"did": "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", "collection": "app.bsky.feed.like", "rkey": "3kaaaaaaaaaaa"});
+        assert_eq!(record_json(uri).unwrap(), expected);
+        assert_eq!(did_of(uri).unwrap(), "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa");
+        assert!(record_json("at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa").is_err());
+    }
+}

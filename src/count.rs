@@ -1,0 +1,412 @@
+//! countBacklinks: how many live backlinks a target has, in total and by location, with the same
+//! filters as listBacklinks - and bounded work however popular the target is.
+//!
+//! The work one request may cause is capped by `CountOptions::exact_scan_limit` entries (the
+//! lesson of lossy timelines: a hot target must not be able to stall the server, so past a
+//! reasonable size the answer trades exactness for a bounded cost).
+//!
+//! - Exact path: table metadata gives an upper bound on the target's entries (the entries of the
+//!   frames that can hold it). When the bound fits the limit, every such frame is read, duplicates
+//!   collapse to the freshest, and the revocation round, hidden accounts and filters apply exactly
+//!   as in listBacklinks. The count then equals the length of listBacklinks' full enumeration.
+//! - Estimate path: otherwise, per table, the target's boundary frames plus its newest frames (as
+//!   many as the table's share of the limit) are read. The frames between the boundaries are known
+//!   from metadata to hold only the target, so the raw number of entries is exact; the live share
+//!   and the split by location come from the sample. The answer says `approximate: true`.
+//!
+//! Invariants:
+//! - At most `exact_scan_limit` entries (plus two boundary frames per table) are read per request.
+//! - `total` is the sum of `by_location`; an unknown target or an impossible filter is an exact 0.
+//! - Exact answers never carry `approximate: true`, estimates always do.
+
+use crate::index::{Index, IndexError};
+use crate::lsm::entry::Entry;
+use crate::lsm::filter::KeyHash;
+use crate::lsm::tree::TableHandle;
+use crate::model::ids::{Backlink, RecordId};
+use crate::model::syntax::parse_target;
+use crate::outline::OutlineKind;
+use crate::query::{Filters, ListParams, QueryError, freshest_per_position, live_only};
+use std::collections::{BTreeMap, HashSet};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// Default of `CountOptions::exact_scan_limit`: 64 Ki entries, 4 MiB of raw entries.
+pub const DEFAULT_EXACT_SCAN_LIMIT: usize = 1 << 16;
+/// Bounds on the configurable limit.
+pub const MIN_EXACT_SCAN_LIMIT: usize = 1;
+pub const MAX_EXACT_SCAN_LIMIT: usize = 1 << 22;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CountOptions {
+    /// Entries a count may read before it answers with an estimate.
+    pub exact_scan_limit: usize,
+}
+
+impl Default for CountOptions {
+    fn default() -> Self {
+        Self { exact_scan_limit: DEFAULT_EXACT_SCAN_LIMIT }
+    }
+}
+
+/// The answer of countBacklinks.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Count {
+    pub total: u64,
+    /// Live backlinks per location string (`$.subject`).
+    pub by_location: BTreeMap<String, u64>,
+    /// Distinct repositories among the counted sources.
+    pub distinct_dids: u64,
+    /// True when the figures are an estimate (the target had more entries than the scan limit).
+    pub approximate: bool,
+}
+
+impl Count {
+    /// The JSON body of countBacklinks.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({ "total": self.total, "byLocation": self.by_location, "approximate": self.approximate })
+    }
+}
+
+/// The parameters countBacklinks reads; the paging ones of listBacklinks do not apply.
+pub const COUNT_PARAMETERS: [&str; 3] = ["target", "collection", "location"];
+
+/// Parses a countBacklinks query string (listBacklinks' rules; paging parameters are ignored).
+pub fn parse_count_query(pairs: &[(String, String)]) -> Result<ListParams, QueryError> {
+    let wanted = pairs.iter().filter(|(name, _)| COUNT_PARAMETERS.contains(&name.as_str()));
+    ListParams::from_pairs(wanted.map(|(k, v)| (k.as_str(), v.as_str())))
+}
+
+/// countBacklinks: live backlinks to `params.target` that pass its filters (paging ignored).
+pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountOptions) -> Result<Count, QueryError> {
+    let target =
+        parse_target(&params.target).map_err(|e| QueryError::InvalidRequest(format!("invalid target: {e}")))?;
+    let Some(target) = index.lookup_target(&target)? else { return Ok(Count::default()) };
+    let filters = Filters::resolve(index, params)?;
+    if filters.matches_nothing() {
+        return Ok(Count::default());
+    }
+    let scope = TargetScope::of(index, target);
+    let limit = options.exact_scan_limit.max(MIN_EXACT_SCAN_LIMIT);
+    if scope.upper_bound() <= limit as u64 {
+        let entries = scope.read_all(index).await?;
+        let live = live_only(index, freshest_per_position(entries), &filters).await?;
+        tally(index, &live, 1, 1)
+    } else {
+        let sample = scope.read_sample(index, limit).await?;
+        let live = live_only(index, freshest_per_position(sample.entries), &filters).await?;
+        let mut count = tally(index, &live, sample.raw_total, sample.raw_sampled)?;
+        count.approximate = true;
+        Ok(count)
+    }
+}
+
+/// The frames of one table that can hold the target.
+struct TableSpan {
+    table: Arc<TableHandle<Backlink>>,
+    frames: Range<usize>,
+}
+
+impl TableSpan {
+    fn entries(&self, frames: Range<usize>) -> u64 {
+        self.table.meta.frames[frames].iter().map(|f| u64::from(f.entries)).sum()
+    }
+
+    /// The frames to read for a sample of about `budget` entries: the first frame (it may begin
+    /// with other targets), and the newest frames (the last may end with other targets). Every
+    /// frame left out lies strictly inside the span and so holds only the target's entries.
+    /// Two ranges, the second empty when the first covers the whole span.
+    fn sample_frames(&self, budget: u64) -> [Range<usize>; 2] {
+        let Range { start, end } = self.frames.clone();
+        let mut tail_start = end - 1;
+        let mut taken = self.entries(tail_start..end);
+        while tail_start > start + 1 && taken + self.entries(tail_start - 1..tail_start) <= budget {
+            tail_start -= 1;
+            taken += self.entries(tail_start..tail_start + 1);
+        }
+        if tail_start <= start + 1 { [start..end, end..end] } else { [start..start + 1, tail_start..end] }
+    }
+}
+
+/// Everything that may hold the target's entries, taken from one snapshot.
+struct TargetScope {
+    target: RecordId,
+    memtable_entries: Vec<Backlink>,
+    spans: Vec<TableSpan>,
+}
+
+/// A bounded sample of the target's entries and what it stands for.
+struct Sample {
+    entries: Vec<Backlink>,
+    /// Entries of the target in the sample, duplicates and dead ones included.
+    raw_sampled: u64,
+    /// Entries of the target everywhere: sampled ones plus the unread interior frames.
+    raw_total: u64,
+}
+
+impl TargetScope {
+    fn of(index: &Index, target: RecordId) -> Self {
+        let (lo, hi) = (Backlink::min_for_key(target), Backlink::max_for_key(target));
+        let snapshot = index.links.snapshot(&[(lo, hi)]);
+        let hash = KeyHash::of(&target.to_bytes());
+        // A compacted run holds the target in one shard's table; a delta run is one table.
+        let spans = snapshot
+            .runs
+            .iter()
+            .map(|run| run.table_for(&target))
+            .filter(|table| table.meta.may_contain(hash))
+            .map(|table| TableSpan { table: table.clone(), frames: table.meta.frames_for_key(target) })
+            .filter(|span| !span.frames.is_empty())
+            .collect();
+        TargetScope { target, memtable_entries: snapshot.memtable_entries, spans }
+    }
+
+    /// Entries that may belong to the target, from metadata alone (boundary frames counted whole).
+    fn upper_bound(&self) -> u64 {
+        self.memtable_entries.len() as u64 + self.spans.iter().map(|s| s.entries(s.frames.clone())).sum::<u64>()
+    }
+
+    async fn read_all(&self, index: &Index) -> Result<Vec<Backlink>, QueryError> {
+        let reads: Vec<_> = self.spans.iter().map(|s| (s.table.clone(), s.frames.clone())).collect();
+        let mut entries = self.read(index, reads).await?;
+        entries.extend(self.memtable_entries.iter().copied());
+        Ok(entries)
+    }
+
+    /// Reads each table's share of `limit` entries (at least its boundary frames).
+    async fn read_sample(&self, index: &Index, limit: usize) -> Result<Sample, QueryError> {
+        let upper = self.upper_bound().max(1);
+        let mut reads = Vec::new();
+        let mut unread = 0u64;
+        for span in &self.spans {
+            let span_entries = span.entries(span.frames.clone());
+            let share = (limit as u128 * span_entries as u128 / upper as u128) as u64;
+            let frames = span.sample_frames(share);
+            unread += span_entries - frames.iter().map(|r| span.entries(r.clone())).sum::<u64>();
+            reads.extend(frames.into_iter().filter(|r| !r.is_empty()).map(|r| (span.table.clone(), r)));
+        }
+        let mut entries = self.read(index, reads).await?;
+        entries.extend(self.memtable_entries.iter().copied());
+        let raw_sampled = entries.len() as u64;
+        Ok(Sample { entries, raw_sampled, raw_total: raw_sampled + unread })
+    }
+
+    /// Reads frame ranges concurrently (one ranged read each) and keeps the target's entries.
+    async fn read(
+        &self,
+        index: &Index,
+        reads: Vec<(Arc<TableHandle<Backlink>>, Range<usize>)>,
+    ) -> Result<Vec<Backlink>, QueryError> {
+        let store = index.store.as_ref();
+        let fetched =
+            futures::future::try_join_all(reads.iter().map(|(table, frames)| table.read_frames(store, frames.clone())))
+                .await?;
+        Ok(fetched.into_iter().flatten().filter(|e| e.target == self.target).collect())
+    }
+}
+
+/// Counts live links by location, scaled by `raw_total / raw_sampled` (1/1 for an exact count).
+fn tally(index: &Index, live: &[Backlink], raw_total: u64, raw_sampled: u64) -> Result<Count, QueryError> {
+    let mut by_id: BTreeMap<u64, u64> = BTreeMap::new();
+    for link in live {
+        *by_id.entry(link.location).or_default() += 1;
+    }
+    let scale =
+        |n: u64| if raw_sampled == 0 { 0 } else { (n as u128 * raw_total as u128 / raw_sampled as u128) as u64 };
+    let mut count = Count::default();
+    for (location, n) in by_id {
+        let name = index
+            .outlines
+            .resolve(OutlineKind::Location, location)
+            .map_err(IndexError::from)?
+            .ok_or_else(|| QueryError::Internal(format!("location id {location} has no outline entry")))?;
+        count.by_location.insert(name.to_string(), scale(n));
+    }
+    count.total = count.by_location.values().sum();
+    let sampled_dids = live.iter().map(|l| l.source.did).collect::<HashSet<_>>().len() as u64;
+    count.distinct_dids = scale(sampled_dids).min(count.total).max(sampled_dids.min(count.total));
+    Ok(count)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::IndexOptions;
+    use crate::ingest::jetstream::{Operation, RecordOp, RecordRef};
+    use crate::lsm::table::TableOptions;
+    use crate::model::tid::format_tid;
+    use crate::query::list_backlinks;
+    use crate::store::dir::DirStore;
+    use std::borrow::Cow;
+
+    const POST: &str = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/3kaaaaaaaaaaa";
+
+    fn open(dir: &std::path::Path) -> Index {
+        let table = TableOptions { frame_bytes: 4096, ..TableOptions::default() };
+        let options = IndexOptions { table, ..IndexOptions::default() };
+        Index::open(&dir.join("data"), Arc::new(DirStore::new(dir.join("bucket"))), options, 7).unwrap()
+    }
+
+    fn did(i: usize) -> String {
+        format!("did:plc:{i:024}")
+    }
+
+    fn record_ref(author: usize, collection: &str, rkey: u64) -> RecordRef<'static> {
+        RecordRef {
+            did: Cow::Owned(did(author)),
+            collection: Cow::Owned(collection.into()),
+            rkey: format_tid(rkey).into(),
+        }
+    }
+
+    /// A like (strong ref at `$.subject`) or a post replying to (`$.reply.parent`) the target.
+    fn link(index: &Index, author: usize, rkey: u64, like: bool) {
+        let strong = serde_json::json!({"uri": POST, "cid": "bafyreib2rxk3rybloqtqwbo"});
+        let (collection, record) = if like {
+            ("app.bsky.feed.like", serde_json::json!({"subject": strong}))
+        } else {
+            ("app.bsky.feed.post", serde_json::json!({"reply": {"parent": strong, "root": "x"}}))
+        };
+        let op = Operation::Create(RecordOp { record_ref: record_ref(author, collection, rkey), record });
+        index.apply(&op, None).unwrap();
+    }
+
+    /// Every live backlink by paging listBacklinks to the end: (location, count).
+    async fn enumerate(index: &Index, params: &ListParams) -> BTreeMap<String, u64> {
+        let mut params = ListParams { limit: 7, ..params.clone() };
+        let mut seen = BTreeMap::new();
+        for _ in 0..10_000 {
+            let page = list_backlinks(index, &params).await.unwrap();
+            for (location, _) in &page.items {
+                *seen.entry(location.clone()).or_default() += 1;
+            }
+            match page.cursor {
+                Some(c) => params.cursor = Some(crate::query::Cursor::decode(&c).unwrap()),
+                None => return seen,
+            }
+        }
+        panic!("listBacklinks never ended");
+    }
+
+    /// Writes 300 links over several tables, with deletes, updates and a hidden account.
+    fn populate(index: &Index) {
+        for i in 0..300u64 {
+            link(index, (i % 13) as usize, 1_700_000_000_000_000 + i * 1_000_003, i % 3 != 0);
+            if i % 70 == 69 {
+                index.flush().unwrap();
+            }
+        }
+        for i in (0..300u64).step_by(11) {
+            let collection = if i % 3 != 0 { "app.bsky.feed.like" } else { "app.bsky.feed.post" };
+            let rkey = 1_700_000_000_000_000 + i * 1_000_003;
+            index.apply(&Operation::Delete(record_ref((i % 13) as usize, collection, rkey)), None).unwrap();
+        }
+        // Re-creating a record writes a duplicate position at a newer stamp.
+        link(index, 1, 1_700_000_000_000_000 + 1_000_003, true);
+        let deactivate = Operation::Account { did: did(5).into(), active: false, status: Some("deactivated".into()) };
+        index.apply(&deactivate, None).unwrap();
+        index.flush().unwrap();
+        link(index, 2, 1_800_000_000_000_000, true);
+    }
+
+    #[tokio::test]
+    async fn exact_count_equals_the_full_enumeration_under_every_filter() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open(dir.path());
+        populate(&index);
+        let filters: [(&[&str], &[&str]); 4] = [
+            (&[], &[]),
+            (&["app.bsky.feed.like"], &[]),
+            (&[], &["$.reply.parent"]),
+            (&["app.bsky.feed.post"], &["$.subject"]),
+        ];
+        for (collections, locations) in filters {
+            let params = ListParams {
+                collections: collections.iter().map(|c| c.to_string()).collect(),
+                locations: locations.iter().map(|l| l.to_string()).collect(),
+                ..ListParams::new(POST)
+            };
+            let expected = enumerate(&index, &params).await;
+            let count = count_backlinks(&index, &params, CountOptions::default()).await.unwrap();
+            assert_eq!(count.by_location, expected, "{collections:?} {locations:?}");
+            assert_eq!(count.total, expected.values().sum::<u64>());
+            assert!(!count.approximate);
+        }
+        let all = count_backlinks(&index, &ListParams::new(POST), CountOptions::default()).await.unwrap();
+        // 300 written, 28 deleted, the re-created one counts once, account 5's 21 live ones
+        // hidden (2 of its 23 were deleted), one more written after the flush.
+        assert_eq!(all.total, 300 - 28 - 21 + 1, "{all:?}");
+        assert_eq!(all.distinct_dids, 12, "13 authors, one hidden");
+    }
+
+    #[tokio::test]
+    async fn unknown_targets_and_impossible_filters_count_zero() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open(dir.path());
+        populate(&index);
+        let unknown = ListParams::new("did:plc:zzzzzzzzzzzzzzzzzzzzzzzz");
+        assert_eq!(count_backlinks(&index, &unknown, CountOptions::default()).await.unwrap(), Count::default());
+        let nothing = ListParams { collections: vec!["com.example.never".into()], ..ListParams::new(POST) };
+        assert_eq!(count_backlinks(&index, &nothing, CountOptions::default()).await.unwrap(), Count::default());
+    }
+
+    #[tokio::test]
+    async fn a_hot_target_gets_a_bounded_estimate_that_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open(dir.path());
+        // 4000 live likes over 4 tables (64 entries per frame): no deletes, so the estimate of the
+        // total is exact (interior frames counted from metadata, the live share is 1).
+        for i in 0..4000u64 {
+            link(&index, (i % 50) as usize, 1_700_000_000_000_000 + i * 1_000_003, true);
+            if i % 1000 == 999 {
+                index.flush().unwrap();
+            }
+        }
+        let options = CountOptions { exact_scan_limit: 500 };
+        let count = count_backlinks(&index, &ListParams::new(POST), options).await.unwrap();
+        assert!(count.approximate);
+        assert_eq!(count.total, 4000);
+        assert_eq!(count.by_location, BTreeMap::from([("$.subject".to_string(), 4000)]));
+        let exact = count_backlinks(&index, &ListParams::new(POST), CountOptions::default()).await.unwrap();
+        assert_eq!((exact.total, exact.approximate, exact.distinct_dids), (4000, false, 50));
+    }
+
+    #[tokio::test]
+    async fn estimates_scale_the_sampled_live_share() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open(dir.path());
+        for i in 0..2000u64 {
+            link(&index, (i % 50) as usize, 1_700_000_000_000_000 + i * 1_000_003, true);
+        }
+        index.flush().unwrap();
+        // Delete every other like: half of the entries are dead.
+        for i in (0..2000u64).step_by(2) {
+            let rkey = 1_700_000_000_000_000 + i * 1_000_003;
+            index.apply(&Operation::Delete(record_ref((i % 50) as usize, "app.bsky.feed.like", rkey)), None).unwrap();
+        }
+        index.flush().unwrap();
+        let count = count_backlinks(&index, &ListParams::new(POST), CountOptions { exact_scan_limit: 400 }).await;
+        let count = count.unwrap();
+        assert!(count.approximate);
+        assert!((900..=1100).contains(&count.total), "estimate {} of 1000", count.total);
+    }
+
+    #[test]
+    fn sample_frames_keep_both_boundaries() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open(dir.path());
+        for i in 0..1000u64 {
+            link(&index, 0, 1_700_000_000_000_000 + i, true);
+        }
+        index.flush().unwrap();
+        let target = index.lookup_target(&parse_target(POST).unwrap()).unwrap().unwrap();
+        let scope = TargetScope::of(&index, target);
+        assert_eq!(scope.spans.len(), 1);
+        let span = &scope.spans[0];
+        let n = span.frames.len();
+        assert!(n >= 10, "{n} frames");
+        assert_eq!(span.sample_frames(0), [0..1, n - 1..n]);
+        assert_eq!(span.sample_frames(u64::MAX), [0..n, n..n]);
+        assert_eq!(span.sample_frames(130), [0..1, n - 2..n]);
+    }
+}

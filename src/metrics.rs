@@ -1,0 +1,360 @@
+//! Prometheus metrics: what the server measures (query latency, rejections, object-store
+//! requests) and what the index already counts (ingest counters, tables, runs), rendered as
+//! OpenMetrics text for `GET /metrics`.
+//!
+//! Why `prometheus-client`: its registry is a plain value, not a process-wide recorder, so every
+//! router (and every test, several per process) owns its metrics; it encodes the text format
+//! itself, with no HTTP exporter, background thread or clock crate; and it has no default
+//! features to trim. (`metrics` + `metrics-exporter-prometheus` installs a global recorder once per
+//! process, which tests that build many servers cannot share cleanly.)
+//!
+//! Names, all prefixed `backlinks_`. Live ingest will add `ingest_lag_seconds` (gauge) and
+//! `ingest_events_total{kind}` (counter) next to the `ingest_*` ones here; compaction will add
+//! `compaction_*` and `upload_*` durations and bytes. Cache hit ratios appear only when a cache does.
+//!
+//! Invariants:
+//! - Every label value comes from a fixed set (`&'static str`), so no request can grow a family.
+//! - Index figures are read at scrape time from counters and the in-memory table lists: a scrape
+//!   never touches SQLite or the bucket.
+
+use crate::index::Index;
+use crate::lsm::entry::Entry;
+use crate::lsm::tree::Tree;
+use crate::model::ids::{Backlink, Revocation};
+use crate::store::object::{ObjectInfo, Store, StoreError};
+use bytes::Bytes;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::text::{encode_eof, encode_registry};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::info::Info;
+use prometheus_client::registry::Registry;
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The content type of the OpenMetrics text that `render` produces.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EndpointLabel {
+    pub endpoint: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RejectionLabels {
+    pub endpoint: &'static str,
+    /// `capacity` (too many concurrent queries) or `timeout`.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreRequestLabels {
+    pub operation: &'static str,
+    pub status: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabel {
+    pub operation: &'static str,
+}
+
+type HistogramFamily<L> = Family<L, Histogram, fn() -> Histogram>;
+
+/// 0.5 ms to about 16 s, doubling.
+fn latency_histogram() -> Histogram {
+    Histogram::new(exponential_buckets(0.0005, 2.0, 16))
+}
+
+/// The metrics the server updates as it runs.
+#[derive(Debug)]
+pub struct Metrics {
+    registry: Registry,
+    query_seconds: HistogramFamily<EndpointLabel>,
+    query_rejections: Family<RejectionLabels, Counter>,
+    store_requests: Family<StoreRequestLabels, Counter>,
+    store_seconds: HistogramFamily<OperationLabel>,
+    store_bytes: Family<OperationLabel, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let query_seconds: HistogramFamily<EndpointLabel> = Family::new_with_constructor(latency_histogram);
+        let query_rejections: Family<RejectionLabels, Counter> = Family::default();
+        let store_requests: Family<StoreRequestLabels, Counter> = Family::default();
+        let store_seconds: HistogramFamily<OperationLabel> = Family::new_with_constructor(latency_histogram);
+        let store_bytes: Family<OperationLabel, Counter> = Family::default();
+        let mut registry = Registry::with_prefix("backlinks");
+        let version = Info::new(vec![("version", env!("CARGO_PKG_VERSION"))]);
+        registry.register("build", "The running version", version);
+        let help = "Time to answer a query, by endpoint";
+        registry.register("http_query_duration_seconds", help, query_seconds.clone());
+        let help = "Queries refused, by endpoint and reason (capacity, timeout)";
+        registry.register("http_query_rejections", help, query_rejections.clone());
+        let help = "Object-store requests, by operation and outcome";
+        registry.register("store_requests", help, store_requests.clone());
+        let help = "Object-store request time, by operation";
+        registry.register("store_request_duration_seconds", help, store_seconds.clone());
+        let help = "Bytes read or written by object-store requests, by operation";
+        registry.register("store_bytes", help, store_bytes.clone());
+        Metrics { registry, query_seconds, query_rejections, store_requests, store_seconds, store_bytes }
+    }
+
+    pub fn observe_query(&self, endpoint: &'static str, elapsed: Duration) {
+        self.query_seconds.get_or_create(&EndpointLabel { endpoint }).observe(elapsed.as_secs_f64());
+    }
+
+    pub fn count_rejection(&self, endpoint: &'static str, reason: &'static str) {
+        self.query_rejections.get_or_create(&RejectionLabels { endpoint, reason }).inc();
+    }
+
+    fn observe_store(&self, operation: &'static str, status: &'static str, elapsed: Duration, bytes: u64) {
+        self.store_requests.get_or_create(&StoreRequestLabels { operation, status }).inc();
+        self.store_seconds.get_or_create(&OperationLabel { operation }).observe(elapsed.as_secs_f64());
+        self.store_bytes.get_or_create(&OperationLabel { operation }).inc_by(bytes);
+    }
+
+    /// The OpenMetrics text of these metrics and of `index`'s figures.
+    pub fn render(&self, index: &Index) -> String {
+        let mut out = String::new();
+        let snapshot = index_registry(index);
+        // Writing into a String cannot fail; the encoder only reports fmt::Error from its writer.
+        encode_registry(&mut out, &self.registry).expect("encoding into a String");
+        encode_registry(&mut out, &snapshot).expect("encoding into a String");
+        encode_eof(&mut out).expect("encoding into a String");
+        out
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct TreeLabel {
+    tree: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct RunLabels {
+    tree: &'static str,
+    kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: &'static str,
+}
+
+fn counter(value: u64) -> Counter {
+    let counter = Counter::default();
+    counter.inc_by(value);
+    counter
+}
+
+fn gauge(value: u64) -> Gauge {
+    let gauge = Gauge::default();
+    gauge.set(i64::try_from(value).unwrap_or(i64::MAX));
+    gauge
+}
+
+/// A registry holding the index's figures as of now (built per scrape).
+fn index_registry(index: &Index) -> Registry {
+    let mut registry = Registry::with_prefix("backlinks");
+    let counters = &index.counters;
+    let read = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+    registry.register("ingest_operations", "Operations applied", counter(read(&counters.operations)));
+    registry.register("ingest_backlinks", "Backlink entries written", counter(read(&counters.backlinks)));
+    registry.register("ingest_revocations", "Revocations written", counter(read(&counters.revocations)));
+    registry.register("ingest_flushes", "Memtable flushes", counter(read(&counters.flushes)));
+    let skipped: Family<ReasonLabel, Counter> = Family::default();
+    for (reason, value) in [
+        ("collection_only", &counters.links_collection_only),
+        ("handle_authority", &counters.links_handle_authority),
+        ("over_limit", &counters.links_over_limit),
+    ] {
+        skipped.get_or_create(&ReasonLabel { reason }).inc_by(read(value));
+    }
+    registry.register("extract_links_skipped", "Link-like strings not indexed, by reason", skipped);
+    let position = index.position();
+    registry.register("ingest_clock", "The ingest clock (stamp of the last operation)", gauge(position.clock));
+    let cursor = position.cursor.and_then(|c| u64::try_from(c).ok()).unwrap_or(0);
+    registry.register("ingest_cursor_microseconds", "Time of the last ingested event (0: none)", gauge(cursor));
+    register_tree_figures(&mut registry, &index.links, &index.thresholds);
+    registry
+}
+
+fn register_tree_figures(registry: &mut Registry, links: &Tree<Backlink>, thresholds: &Tree<Revocation>) {
+    let tables: Family<TreeLabel, Gauge> = Family::default();
+    let runs: Family<RunLabels, Gauge> = Family::default();
+    let entries: Family<TreeLabel, Gauge> = Family::default();
+    let bytes: Family<TreeLabel, Gauge> = Family::default();
+    let memtable: Family<TreeLabel, Gauge> = Family::default();
+    let add = |tree: &'static str, records: Vec<crate::catalog::TableRecord>, memtable_bytes: usize| {
+        let label = TreeLabel { tree };
+        tables.get_or_create(&label).set(records.len() as i64);
+        entries.get_or_create(&label).set(records.iter().map(|r| r.entries as i64).sum());
+        bytes.get_or_create(&label).set(records.iter().map(|r| (r.data_len + r.meta_len) as i64).sum());
+        memtable.get_or_create(&label).set(memtable_bytes as i64);
+        for kind in [crate::catalog::RunKind::Delta, crate::catalog::RunKind::Compacted] {
+            let distinct: HashSet<&str> =
+                records.iter().filter(|r| r.run_kind == kind).map(|r| r.run_id.as_str()).collect();
+            runs.get_or_create(&RunLabels { tree, kind: kind.as_str() }).set(distinct.len() as i64);
+        }
+    };
+    add(Backlink::TREE, records_of(links), links.memtable_bytes());
+    add(Revocation::TREE, records_of(thresholds), thresholds.memtable_bytes());
+    registry.register("tables", "Tables, by tree", tables);
+    registry.register("runs", "Runs, by tree and kind", runs);
+    registry.register("table_entries", "Entries in tables, by tree", entries);
+    registry.register("table_bytes", "Bytes of table files (data and meta), by tree", bytes);
+    registry.register("memtable_bytes", "Bytes in the active memtable, by tree", memtable);
+}
+
+fn records_of<E: Entry>(tree: &Tree<E>) -> Vec<crate::catalog::TableRecord> {
+    tree.tables().iter().map(|table| table.record.clone()).collect()
+}
+
+/// A store that counts every request of the store it wraps, by operation and outcome.
+#[derive(Debug)]
+pub struct MeteredStore {
+    inner: Arc<dyn Store>,
+    metrics: Arc<Metrics>,
+}
+
+impl MeteredStore {
+    pub fn new(inner: Arc<dyn Store>, metrics: Arc<Metrics>) -> Self {
+        Self { inner, metrics }
+    }
+
+    fn record<T>(&self, operation: &'static str, started: Instant, result: &Result<T, StoreError>, bytes: u64) {
+        self.metrics.observe_store(operation, status_of(result), started.elapsed(), bytes);
+    }
+}
+
+/// The outcome label of a store request.
+fn status_of<T>(result: &Result<T, StoreError>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(StoreError::NotFound { .. }) => "not_found",
+        Err(StoreError::InvalidKey { .. }) => "invalid_key",
+        Err(StoreError::ShortRead { .. }) => "short_read",
+        Err(e) if e.is_retryable() => "transient_error",
+        Err(_) => "error",
+    }
+}
+
+#[async_trait::async_trait]
+impl Store for MeteredStore {
+    async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
+        let (started, len) = (Instant::now(), body.len() as u64);
+        let result = self.inner.put(key, body).await;
+        self.record("put", started, &result, if result.is_ok() { len } else { 0 });
+        result
+    }
+
+    async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.get(key).await;
+        self.record("get", started, &result, result.as_ref().map_or(0, |b| b.len() as u64));
+        result
+    }
+
+    async fn get_range(&self, key: &str, offset: u64, len: u64) -> Result<Bytes, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.get_range(key, offset, len).await;
+        self.record("get_range", started, &result, result.as_ref().map_or(0, |b| b.len() as u64));
+        result
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError> {
+        let started = Instant::now();
+        let result = self.inner.list(prefix).await;
+        self.record("list", started, &result, 0);
+        result
+    }
+
+    async fn delete(&self, key: &str) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self.inner.delete(key).await;
+        self.record("delete", started, &result, 0);
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::IndexOptions;
+    use crate::ingest::jetstream::{Operation, RecordOp, RecordRef};
+    use crate::store::dir::DirStore;
+
+    /// The value of the sample line `name{labels} value`, exactly as rendered.
+    fn sample(text: &str, series: &str) -> Option<String> {
+        text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ').map(str::to_string))
+    }
+
+    #[tokio::test]
+    async fn store_requests_are_counted_by_operation_and_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Arc::new(Metrics::new());
+        let store = MeteredStore::new(Arc::new(DirStore::new(dir.path().join("bucket"))), metrics.clone());
+        store.put("a/b", Bytes::from_static(b"hello")).await.unwrap();
+        assert_eq!(store.get("a/b").await.unwrap(), Bytes::from_static(b"hello"));
+        assert!(store.get("missing").await.is_err());
+        assert_eq!(store.get_range("a/b", 1, 3).await.unwrap(), Bytes::from_static(b"ell"));
+        let index = Index::open(&dir.path().join("data"), Arc::new(store), IndexOptions::default(), 1).unwrap();
+        let text = metrics.render(&index);
+        let at = |series: &str| sample(&text, series);
+        assert_eq!(at("backlinks_store_requests_total{operation=\"put\",status=\"ok\"}").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_store_requests_total{operation=\"get\",status=\"ok\"}").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_store_requests_total{operation=\"get\",status=\"not_found\"}").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_store_bytes_total{operation=\"get_range\"}").as_deref(), Some("3"));
+        assert_eq!(at("backlinks_store_bytes_total{operation=\"put\"}").as_deref(), Some("5"));
+        assert_eq!(at("backlinks_store_request_duration_seconds_count{operation=\"get\"}").as_deref(), Some("2"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+
+    #[tokio::test]
+    async fn index_figures_follow_the_write_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let metrics = Metrics::new();
+        let store = Arc::new(DirStore::new(dir.path().join("bucket")));
+        let index = Index::open(&dir.path().join("data"), store, IndexOptions::default(), 1).unwrap();
+        let record = serde_json::json!({"subject": "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa", "other": "at://x.example"});
+        let record_ref = RecordRef {
+            did: "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb".into(),
+            collection: "a.b.c".into(),
+            rkey: "self".into(),
+        };
+        index.apply(&Operation::Create(RecordOp { record_ref: record_ref.clone(), record }), Some(42)).unwrap();
+        index.apply(&Operation::Delete(record_ref), Some(43)).unwrap();
+        index.flush().unwrap();
+        metrics.observe_query("listBacklinks", Duration::from_millis(3));
+        metrics.count_rejection("listBacklinks", "capacity");
+        let text = metrics.render(&index);
+        let at = |series: &str| sample(&text, series);
+        assert_eq!(at("backlinks_ingest_operations_total").as_deref(), Some("2"));
+        assert_eq!(at("backlinks_ingest_backlinks_total").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_ingest_revocations_total").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_ingest_flushes_total").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_extract_links_skipped_total{reason=\"handle_authority\"}").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_ingest_clock").as_deref(), Some("2"));
+        assert_eq!(at("backlinks_ingest_cursor_microseconds").as_deref(), Some("43"));
+        assert_eq!(at("backlinks_tables{tree=\"links\"}").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_tables{tree=\"thresholds\"}").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_runs{tree=\"links\",kind=\"delta\"}").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_runs{tree=\"links\",kind=\"compacted\"}").as_deref(), Some("0"));
+        assert_eq!(at("backlinks_table_entries{tree=\"links\"}").as_deref(), Some("1"));
+        assert_eq!(at("backlinks_http_query_duration_seconds_count{endpoint=\"listBacklinks\"}").as_deref(), Some("1"));
+        let rejected = "backlinks_http_query_rejections_total{endpoint=\"listBacklinks\",reason=\"capacity\"}";
+        assert_eq!(at(rejected).as_deref(), Some("1"));
+        let build = format!("backlinks_build_info{{version=\"{}\"}} 1", env!("CARGO_PKG_VERSION"));
+        assert!(text.contains(&build), "{text}");
+    }
+}

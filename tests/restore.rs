@@ -1,0 +1,161 @@
+//! A machine rebuilt from the bucket alone answers exactly like the writer, and a replica that
+//! follows CURRENT sees what the writer publishes next. Table data is read by range from the
+//! bucket (the restored machines have metas only).
+
+mod support;
+
+use backlinks::index::{Index, IndexOptions};
+use backlinks::ingest::import_lines;
+use backlinks::lsm::compaction::CompactionOptions;
+use backlinks::lsm::table::TableOptions;
+use backlinks::query::{ListParams, list_backlinks};
+use backlinks::store::dir::DirStore;
+use backlinks::store::object::Store;
+use std::path::Path;
+use std::sync::Arc;
+
+const CAPTURE: &str = "tests/data/jetstream/golden_v1.jsonl";
+
+fn options() -> IndexOptions {
+    IndexOptions {
+        memtable_bytes: 64 * 64,
+        table: TableOptions { frame_bytes: 512, ..TableOptions::default() },
+        compaction: CompactionOptions {
+            fan_in: 3,
+            min_run_bytes: 256,
+            shard_bytes: 1024,
+            max_bytes_per_sec: None,
+            ..CompactionOptions::default()
+        },
+        ..IndexOptions::default()
+    }
+}
+
+/// Likes, follows, deletes and an account deletion over a few authors and posts.
+fn events(from: usize, to: usize) -> String {
+    let mut out = String::new();
+    for i in from..to {
+        let author = format!("did:plc:author{:018}", i % 23);
+        let post = format!("at://did:plc:poster{:018}/app.bsky.feed.post/3kabcdefgh{:03}", i % 7, i % 5);
+        let rkey = backlinks::model::tid::format_tid(1_700_000_000_000_000 + i as u64 * 1_000);
+        let line = match i % 11 {
+            10 => format!(
+                r#"{{"did":"{author}","time_us":{i},"kind":"commit","commit":{{"operation":"delete","collection":"app.bsky.feed.like","rkey":"{}"}}}}"#,
+                backlinks::model::tid::format_tid(1_700_000_000_000_000 + (i as u64 - 3) * 1_000)
+            ),
+            7 => format!(
+                r#"{{"did":"{author}","time_us":{i},"kind":"commit","commit":{{"operation":"create","collection":"app.bsky.graph.follow","rkey":"{rkey}","record":{{"subject":"did:plc:poster{:018}"}}}}}}"#,
+                i % 7
+            ),
+            _ => format!(
+                r#"{{"did":"{author}","time_us":{i},"kind":"commit","commit":{{"operation":"create","collection":"app.bsky.feed.like","rkey":"{rkey}","record":{{"subject":{{"uri":"{post}","cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"}}}}}}}}"#
+            ),
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    if to > 300 {
+        out.push_str(r#"{"did":"did:plc:author000000000000000003","time_us":999999,"kind":"account","account":{"active":false,"did":"did:plc:author000000000000000003","seq":1,"status":"deleted","time":"2024-01-01T00:00:00Z"}}"#);
+        out.push('\n');
+    }
+    out
+}
+
+fn targets() -> Vec<String> {
+    let mut targets: Vec<String> = (0..7)
+        .flat_map(|p| (0..5).map(move |r| format!("at://did:plc:poster{p:018}/app.bsky.feed.post/3kabcdefgh{r:03}")))
+        .collect();
+    targets.extend((0..7).map(|p| format!("did:plc:poster{p:018}")));
+    targets.push("at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2j".into());
+    targets.push("did:plc:anc6s2kher6ltrhhglxrzxsa".into());
+    targets
+}
+
+/// Every target's full answer, paging with a small limit.
+async fn answers(index: &Index) -> Vec<Vec<(String, String)>> {
+    let mut all = Vec::new();
+    for target in targets() {
+        let mut items = Vec::new();
+        let mut params = ListParams { limit: 7, ..ListParams::new(target) };
+        loop {
+            let page = list_backlinks(index, &params).await.unwrap();
+            items.extend(page.items);
+            match page.cursor {
+                Some(c) => params.cursor = Some(backlinks::query::Cursor::decode(&c).unwrap()),
+                None => break,
+            }
+        }
+        all.push(items);
+    }
+    all
+}
+
+fn open(dir: &Path, store: Arc<dyn Store>) -> Index {
+    Index::open(dir, store, options(), 5).unwrap()
+}
+
+fn ingest(index: &Index, text: &str, runtime: &tokio::runtime::Handle) {
+    import_lines(index, text.as_bytes()).unwrap();
+    while index.compact_once(runtime, 1).unwrap() {}
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_from_the_bucket_alone_and_follow_as_a_replica() {
+    let root = tempfile::tempdir().unwrap();
+    restore_and_follow(Arc::new(DirStore::new(root.path().join("bucket"))), root.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_from_garage_alone_and_follow_as_a_replica() {
+    let root = tempfile::tempdir().unwrap();
+    let store = backlinks::store::s3::S3Store::new(support::garage_settings("restore")).unwrap();
+    restore_and_follow(Arc::new(store), root.path()).await;
+}
+
+async fn restore_and_follow(bucket: Arc<dyn Store>, root: &Path) {
+    let writer = Arc::new(open(&root.join("writer"), bucket.clone()));
+    let capture = std::fs::read_to_string(CAPTURE).unwrap();
+    let first = format!("{capture}{}", events(0, 400));
+    let handle = tokio::runtime::Handle::current();
+    let w = writer.clone();
+    tokio::task::spawn_blocking(move || ingest(&w, &first, &handle)).await.unwrap();
+    assert!(writer.counters.compactions.load(std::sync::atomic::Ordering::Relaxed) >= 1, "the workload compacts");
+    writer.publish_manifest().await.unwrap();
+    let expected = answers(&writer).await;
+
+    assert!(expected.iter().filter(|a| !a.is_empty()).count() >= 30, "most targets have backlinks");
+
+    // A new machine with an empty data directory and only the bucket.
+    let restored = open(&root.join("restored"), bucket.clone());
+    assert!(restored.restore_if_empty(2).await.unwrap());
+
+    assert!(
+        !std::fs::read_dir(root.join("restored/state/tables/links"))
+            .unwrap()
+            .any(|e| { e.unwrap().path().extension().is_some_and(|x| x == "data") }),
+        "a restored machine fetches data by range, it does not download tables"
+    );
+    assert_eq!(answers(&restored).await, expected, "restored answers differ");
+    assert_eq!(restored.position(), writer.position());
+
+    // A replica follows CURRENT: it sees the writer's next publication.
+    let replica = open(&root.join("replica"), bucket.clone());
+    assert!(replica.restore_if_empty(3).await.unwrap());
+    assert!(!replica.follow_current(4).await.unwrap(), "nothing new yet");
+    let more = events(400, 700);
+    let (w, handle) = (writer.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || ingest(&w, &more, &handle)).await.unwrap();
+    writer.publish_manifest().await.unwrap();
+    let expected = answers(&writer).await;
+    assert_ne!(answers(&replica).await, expected, "the replica has not followed yet");
+    assert!(replica.follow_current(5).await.unwrap());
+    assert_eq!(answers(&replica).await, expected, "replica answers differ after following");
+
+    // GC after the grace period removes what compaction retired; readers of the current
+    // manifest lose nothing.
+    let (retired, orphans) = writer.collect_garbage(10, 0).await.unwrap();
+    assert!(retired > 0, "compaction retired tables that GC collects");
+    assert_eq!(orphans, 0);
+    assert_eq!(answers(&replica).await, expected, "replica answers changed after GC");
+    assert_eq!(answers(&writer).await, expected, "writer answers changed after GC");
+}
