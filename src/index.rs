@@ -81,6 +81,8 @@ pub enum IndexError {
     Manifest(#[from] crate::manifest::ManifestError),
     #[error("writer lease: {0}")]
     Lease(String),
+    #[error("{0}")]
+    Background(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IndexError + '_ {

@@ -8,6 +8,7 @@
 //! `status` (HTML pages), `metrics` (Prometheus) and `config`.
 
 pub mod catalog;
+pub mod compactor;
 pub mod config;
 pub mod constellation;
 pub mod count;

@@ -1,6 +1,7 @@
 //! The `backlinks` command line: serve, import, backfill, query.
 
 use anyhow::{Context, bail};
+use backlinks::compactor::Compactor;
 use backlinks::config::{DEFAULT_JETSTREAM, DEFAULT_LISTEN, FileConfig};
 use backlinks::index::{Index, IndexError, IndexOptions};
 use backlinks::ingest::import_lines_with;
@@ -335,20 +336,21 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
     let lease = WriterLease::acquire(setup.store.clone(), &owner, unix_ms(), LEASE_TTL_MS, LEASE_SETTLE).await?;
     index.restore_if_empty(unix_ms()).await?;
     let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
-    let writer = index.clone();
-    let runtime = tokio::runtime::Handle::current();
+    // Merges run on the compactor's thread while the import goes on.
+    let compactor = Compactor::spawn(index.clone(), tokio::runtime::Handle::current(), Arc::new(unix_ms));
+    let (writer, runtime) = (index.clone(), tokio::runtime::Handle::current());
     let report = tokio::task::spawn_blocking(move || {
         let mut lease = lease;
-        let mut compact = |index: &Index| {
-            while index.compact_once(&runtime, unix_ms())? {}
-            runtime.block_on(lease.renew(unix_ms())).map_err(|e| IndexError::Lease(e.to_string()))?;
-            Ok(())
+        let mut after_flush = |_: &Index| {
+            compactor.nudge();
+            runtime.block_on(lease.renew(unix_ms())).map_err(|e| IndexError::Lease(e.to_string()))
         };
-        let report = import_lines_with(&writer, std::io::BufReader::with_capacity(1 << 20, file), &mut compact);
-        report.map(|report| (report, lease))
+        let report = import_lines_with(&writer, std::io::BufReader::with_capacity(1 << 20, file), &mut after_flush);
+        let merges = compactor.finish();
+        report.and_then(|report| Ok((report, lease, merges?)))
     })
     .await??;
-    let (report, lease) = report;
+    let (report, lease, merges) = report;
     let manifest = index.publish_manifest().await?;
     lease.release().await?;
     for (line, reason) in &report.examples {
@@ -361,6 +363,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         "malformed": report.malformed,
         "tooLong": report.too_long,
         "flushes": report.flushes,
+        "compactions": merges,
         "clock": index.position().clock,
         "manifest": manifest,
     });

@@ -265,3 +265,32 @@ async fn the_local_data_cache_keeps_to_its_budget_and_never_evicts_unuploaded_ta
     assert!(local_data() < before, "cold tables were evicted");
     assert_eq!(answers(&index).await, expected, "evicted tables are read by range from the bucket");
 }
+
+/// Compaction on its own thread while the import goes on gives the same answers as compacting
+/// between flushes, and still merges through the tiers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_compaction_during_ingest_keeps_answers() {
+    let runtime = tokio::runtime::Handle::current();
+    let reference_root = tempfile::tempdir().unwrap();
+    let reference =
+        build(reference_root.path(), Arc::new(DirStore::new(reference_root.path().join("bucket"))), &runtime);
+    let root = tempfile::tempdir().unwrap();
+    let index =
+        Arc::new(Index::open(root.path(), Arc::new(DirStore::new(root.path().join("bucket"))), options(), 9).unwrap());
+    let clock: backlinks::compactor::Clock = Arc::new(|| 1);
+    let compactor = backlinks::compactor::Compactor::spawn(index.clone(), runtime.clone(), clock);
+    let writer = index.clone();
+    let merges = std::thread::spawn(move || {
+        let text = events(1500);
+        backlinks::ingest::import_lines_with(&writer, text.as_bytes(), &mut |_| {
+            compactor.nudge();
+            Ok(())
+        })
+        .unwrap();
+        compactor.finish().unwrap()
+    })
+    .join()
+    .unwrap();
+    assert!(merges >= 4, "only {merges} merges in the background");
+    assert_eq!(answers(&index).await, answers(&reference).await);
+}

@@ -1,0 +1,72 @@
+//! Background compaction for a writing index: merges run on their own thread, so ingest never
+//! waits for one and queries never see a stall (a merge holds no lock of the tree and swaps its
+//! result in at once; see `lsm::compaction`).
+//!
+//! Invariants:
+//! - At most one merge runs at a time (`Index::compact_once` serializes them anyway).
+//! - `nudge` never blocks: a nudge while a nudge is pending is merged into it (bounded channel of
+//!   one), so a writer flushing faster than merges finish cannot queue unbounded work.
+//! - `finish` drains: it returns once no tier is full, and reports the first error (a merge
+//!   that failed leaves its inputs in place, so nothing is lost; the error says why).
+//! - Wall time comes from the injected `Clock`, read only to stamp retired tables.
+
+use crate::index::{Index, IndexError};
+use std::sync::Arc;
+use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
+use std::thread::JoinHandle;
+
+/// Unix milliseconds, injected by the caller (the binary passes the system clock; tests a fake).
+pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+pub struct Compactor {
+    nudges: SyncSender<()>,
+    worker: JoinHandle<Result<usize, IndexError>>,
+}
+
+impl Compactor {
+    /// Starts the worker thread; `runtime` is used for reads of tables that are not local.
+    pub fn spawn(index: Arc<Index>, runtime: tokio::runtime::Handle, clock: Clock) -> Self {
+        let (nudges, wake) = sync_channel(1);
+        let worker = std::thread::Builder::new()
+            .name("compactor".into())
+            .spawn(move || work(&index, &runtime, &clock, wake))
+            .expect("spawning the compactor thread");
+        Compactor { nudges, worker }
+    }
+
+    /// Asks for a check of the tiers (after a flush). Never blocks.
+    pub fn nudge(&self) {
+        match self.nudges.try_send(()) {
+            Ok(()) | Err(TrySendError::Full(())) => {}
+            Err(TrySendError::Disconnected(())) => tracing::warn!("the compactor has stopped; nudge ignored"),
+        }
+    }
+
+    /// Runs the remaining merges, stops the worker and returns how many merges it made.
+    pub fn finish(self) -> Result<usize, IndexError> {
+        drop(self.nudges);
+        self.worker.join().unwrap_or_else(|_| Err(IndexError::Background("the compactor thread panicked".into())))
+    }
+}
+
+/// Merges until no tier is full after every nudge; after the last sender is gone, a final drain.
+fn work(
+    index: &Index,
+    runtime: &tokio::runtime::Handle,
+    clock: &Clock,
+    wake: Receiver<()>,
+) -> Result<usize, IndexError> {
+    let mut merges = 0;
+    while wake.recv().is_ok() {
+        merges += drain(index, runtime, clock)?;
+    }
+    Ok(merges + drain(index, runtime, clock)?)
+}
+
+fn drain(index: &Index, runtime: &tokio::runtime::Handle, clock: &Clock) -> Result<usize, IndexError> {
+    let mut merges = 0;
+    while index.compact_once(runtime, clock())? {
+        merges += 1;
+    }
+    Ok(merges)
+}
