@@ -100,6 +100,23 @@ pub struct WriteCounters {
     pub links_over_limit: AtomicU64,
     pub flushes: AtomicU64,
     pub compactions: AtomicU64,
+    /// Time spent and bytes written (data + meta) by flushes.
+    pub flush_micros: AtomicU64,
+    pub flush_bytes: AtomicU64,
+    /// Time spent by merges, compressed bytes they read and wrote.
+    pub compaction_micros: AtomicU64,
+    pub compaction_bytes_in: AtomicU64,
+    pub compaction_bytes_out: AtomicU64,
+    /// Time spent and bytes put by table uploads.
+    pub upload_micros: AtomicU64,
+    pub upload_bytes: AtomicU64,
+    /// Bytes of local data copies evicted by the cache budget.
+    pub cache_evicted_bytes: AtomicU64,
+}
+
+/// Adds the time since `started` to a microsecond counter.
+fn add_elapsed(counter: &AtomicU64, started: std::time::Instant) {
+    counter.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
 }
 
 /// What the newest known manifest says, as far as publishing and GC care.
@@ -327,6 +344,7 @@ impl Index {
     /// number of tables written.
     pub fn flush(&self) -> Result<usize, IndexError> {
         assert!(!self.options.read_only, "flush of a read-only index");
+        let started = std::time::Instant::now();
         let mut writer = self.writer.lock().expect("writer lock poisoned");
         let frozen_links = self.links.freeze();
         let frozen_thresholds = self.thresholds.freeze();
@@ -352,6 +370,9 @@ impl Index {
             }
         }
         self.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
+        self.counters.flush_bytes.fetch_add(written, Ordering::Relaxed);
+        add_elapsed(&self.counters.flush_micros, started);
         Ok(flush.tables.len())
     }
 
@@ -409,7 +430,9 @@ impl Index {
         options: &CompactionOptions,
         keep: &mut dyn FnMut(&E) -> bool,
     ) -> Result<(), IndexError> {
-        let shard_count = compaction::shard_count_for(inputs.iter().map(|r| r.data_bytes()).sum(), options);
+        let started = std::time::Instant::now();
+        let bytes_in: u64 = inputs.iter().map(|r| r.data_bytes()).sum();
+        let shard_count = compaction::shard_count_for(bytes_in, options);
         let (run_id, ids) = {
             let mut writer = self.writer.lock().expect("writer lock poisoned");
             let run_id = self.new_table_id(&mut writer)?;
@@ -447,6 +470,10 @@ impl Index {
             tree.remove_local(&table.record.id).map_err(io_err(tree.dir()))?;
         }
         self.counters.compactions.fetch_add(1, Ordering::Relaxed);
+        let bytes_out: u64 = output.tables.iter().map(|(_, summary, _, _)| summary.data_len + summary.meta_len).sum();
+        self.counters.compaction_bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
+        self.counters.compaction_bytes_out.fetch_add(bytes_out, Ordering::Relaxed);
+        add_elapsed(&self.counters.compaction_micros, started);
         tracing::info!(
             tree = E::TREE,
             inputs = inputs.len(),
@@ -467,7 +494,10 @@ impl Index {
             for ext in ["data", "meta"] {
                 let path = dir.join(format!("{}.{ext}", record.id));
                 let bytes = tokio::fs::read(&path).await.map_err(io_err(&path))?;
+                let (started, len) = (std::time::Instant::now(), bytes.len() as u64);
                 self.store.put(&table_key(&record.tree, &record.id, ext), bytes.into()).await?;
+                self.counters.upload_bytes.fetch_add(len, Ordering::Relaxed);
+                add_elapsed(&self.counters.upload_micros, started);
             }
             self.catalog.mark_uploaded(&record.id)?;
         }
@@ -491,8 +521,10 @@ impl Index {
         let cached = self.links.tables().iter().map(|t| t.cached_bytes()).sum::<u64>()
             + self.thresholds.tables().iter().map(|t| t.cached_bytes()).sum::<u64>();
         let mut over = cached.saturating_sub(self.options.cache_bytes);
-        let evicted = self.evict_from(&self.links, &pending, &mut over)?;
-        Ok(evicted + self.evict_from(&self.thresholds, &pending, &mut over)?)
+        let evicted = self.evict_from(&self.links, &pending, &mut over)?
+            + self.evict_from(&self.thresholds, &pending, &mut over)?;
+        self.counters.cache_evicted_bytes.fetch_add(evicted, Ordering::Relaxed);
+        Ok(evicted)
     }
 
     fn evict_from<E: Entry>(

@@ -9,8 +9,9 @@
 //! process, which tests that build many servers cannot share cleanly.)
 //!
 //! Names, all prefixed `backlinks_`. Live ingest will add `ingest_lag_seconds` (gauge) and
-//! `ingest_events_total{kind}` (counter) next to the `ingest_*` ones here; compaction will add
-//! `compaction_*` and `upload_*` durations and bytes. Cache hit ratios appear only when a cache does.
+//! `ingest_events_total{kind}` (counter) next to the `ingest_*` ones here. Flush, compaction and
+//! upload durations (microsecond counters) and bytes are here; the cache hit ratio is
+//! `table_reads{source="local"}` over all `table_reads`.
 //!
 //! Invariants:
 //! - Every label value comes from a fixed set (`&'static str`), so no request can grow a family.
@@ -147,6 +148,11 @@ struct RunLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SourceLabel {
+    source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ReasonLabel {
     reason: &'static str,
 }
@@ -172,6 +178,32 @@ fn index_registry(index: &Index) -> Registry {
     registry.register("ingest_backlinks", "Backlink entries written", counter(read(&counters.backlinks)));
     registry.register("ingest_revocations", "Revocations written", counter(read(&counters.revocations)));
     registry.register("ingest_flushes", "Memtable flushes", counter(read(&counters.flushes)));
+    for (name, help, value) in [
+        ("flush_duration_microseconds", "Time spent flushing memtables", &counters.flush_micros),
+        ("flush_bytes", "Bytes of table files written by flushes", &counters.flush_bytes),
+        ("compactions", "Merges of runs", &counters.compactions),
+        ("compaction_duration_microseconds", "Time spent merging runs", &counters.compaction_micros),
+        ("compaction_read_bytes", "Compressed bytes merges read", &counters.compaction_bytes_in),
+        ("compaction_written_bytes", "Bytes of table files merges wrote", &counters.compaction_bytes_out),
+        ("upload_duration_microseconds", "Time spent uploading table files", &counters.upload_micros),
+        ("upload_bytes", "Bytes of table files uploaded", &counters.upload_bytes),
+        ("cache_evicted_bytes", "Bytes of local table data evicted by the cache budget", &counters.cache_evicted_bytes),
+    ] {
+        registry.register(name, help, counter(read(value)));
+    }
+    let reads: Family<SourceLabel, Counter> = Family::default();
+    reads.get_or_create(&SourceLabel { source: "local" }).inc_by(crate::lsm::tree::LOCAL_READS.load(Ordering::Relaxed));
+    reads
+        .get_or_create(&SourceLabel { source: "bucket" })
+        .inc_by(crate::lsm::tree::BUCKET_READS.load(Ordering::Relaxed));
+    registry.register(
+        "table_reads",
+        "Ranged reads of table data, by where they were served from (cache hits: local)",
+        reads,
+    );
+    let cached = index.links.tables().iter().map(|t| t.cached_bytes()).sum::<u64>()
+        + index.thresholds.tables().iter().map(|t| t.cached_bytes()).sum::<u64>();
+    registry.register("cache_bytes", "Bytes of table data cached on local disk", gauge(cached));
     let skipped: Family<ReasonLabel, Counter> = Family::default();
     for (reason, value) in [
         ("collection_only", &counters.links_collection_only),

@@ -263,6 +263,9 @@ async fn the_local_data_cache_keeps_to_its_budget_and_never_evicts_unuploaded_ta
         + index.thresholds.tables().iter().map(|t| t.cached_bytes()).sum::<u64>();
     assert!(cached <= budget, "{cached} cached bytes over a {budget}-byte budget");
     assert!(local_data() < before, "cold tables were evicted");
+    let counter = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(counter(&index.counters.upload_bytes) > 0, "the publish uploaded the tables");
+    assert!(counter(&index.counters.cache_evicted_bytes) > 0);
     assert_eq!(answers(&index).await, expected, "evicted tables are read by range from the bucket");
 }
 
@@ -292,5 +295,9 @@ async fn background_compaction_during_ingest_keeps_answers() {
     .join()
     .unwrap();
     assert!(merges >= 4, "only {merges} merges in the background");
+    let counter = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(counter(&index.counters.flush_bytes) > 0 && counter(&index.counters.flush_micros) > 0);
+    assert!(counter(&index.counters.compaction_bytes_in) > counter(&index.counters.compaction_bytes_out) / 4);
+    assert!(counter(&index.counters.compaction_micros) > 0);
     assert_eq!(answers(&index).await, answers(&reference).await);
 }

@@ -321,6 +321,17 @@ async fn health_metrics_lexicons_and_unknown_routes() {
     assert!(text.contains("backlinks_http_query_duration_seconds_count{endpoint=\"listBacklinks\"} 1\n"), "{text}");
     assert!(text.contains("backlinks_ingest_clock 37\n"), "{text}");
     assert!(text.contains("backlinks_tables{tree=\"links\"} 1\n"), "{text}");
+    // Write-path figures exist (this server's index has not written yet); the query read frames
+    // from the local cache, which holds the imported tables.
+    let value = |name: &str| -> u64 {
+        let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    for name in ["flush_bytes", "flush_duration_microseconds", "compaction_read_bytes", "upload_bytes"] {
+        assert_eq!(value(&format!("backlinks_{name}_total")), 0, "{name}");
+    }
+    assert!(value("backlinks_table_reads_total{source=\"local\"}") > 0, "{text}");
+    assert!(value("backlinks_cache_bytes") > 0);
     let (_, list) = get(&router, "/lexicons").await;
     assert_eq!(list["lexicons"].as_array().unwrap().len(), 5);
     for (nsid, text) in backlinks::server::LEXICONS {

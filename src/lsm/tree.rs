@@ -49,6 +49,9 @@ pub struct TableHandle<E: Entry> {
 
 /// A logical clock of table reads (not wall time): orders tables by recency for eviction.
 static READ_TICKS: AtomicU64 = AtomicU64::new(0);
+/// Table data reads served from the local cache, and from the bucket (process-wide, for metrics).
+pub static LOCAL_READS: AtomicU64 = AtomicU64::new(0);
+pub static BUCKET_READS: AtomicU64 = AtomicU64::new(0);
 
 impl<E: Entry> TableHandle<E> {
     /// Object key of the data file in the bucket.
@@ -73,8 +76,10 @@ impl<E: Entry> TableHandle<E> {
         self.last_read.store(READ_TICKS.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         let local = self.local_data.read().expect("table lock poisoned").clone();
         let Some(file) = local else {
+            BUCKET_READS.fetch_add(1, Ordering::Relaxed);
             return Ok(store.get_range(&self.data_key(), offset, len).await?);
         };
+        LOCAL_READS.fetch_add(1, Ordering::Relaxed);
         let object = self.data_key();
         tokio::task::spawn_blocking(move || {
             let mut buf = vec![0u8; len as usize];
