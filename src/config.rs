@@ -12,8 +12,13 @@ use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
-pub const DEFAULT_JETSTREAM: &[&str] =
-    &["wss://jetstream1.us-east.bsky.network/subscribe", "wss://jetstream2.us-east.bsky.network/subscribe"];
+/// v2 (`subscribeEvents`) first, then the v1 `/subscribe` wire of the same hosts.
+pub const DEFAULT_JETSTREAM: &[&str] = &[
+    "wss://jetstream1.us-east.bsky.network/xrpc/network.bsky.jetstream.subscribeEvents",
+    "wss://jetstream2.us-east.bsky.network/xrpc/network.bsky.jetstream.subscribeEvents",
+    "wss://jetstream1.us-east.bsky.network/subscribe",
+    "wss://jetstream2.us-east.bsky.network/subscribe",
+];
 
 /// The config file (TOML). Every field is optional.
 #[derive(Debug, Default, Clone, Deserialize, PartialEq)]
@@ -26,6 +31,11 @@ pub struct FileConfig {
     pub no_ingest: Option<bool>,
     pub read_only: Option<bool>,
     pub memtable_bytes: Option<usize>,
+    /// Live ingest flushes when its oldest unflushed event is this many seconds old (default 60).
+    pub max_unflushed_secs: Option<u64>,
+    /// Live ingest publishes a manifest (uploading new tables), collects garbage and renews its
+    /// lease this often, in seconds (default 30; at most 30, well within the lease's 60).
+    pub publish_interval_secs: Option<u64>,
     pub frame_bytes: Option<usize>,
     pub zstd_level: Option<i32>,
     pub filter_fpr: Option<f64>,
@@ -69,10 +79,19 @@ pub enum ConfigError {
 }
 
 impl FileConfig {
+    /// The config file (if any) with `BACKLINKS_<KEY>` environment variables over its keys.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
-        let Some(path) = path else { return Ok(Self::default()) };
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-        toml::from_str(&text).map_err(|e| ConfigError::Parse { path: path.into(), message: e.to_string() })
+        Self::load_with_env(path, &|name| std::env::var(name).ok())
+    }
+
+    /// `load` with the environment injected (tests pass a map).
+    pub fn load_with_env(path: Option<&Path>, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut table = load_table(path)?;
+        apply_env(&mut table, env);
+        let origin = path.map_or_else(|| PathBuf::from("<environment>"), Path::to_path_buf);
+        toml::Value::Table(table)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::Parse { path: origin, message: e.to_string() })
     }
 
     /// Engine options from the file, with defaults for what it leaves out.
@@ -132,6 +151,68 @@ pub fn load_table(path: Option<&Path>) -> Result<toml::Table, ConfigError> {
     text.parse().map_err(|e: toml::de::Error| ConfigError::Parse { path: path.into(), message: e.to_string() })
 }
 
+/// How an environment variable's text becomes a config value.
+#[derive(Clone, Copy)]
+enum EnvKind {
+    /// Taken as is.
+    Text,
+    /// Comma-separated list of strings.
+    List,
+    /// A TOML scalar: `true`, `65536`, `0.01`.
+    Scalar,
+}
+
+/// Every config key, and how its `BACKLINKS_<KEY>` variable is read.
+const ENV_KEYS: &[(&str, EnvKind)] = &[
+    ("data_dir", EnvKind::Text),
+    ("store", EnvKind::Text),
+    ("listen", EnvKind::Text),
+    ("jetstream", EnvKind::List),
+    ("no_ingest", EnvKind::Scalar),
+    ("read_only", EnvKind::Scalar),
+    ("memtable_bytes", EnvKind::Scalar),
+    ("frame_bytes", EnvKind::Scalar),
+    ("zstd_level", EnvKind::Scalar),
+    ("filter_fpr", EnvKind::Scalar),
+    ("outline_cache_entries", EnvKind::Scalar),
+    ("cache_bytes", EnvKind::Scalar),
+    ("compaction_fan_in", EnvKind::Scalar),
+    ("compaction_shard_bytes", EnvKind::Scalar),
+    ("compaction_bytes_per_sec", EnvKind::Scalar),
+    ("max_concurrent_queries", EnvKind::Scalar),
+    ("request_timeout_ms", EnvKind::Scalar),
+    ("cache_max_age_secs", EnvKind::Scalar),
+    ("count_exact_limit", EnvKind::Scalar),
+    ("s3_endpoint", EnvKind::Text),
+    ("s3_region", EnvKind::Text),
+    ("s3_access_key_id", EnvKind::Text),
+    ("s3_secret_access_key", EnvKind::Text),
+    ("s3_force_path_style", EnvKind::Scalar),
+];
+
+/// Sets every key whose `BACKLINKS_<KEY>` variable is present (the environment wins over the file).
+fn apply_env(table: &mut toml::Table, env: &dyn Fn(&str) -> Option<String>) {
+    for (key, kind) in ENV_KEYS {
+        let Some(raw) = env(&format!("BACKLINKS_{}", key.to_ascii_uppercase())) else { continue };
+        let value = match kind {
+            EnvKind::Text => toml::Value::String(raw),
+            EnvKind::List => toml::Value::Array(
+                raw.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(|s| toml::Value::String(s.into()))
+                    .collect(),
+            ),
+            // Not a valid scalar: keep the text, so deserialization names the key in its error.
+            EnvKind::Scalar => toml::from_str::<toml::Table>(&format!("v = {raw}"))
+                .ok()
+                .and_then(|mut t| t.remove("v"))
+                .unwrap_or(toml::Value::String(raw)),
+        };
+        table.insert(key.to_string(), value);
+    }
+}
+
 /// Words that mark a key whose value must never be printed.
 const SECRET_MARKERS: [&str; 3] = ["secret", "password", "token"];
 
@@ -169,6 +250,37 @@ mod tests {
         assert_eq!(table["s3_secret_access_key"].as_str(), Some("<redacted>"));
         assert_eq!(table["a"]["ApiToken"].as_str(), Some("<redacted>"));
         assert_eq!((table["listen"].as_str(), table["a"]["keep"].as_integer()), (Some("x"), Some(1)));
+    }
+
+    #[test]
+    fn environment_variables_override_every_key() {
+        let env = |name: &str| -> Option<String> {
+            match name {
+                "BACKLINKS_MEMTABLE_BYTES" => Some("1048576".into()),
+                "BACKLINKS_JETSTREAM" => Some("wss://a.example/subscribe, wss://b.example/subscribe".into()),
+                "BACKLINKS_S3_ACCESS_KEY_ID" => Some("12345".into()),
+                "BACKLINKS_READ_ONLY" => Some("true".into()),
+                "BACKLINKS_CACHE_BYTES" => Some("1000".into()),
+                _ => None,
+            }
+        };
+        let config = FileConfig::load_with_env(None, &env).unwrap();
+        assert_eq!(config.memtable_bytes, Some(1 << 20));
+        assert_eq!(config.jetstream.unwrap(), vec!["wss://a.example/subscribe", "wss://b.example/subscribe"]);
+        assert_eq!(config.s3_access_key_id.as_deref(), Some("12345"), "text keys stay text");
+        assert_eq!((config.read_only, config.cache_bytes), (Some(true), Some(1000)));
+        let bad = |name: &str| (name == "BACKLINKS_ZSTD_LEVEL").then(|| "high".to_string());
+        let error = FileConfig::load_with_env(None, &bad).unwrap_err().to_string();
+        assert!(error.contains("zstd_level"), "{error}");
+        // Every key in the list is a real key (the struct refuses unknown ones).
+        let every = |name: &str| {
+            ENV_KEYS
+                .iter()
+                .any(|(k, _)| format!("BACKLINKS_{}", k.to_ascii_uppercase()) == name)
+                .then(|| "1".to_string())
+        };
+        let error = FileConfig::load_with_env(None, &every).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(!error.contains("unknown field"), "{error}");
     }
 
     #[test]
