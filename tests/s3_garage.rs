@@ -5,44 +5,24 @@
 //! Every test works under its own fresh prefix, so the tests run in parallel and never see each
 //! other's objects. Without Garage's environment the tests fail (they never skip).
 
+mod support;
+
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::manifest::Manifest;
 use backlinks::store::faulty::{Fault, FaultRule, FaultyStore, Operation, Outcome};
 use backlinks::store::object::{ObjectInfo, Store, StoreError};
-use backlinks::store::s3::{RetryPolicy, RetryingStore, S3ConfigKeys, S3Settings, S3Store, Secret};
+use backlinks::store::s3::{RetryPolicy, RetryingStore, S3Settings, S3Store, Secret};
 use bytes::Bytes;
 use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::io::ErrorKind;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 const CAPTURE: &str = "tests/data/jetstream/golden_v1.jsonl";
 
-fn required_env(name: &str) -> String {
-    std::env::var(name).unwrap_or_else(|_| {
-        panic!("{name} is not set: run the tests through scripts/test.sh, which starts Garage (scripts/garage.sh)")
-    })
-}
-
-/// A prefix no other test (or earlier run) uses.
-fn unique_prefix(test: &str) -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos();
-    format!("test/{test}-{}-{nanos}-{}", std::process::id(), COUNTER.fetch_add(1, Ordering::Relaxed))
-}
-
-/// Settings for Garage under a fresh prefix, resolved the way the binary resolves them.
-fn garage_settings(test: &str) -> S3Settings {
-    let bucket = required_env("BACKLINKS_TEST_S3_BUCKET");
-    required_env("AWS_ENDPOINT_URL");
-    let url = format!("s3://{bucket}/{}", unique_prefix(test));
-    let settings = S3Settings::resolve(&url, &S3ConfigKeys::default(), &|name| std::env::var(name).ok()).unwrap();
-    assert!(settings.force_path_style, "a custom endpoint must default to path style");
-    settings
-}
+use support::{garage_settings, required_env, unique_prefix};
 
 fn garage(test: &str) -> S3Store {
     S3Store::new(garage_settings(test)).unwrap()
