@@ -44,6 +44,8 @@ pub struct IndexOptions {
     pub compaction: CompactionOptions,
     /// Local bytes of table data kept as a cache; uploaded tables past it are read by range.
     pub cache_bytes: u64,
+    /// Memory for decoded frames, per tree (warm queries skip the read and the decode).
+    pub frame_cache_bytes: usize,
     /// Open without taking the writer lock (for `backlinks query` next to a running server).
     /// Such an index must not be written to.
     pub read_only: bool,
@@ -58,6 +60,7 @@ impl Default for IndexOptions {
             extract: ExtractLimits::default(),
             compaction: CompactionOptions::default(),
             cache_bytes: 4 << 30,
+            frame_cache_bytes: 64 << 20,
             read_only: false,
         }
     }
@@ -199,9 +202,11 @@ impl Index {
         )?;
         let catalog = Catalog::open(&data_dir.join("state").join("state.db"))?;
         let tables_dir = data_dir.join("state").join("tables");
-        let links = Tree::new(tables_dir.join(Backlink::TREE), options.table.clone()).map_err(io_err(&tables_dir))?;
-        let thresholds =
-            Tree::new(tables_dir.join(Revocation::TREE), options.table.clone()).map_err(io_err(&tables_dir))?;
+        let frame_cache = options.frame_cache_bytes;
+        let links = Tree::new(tables_dir.join(Backlink::TREE), options.table.clone(), frame_cache)
+            .map_err(io_err(&tables_dir))?;
+        let thresholds = Tree::new(tables_dir.join(Revocation::TREE), options.table.clone(), frame_cache)
+            .map_err(io_err(&tables_dir))?;
         if lock.is_some() {
             // Files of tables a crash wrote but never committed; nothing else writes yet.
             let known = catalog.known_table_ids()?;

@@ -5,6 +5,7 @@ use backlinks::compactor::Compactor;
 use backlinks::config::{DEFAULT_JETSTREAM, DEFAULT_LISTEN, FileConfig};
 use backlinks::index::{Index, IndexError, IndexOptions};
 use backlinks::ingest::import_lines_with;
+use backlinks::ingest::live::{Instance, LiveIngest, LiveOptions};
 use backlinks::lease::WriterLease;
 use backlinks::metrics::{MeteredStore, Metrics};
 use backlinks::query::list_backlinks;
@@ -196,20 +197,34 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let setup = setup(&args.common)?;
     let config = serve_config(&args, &setup.file);
     let (read_only, no_ingest) = (config.read_only == Some(true), config.no_ingest == Some(true));
-    if !no_ingest && !read_only {
-        tracing::warn!("live ingest is not built yet; serving the existing index only");
-    }
+    let ingesting = !no_ingest && !read_only;
     let metrics = Arc::new(Metrics::new());
     let setup = Setup { store: Arc::new(MeteredStore::new(setup.store.clone(), metrics.clone())), ..setup };
     // A replica writes its own data directory (the manifests it follows), so it takes its lock too.
     let index = open_index(&setup, false)?;
+    // A live writer takes the bucket prefix's lease before it touches the bucket (as import does).
+    let lease = match ingesting {
+        true => {
+            let owner = backlinks::lease::owner_id(&setup.data_dir, entropy_seed())?;
+            Some(WriterLease::acquire(setup.store.clone(), &owner, unix_ms(), LEASE_TTL_MS, LEASE_SETTLE).await?)
+        }
+        false => None,
+    };
     if index.restore_if_empty(unix_ms()).await? {
         tracing::info!(position = ?index.position(), "restored the data directory from the bucket");
     }
     if read_only {
         start_following(index.clone(), REPLICA_POLL);
     }
-    let ingest = if read_only { IngestMode::ReadOnly } else { IngestMode::ImportOnly };
+    let live = match lease {
+        Some(lease) => Some(start_live_ingest(&index, &config, lease)?),
+        None => None,
+    };
+    let ingest = match &live {
+        Some((_, source)) => IngestMode::Following { source: source.clone() },
+        None if read_only => IngestMode::ReadOnly,
+        None => IngestMode::ImportOnly,
+    };
     let options = ServerOptions { ingest, ..ServerOptions::from_config(&config)? };
     let notifier = Notifier::new(std::env::var_os("NOTIFY_SOCKET").as_deref()).context("NOTIFY_SOCKET")?.map(Arc::new);
     let listen = config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_string());
@@ -222,9 +237,41 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         notify_systemd(notifier, &format!("READY=1\nSTATUS=serving on http://{addr}"));
         start_watchdog(notifier.clone(), index.clone());
     }
-    let shutdown = shutdown_signal(notifier.clone());
+    let ingest_stopped = live.as_ref().map(|(live, _)| live.stopped());
+    let shutdown = async move {
+        match ingest_stopped {
+            // An ingest that stops by itself has failed: stop serving too, so a supervisor restarts us.
+            Some(stopped) => tokio::select! { _ = shutdown_signal(notifier.clone()) => {}, _ = stopped => {} },
+            None => shutdown_signal(notifier.clone()).await,
+        }
+    };
     axum::serve(listener, app(index, options, metrics)).with_graceful_shutdown(shutdown).await?;
+    if let Some((live, _)) = live {
+        tokio::task::spawn_blocking(move || live.stop()).await?.context("live ingest")?;
+    }
     Ok(())
+}
+
+/// Follows the configured Jetstream instances (default: the public ones, v2 first) from the
+/// index's durable cursor. Returns the ingest and the preferred instance's URL.
+fn start_live_ingest(
+    index: &Arc<Index>,
+    config: &FileConfig,
+    lease: WriterLease,
+) -> anyhow::Result<(LiveIngest, String)> {
+    let urls = config.jetstream.clone().unwrap_or_else(|| DEFAULT_JETSTREAM.iter().map(|s| s.to_string()).collect());
+    let instances = urls.iter().map(|url| Instance::parse(url)).collect::<Result<Vec<_>, _>>()?;
+    let mut options = LiveOptions::new(instances, entropy_seed());
+    if let Some(secs) = config.max_unflushed_secs {
+        options.max_unflushed_ms = secs.clamp(1, 3_600) * 1_000;
+    }
+    if let Some(secs) = config.publish_interval_secs {
+        options.publish_every_ms = secs.clamp(1, 30) * 1_000;
+    }
+    let source = urls.first().cloned().unwrap_or_default();
+    let live =
+        LiveIngest::start(index.clone(), options, Some(lease), Arc::new(unix_ms), tokio::runtime::Handle::current())?;
+    Ok((live, source))
 }
 
 /// The config file's keys with the serve flags and `BACKLINKS_*` variables applied (flags win).

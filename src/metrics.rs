@@ -204,6 +204,30 @@ fn index_registry(index: &Index) -> Registry {
     let cached = index.links.tables().iter().map(|t| t.cached_bytes()).sum::<u64>()
         + index.thresholds.tables().iter().map(|t| t.cached_bytes()).sum::<u64>();
     registry.register("cache_bytes", "Bytes of table data cached on local disk", gauge(cached));
+    let frame_hits: Family<TreeLabel, Counter> = Family::default();
+    let frame_misses: Family<TreeLabel, Counter> = Family::default();
+    let frame_bytes: Family<TreeLabel, Gauge> = Family::default();
+    for (tree, cache_hits, cache_misses, bytes) in [
+        (
+            Backlink::TREE,
+            &index.links.frame_cache.hits,
+            &index.links.frame_cache.misses,
+            index.links.frame_cache.bytes(),
+        ),
+        (
+            Revocation::TREE,
+            &index.thresholds.frame_cache.hits,
+            &index.thresholds.frame_cache.misses,
+            index.thresholds.frame_cache.bytes(),
+        ),
+    ] {
+        frame_hits.get_or_create(&TreeLabel { tree }).inc_by(read(cache_hits));
+        frame_misses.get_or_create(&TreeLabel { tree }).inc_by(read(cache_misses));
+        frame_bytes.get_or_create(&TreeLabel { tree }).set(bytes as i64);
+    }
+    registry.register("frame_cache_hits", "Frame reads served decoded from memory, by tree", frame_hits);
+    registry.register("frame_cache_misses", "Frame reads that had to read and decode, by tree", frame_misses);
+    registry.register("frame_cache_bytes", "Bytes of decoded frames held in memory, by tree", frame_bytes);
     let skipped: Family<ReasonLabel, Counter> = Family::default();
     for (reason, value) in [
         ("collection_only", &counters.links_collection_only),

@@ -6,7 +6,9 @@
 //! - A line longer than the limit is skipped without being buffered whole.
 
 pub mod car;
+pub mod frames;
 pub mod jetstream;
+pub mod live;
 
 use crate::index::{Index, IndexError};
 use std::io::BufRead;

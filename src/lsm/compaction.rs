@@ -157,7 +157,7 @@ impl<E: Entry> TableScan<E> {
             }
             let batch = self.next_frame..(self.next_frame + self.frames_per_read).min(frames);
             self.next_frame = batch.end;
-            self.buffer = runtime.block_on(self.table.read_frames(store, batch))?;
+            self.buffer = runtime.block_on(self.table.read_frames_with(store, batch, false))?;
             self.position = 0;
         }
         let entry = self.buffer[self.position];

@@ -4,6 +4,7 @@
 //! in-bucket format (frames + meta); `filter` the one-hash blocked bloom filter in each meta;
 //! `tree` ties memtables and tables together for one entry type.
 
+pub mod cache;
 pub mod compaction;
 pub mod entry;
 pub mod filter;

@@ -11,6 +11,7 @@
 //!   changes under it. Runs are kept oldest first.
 
 use crate::catalog::TableRecord;
+use crate::lsm::cache::{FrameCache, next_serial};
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
 use crate::lsm::run::Run;
@@ -45,6 +46,9 @@ pub struct TableHandle<E: Entry> {
     local_data: RwLock<Option<Arc<File>>>,
     /// `READ_TICKS` at the last read: the cache evicts the least recently read tables first.
     last_read: AtomicU64,
+    /// Decoded frames of this tree's tables, and this table's key in it.
+    frame_cache: Arc<FrameCache<E>>,
+    serial: u64,
 }
 
 /// A logical clock of table reads (not wall time): orders tables by recency for eviction.
@@ -59,16 +63,48 @@ impl<E: Entry> TableHandle<E> {
         table_key(E::TREE, &self.record.id, "data")
     }
 
-    /// Reads and decodes frames `frames` with one ranged read (local file or the bucket).
+    /// Reads and decodes frames `frames`: from the frame cache when all of them are there, else
+    /// with one ranged read (local file or the bucket), caching each frame it decodes.
     pub async fn read_frames(&self, store: &dyn Store, frames: Range<usize>) -> Result<Vec<E>, ReadError> {
+        self.read_frames_with(store, frames, true).await
+    }
+
+    /// `read_frames`; a scan that reads every frame once (a compaction) passes `use_cache: false`
+    /// so it neither pollutes the cache nor is slowed by it.
+    pub async fn read_frames_with(
+        &self,
+        store: &dyn Store,
+        frames: Range<usize>,
+        use_cache: bool,
+    ) -> Result<Vec<E>, ReadError> {
         let mut out = Vec::new();
         if frames.is_empty() {
             return Ok(out);
         }
+        if !use_cache {
+            let (start, end) = self.meta.byte_range(frames.clone());
+            let bytes = self.read_range(store, start, end - start).await?;
+            decode_frames(&self.meta, frames, &bytes, &mut out)
+                .map_err(|source| ReadError::Corrupt { object: self.data_key(), source })?;
+            return Ok(out);
+        }
+        let cached: Option<Vec<Arc<[E]>>> =
+            frames.clone().map(|i| self.frame_cache.get(self.serial, i as u32)).collect();
+        if let Some(cached) = cached {
+            cached.iter().for_each(|frame| out.extend_from_slice(frame));
+            return Ok(out);
+        }
         let (start, end) = self.meta.byte_range(frames.clone());
         let bytes = self.read_range(store, start, end - start).await?;
-        decode_frames(&self.meta, frames, &bytes, &mut out)
-            .map_err(|source| ReadError::Corrupt { object: self.data_key(), source })?;
+        for i in frames {
+            let (frame_start, frame_end) = self.meta.byte_range(i..i + 1);
+            let slice = &bytes[(frame_start - start) as usize..(frame_end - start) as usize];
+            let mut decoded = Vec::new();
+            decode_frames(&self.meta, i..i + 1, slice, &mut decoded)
+                .map_err(|source| ReadError::Corrupt { object: self.data_key(), source })?;
+            out.extend_from_slice(&decoded);
+            self.frame_cache.insert(self.serial, i as u32, decoded.into());
+        }
         Ok(out)
     }
 
@@ -134,15 +170,18 @@ pub struct Snapshot<E: Entry> {
 pub struct Tree<E: Entry> {
     dir: PathBuf,
     options: TableOptions,
+    /// Decoded frames of this tree's tables, shared by all of them.
+    pub frame_cache: Arc<FrameCache<E>>,
     state: RwLock<TreeState<E>>,
 }
 
 impl<E: Entry> Tree<E> {
-    /// `dir` holds this tree's local table files (`state/tables/<tree>`).
-    pub fn new(dir: PathBuf, options: TableOptions) -> std::io::Result<Self> {
+    /// `dir` holds this tree's local table files; `frame_cache_bytes` bounds its decoded frames.
+    pub fn new(dir: PathBuf, options: TableOptions, frame_cache_bytes: usize) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
         let state = TreeState { active: Memtable::default(), frozen: Vec::new(), runs: Arc::new(Vec::new()) };
-        Ok(Self { dir, options, state: RwLock::new(state) })
+        let frame_cache = Arc::new(FrameCache::new(frame_cache_bytes));
+        Ok(Self { dir, options, frame_cache, state: RwLock::new(state) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -282,7 +321,14 @@ impl<E: Entry> Tree<E> {
         let bytes = std::fs::read(&meta_path).map_err(|source| ReadError::Io { object: object.clone(), source })?;
         let meta = TableMeta::decode(&bytes).map_err(|source| ReadError::Corrupt { object, source })?;
         let local_data = File::open(self.local_path(&record.id, "data")).ok().map(Arc::new);
-        Ok(TableHandle { record, meta, local_data: RwLock::new(local_data), last_read: AtomicU64::new(0) })
+        Ok(TableHandle {
+            record,
+            meta,
+            local_data: RwLock::new(local_data),
+            last_read: AtomicU64::new(0),
+            frame_cache: self.frame_cache.clone(),
+            serial: next_serial(),
+        })
     }
 
     /// Makes `table` visible as a delta run and drops the frozen memtable it replaces, in one step.

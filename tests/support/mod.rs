@@ -96,3 +96,4 @@ pub fn garage_settings(test: &str) -> backlinks::store::s3::S3Settings {
     assert!(settings.force_path_style, "a custom endpoint must default to path style");
     settings
 }
+pub mod jetstream_server;
