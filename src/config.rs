@@ -188,6 +188,8 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("s3_access_key_id", EnvKind::Text),
     ("s3_secret_access_key", EnvKind::Text),
     ("s3_force_path_style", EnvKind::Scalar),
+    ("max_unflushed_secs", EnvKind::Scalar),
+    ("publish_interval_secs", EnvKind::Scalar),
 ];
 
 /// Sets every key whose `BACKLINKS_<KEY>` variable is present (the environment wins over the file).

@@ -220,6 +220,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(lease) => Some(start_live_ingest(&index, &config, lease)?),
         None => None,
     };
+    if let Some((live, _)) = &live {
+        metrics.attach_ingest(live.status.clone());
+    }
     let ingest = match &live {
         Some((_, source)) => IngestMode::Following { source: source.clone() },
         None if read_only => IngestMode::ReadOnly,

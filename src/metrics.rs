@@ -19,6 +19,8 @@
 //!   never touches SQLite or the bucket.
 
 use crate::index::Index;
+use crate::ingest::frames::EventKind;
+use crate::ingest::live::IngestStatus;
 use crate::lsm::entry::Entry;
 use crate::lsm::tree::Tree;
 use crate::model::ids::{Backlink, Revocation};
@@ -79,6 +81,8 @@ pub struct Metrics {
     store_requests: Family<StoreRequestLabels, Counter>,
     store_seconds: HistogramFamily<OperationLabel>,
     store_bytes: Family<OperationLabel, Counter>,
+    /// Live ingest's figures, once `serve` starts following Jetstream.
+    ingest: std::sync::OnceLock<Arc<IngestStatus>>,
 }
 
 impl Default for Metrics {
@@ -107,7 +111,15 @@ impl Metrics {
         registry.register("store_request_duration_seconds", help, store_seconds.clone());
         let help = "Bytes read or written by object-store requests, by operation";
         registry.register("store_bytes", help, store_bytes.clone());
-        Metrics { registry, query_seconds, query_rejections, store_requests, store_seconds, store_bytes }
+        Metrics {
+            registry,
+            query_seconds,
+            query_rejections,
+            store_requests,
+            store_seconds,
+            store_bytes,
+            ingest: std::sync::OnceLock::new(),
+        }
     }
 
     pub fn observe_query(&self, endpoint: &'static str, elapsed: Duration) {
@@ -125,9 +137,17 @@ impl Metrics {
     }
 
     /// The OpenMetrics text of these metrics and of `index`'s figures.
+    /// Exports live ingest's figures from now on (called once, when ingest starts).
+    pub fn attach_ingest(&self, status: Arc<IngestStatus>) {
+        let _ = self.ingest.set(status);
+    }
+
     pub fn render(&self, index: &Index) -> String {
         let mut out = String::new();
-        let snapshot = index_registry(index);
+        let mut snapshot = index_registry(index);
+        if let Some(status) = self.ingest.get() {
+            register_ingest(&mut snapshot, status);
+        }
         // Writing into a String cannot fail; the encoder only reports fmt::Error from its writer.
         encode_registry(&mut out, &self.registry).expect("encoding into a String");
         encode_registry(&mut out, &snapshot).expect("encoding into a String");
@@ -245,6 +265,41 @@ fn index_registry(index: &Index) -> Registry {
     registry
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabel {
+    kind: &'static str,
+}
+
+/// Live ingest: events by kind, lag, cursor, reconnects, switches, errors.
+fn register_ingest(registry: &mut Registry, status: &IngestStatus) {
+    let events: Family<KindLabel, Counter> = Family::default();
+    for kind in EventKind::ALL {
+        events.get_or_create(&KindLabel { kind: kind.name() }).inc_by(status.events_of(kind));
+    }
+    registry.register("ingest_events", "Live events applied, by kind (rate() gives events/s)", events);
+    let load = |v: &std::sync::atomic::AtomicI64| u64::try_from(v.load(Ordering::Relaxed)).unwrap_or(0);
+    registry.register(
+        "ingest_lag_milliseconds",
+        "Now minus the time of the last applied event",
+        gauge(load(&status.lag_ms)),
+    );
+    registry.register(
+        "ingest_stream_cursor",
+        "Cursor of the last applied event on its instance",
+        gauge(load(&status.cursor)),
+    );
+    let connected = u64::from(status.connected.load(Ordering::Relaxed));
+    registry.register("ingest_connected", "1 while a Jetstream connection is open", gauge(connected));
+    for (name, help, value) in [
+        ("ingest_reconnects", "Jetstream reconnections", &status.reconnects),
+        ("ingest_instance_switches", "Fail-overs to another Jetstream instance", &status.instance_switches),
+        ("ingest_decode_errors", "Frames that could not be decoded (skipped)", &status.decode_errors),
+        ("ingest_server_errors", "XRPC error frames from Jetstream", &status.server_errors),
+    ] {
+        registry.register(name, help, counter(value.load(Ordering::Relaxed)));
+    }
+}
+
 fn register_tree_figures(registry: &mut Registry, links: &Tree<Backlink>, thresholds: &Tree<Revocation>) {
     let tables: Family<TreeLabel, Gauge> = Family::default();
     let runs: Family<RunLabels, Gauge> = Family::default();
@@ -353,6 +408,26 @@ mod tests {
     /// The value of the sample line `name{labels} value`, exactly as rendered.
     fn sample(text: &str, series: &str) -> Option<String> {
         text.lines().find_map(|line| line.strip_prefix(series)?.strip_prefix(' ').map(str::to_string))
+    }
+
+    #[test]
+    fn live_ingest_figures_appear_once_attached() {
+        let dir = tempfile::tempdir().unwrap();
+        let index =
+            Index::open(dir.path(), Arc::new(DirStore::new(dir.path().join("bucket"))), IndexOptions::default(), 1)
+                .unwrap();
+        let metrics = Metrics::new();
+        assert!(sample(&metrics.render(&index), "backlinks_ingest_lag_milliseconds").is_none(), "no ingest, no lag");
+        let status = Arc::new(IngestStatus::default());
+        status.events[0].store(3, Ordering::Relaxed);
+        status.lag_ms.store(1500, Ordering::Relaxed);
+        status.reconnects.store(2, Ordering::Relaxed);
+        metrics.attach_ingest(status);
+        let text = metrics.render(&index);
+        assert_eq!(sample(&text, "backlinks_ingest_events_total{kind=\"create\"}").as_deref(), Some("3"), "{text}");
+        assert_eq!(sample(&text, "backlinks_ingest_events_total{kind=\"delete\"}").as_deref(), Some("0"));
+        assert_eq!(sample(&text, "backlinks_ingest_lag_milliseconds").as_deref(), Some("1500"));
+        assert_eq!(sample(&text, "backlinks_ingest_reconnects_total").as_deref(), Some("2"));
     }
 
     #[tokio::test]
