@@ -13,9 +13,9 @@ use backlinks::query::{Cursor, ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -403,21 +403,15 @@ struct Writer {
 
 impl Writer {
     fn start(data_dir: &Path, config: &Path, jetstream: &str) -> Self {
-        let mut child = Command::new(support::BIN)
+        let mut command = Command::new(support::BIN);
+        command
             .args(["serve", "--listen", "127.0.0.1:0", "--jetstream", jetstream, "--config"])
             .arg(config)
             .arg("--data-dir")
             .arg(data_dir)
-            .env_remove("NOTIFY_SOCKET")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("first line {line:?}"));
-        Writer { addr: addr.to_string(), child }
+            .env("RUST_LOG", "warn");
+        let (child, addr) = support::spawn_listening(&mut command);
+        Writer { addr, child }
     }
 
     /// The in-memory ingest cursor, from `/xrpc/_health`.

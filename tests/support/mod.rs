@@ -20,6 +20,18 @@ pub fn run(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// Spawns a `backlinks serve ...` command and waits for its first line, `listening on
+/// http://ADDR`; returns the child and ADDR.
+pub fn spawn_listening(command: &mut Command) -> (Child, String) {
+    let mut child =
+        command.env_remove("NOTIFY_SOCKET").stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("start serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+    let addr =
+        line.trim().strip_prefix("listening on http://").unwrap_or_else(|| panic!("unexpected first line {line:?}"));
+    (child, addr.to_string())
+}
+
 /// `backlinks serve --no-ingest` on a free loopback port, killed when dropped.
 pub struct Server {
     child: Child,
@@ -33,22 +45,10 @@ impl Server {
 
     /// `start` with extra flags (`--store URL`, `--read-only`, ...).
     pub fn start_with(data_dir: &Path, extra: &[&str]) -> Self {
-        let mut child = Command::new(BIN)
-            .args(["serve", "--no-ingest", "--listen", "127.0.0.1:0", "--data-dir"])
-            .arg(data_dir)
-            .args(extra)
-            .env_remove("NOTIFY_SOCKET")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start serve");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"));
-        Server { child, addr: addr.to_string() }
+        let mut command = Command::new(BIN);
+        command.args(["serve", "--no-ingest", "--listen", "127.0.0.1:0", "--data-dir"]).arg(data_dir).args(extra);
+        let (child, addr) = spawn_listening(&mut command);
+        Server { child, addr }
     }
 
     /// GET `path_and_query`; returns (status, JSON body).
