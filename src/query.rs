@@ -469,11 +469,7 @@ pub async fn live_only(
     keys.sort_unstable();
     keys.dedup();
     let thresholds = read_thresholds(index, &keys).await?;
-    let threshold = |key: &RecordId| thresholds.get(key).copied().unwrap_or(0);
-    Ok(candidates
-        .into_iter()
-        .filter(|c| c.source_rev >= threshold(&c.source).max(threshold(&RecordId::repo(c.source.did))))
-        .collect())
+    Ok(candidates.into_iter().filter(|c| c.survives(|key| thresholds.get(key).copied().unwrap_or(0))).collect())
 }
 
 /// listBacklinks: one page of live backlinks to `params.target`.

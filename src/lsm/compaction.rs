@@ -100,16 +100,7 @@ pub struct Thresholds {
 impl Thresholds {
     /// True when a durable revocation kills `link`.
     pub fn kills(&self, link: &Backlink) -> bool {
-        let threshold = |key: &RecordId| self.by_source.get(key).copied().unwrap_or(0);
-        link.source_rev < threshold(&link.source).max(threshold(&RecordId::repo(link.source.did)))
-    }
-
-    pub fn len(&self) -> usize {
-        self.by_source.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.by_source.is_empty()
+        !link.survives(|key| self.by_source.get(key).copied().unwrap_or(0))
     }
 }
 

@@ -63,11 +63,6 @@ impl<E: Entry> Run<E> {
     pub fn entries(&self) -> u64 {
         self.tables.iter().map(|t| t.record.entries).sum()
     }
-
-    /// The oldest stamp in the run (runs are compacted oldest first).
-    pub fn min_stamp(&self) -> u64 {
-        self.tables.iter().map(|t| t.record.min_stamp).min().unwrap_or(0)
-    }
 }
 
 #[cfg(test)]

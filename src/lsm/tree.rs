@@ -353,11 +353,6 @@ impl<E: Entry> Tree<E> {
         state.runs = Arc::new(runs);
     }
 
-    /// Drops a frozen memtable whose contents were empty or are otherwise installed.
-    pub fn forget_frozen(&self, frozen: &Arc<Memtable<E>>) {
-        self.state.write().expect("tree lock poisoned").frozen.retain(|m| !Arc::ptr_eq(m, frozen));
-    }
-
     pub fn local_path(&self, id: &str, ext: &str) -> PathBuf {
         self.dir.join(format!("{id}.{ext}"))
     }

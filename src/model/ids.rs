@@ -68,6 +68,12 @@ pub struct Backlink {
 
 impl Backlink {
     pub const WIDTH: usize = 64;
+
+    /// The liveness rule: live iff written at or after both the record-level and the repo-level
+    /// threshold of its source (`threshold` gives 0 for a source never revoked).
+    pub fn survives(&self, threshold: impl Fn(&RecordId) -> u64) -> bool {
+        self.source_rev >= threshold(&self.source).max(threshold(&RecordId::repo(self.source.did)))
+    }
 }
 
 /// Every backlink of `source` written before stamp `rev` is dead.
@@ -100,6 +106,18 @@ mod tests {
             a.to_bytes(),
             [0, 0, 0, 0, 0, 0, 0, 1, 255, 255, 255, 255, 255, 255, 255, 255, 0, 0, 0, 0, 0, 0, 0, 7]
         );
+    }
+
+    #[test]
+    fn a_backlink_survives_only_thresholds_at_or_below_its_stamp() {
+        let source = RecordId { rkey: 9, collection: 2, did: 7 };
+        let link = Backlink { target: RecordId::repo(1), source, location: 1, source_rev: 10 };
+        let only = |key: RecordId, rev: u64| move |k: &RecordId| if *k == key { rev } else { 0 };
+        assert!(link.survives(|_| 0));
+        assert!(link.survives(only(source, 10)), "an update at the same stamp keeps its links");
+        assert!(!link.survives(only(source, 11)));
+        assert!(!link.survives(only(RecordId::repo(7), 11)), "the repo-level threshold counts too");
+        assert!(link.survives(only(RecordId::repo(8), 11)), "another repo's does not");
     }
 
     #[test]
