@@ -12,7 +12,7 @@ use backlinks::lsm::compaction::CompactionOptions;
 use backlinks::query::{Cursor, ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use serde_json::json;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::io::{Read, Write};
 use std::path::Path;
 use std::process::{Child, Command};
@@ -20,6 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 use support::jetstream_server::{Faults, JetstreamServer};
+use support::model::{Model, RecordKey};
 
 const DIDS: usize = 40;
 const COLLECTIONS: [&str; 3] = ["app.bsky.feed.like", "app.bsky.feed.post", "app.bsky.graph.follow"];
@@ -70,29 +71,9 @@ fn fast_options(instances: &[String]) -> LiveOptions {
     options
 }
 
-/// The reference: live records with their (target, location) links, and hidden accounts.
-#[derive(Default)]
-struct Model {
-    records: BTreeMap<(usize, usize, usize), BTreeSet<(String, String)>>,
-    hidden: HashSet<usize>,
-}
-
-impl Model {
-    /// Sorted (source uri, location) pairs linking to `target`.
-    fn backlinks(&self, target: &str) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for ((d, c, r), links) in &self.records {
-            if self.hidden.contains(d) {
-                continue;
-            }
-            let source = format!("at://{}/{}/{}", did(*d), COLLECTIONS[*c], rkey(*r));
-            out.extend(
-                links.iter().filter(|(t, _)| t == target).map(|(_, location)| (source.clone(), location.clone())),
-            );
-        }
-        out.sort();
-        out
-    }
+/// A record of this test's universe as an at-uri.
+fn record_uri(&(d, c, r): &RecordKey) -> String {
+    format!("at://{}/{}/{}", did(d), COLLECTIONS[c], rkey(r))
 }
 
 /// Seeded events: creates of absent records, updates and deletes of present ones, account
@@ -150,8 +131,7 @@ impl Generator {
     fn account_event(&mut self, d: usize, time_us: i64) -> String {
         let (active, status) = match self.next(3) {
             0 => {
-                self.model.records.retain(|(owner, _, _), _| *owner != d);
-                self.model.hidden.remove(&d);
+                self.model.delete_account(d);
                 (false, Some("deleted"))
             }
             1 => {
@@ -223,7 +203,7 @@ fn answers(runtime: &tokio::runtime::Runtime, index: &Index, target: &str) -> Ve
 fn assert_matches_model(runtime: &tokio::runtime::Runtime, index: &Index, model: &Model) {
     let mut total = 0;
     for t in 0..TARGETS {
-        let expected = model.backlinks(&target(t));
+        let expected = model.backlinks(&target(t), record_uri);
         total += expected.len();
         assert_eq!(answers(runtime, index, &target(t)), expected, "target {}", target(t));
     }
@@ -254,7 +234,7 @@ fn golden_capture_over_every_wire_matches_import() {
         let index = open_index(dir.path());
         let mut options = fast_options(std::slice::from_ref(&url));
         options.compress = compress;
-        let ingest = LiveIngest::start(index.clone(), options, None, system_clock(), runtime.handle().clone()).unwrap();
+        let ingest = start_ingest(&index, options, &runtime);
         wait_for_cursor(&index, &ingest, last, Duration::from_secs(30));
         let status = ingest.status.clone();
         ingest.stop().unwrap();
@@ -269,6 +249,11 @@ fn golden_capture_over_every_wire_matches_import() {
     assert_eq!(server.stats.dictionary_fetches.load(Ordering::Relaxed), 1, "only the compressed v2 client fetches");
 }
 
+/// Live ingest into `index` on the system clock, no writer lease.
+fn start_ingest(index: &Arc<Index>, options: LiveOptions, runtime: &tokio::runtime::Runtime) -> LiveIngest {
+    LiveIngest::start(index.clone(), options, None, system_clock(), runtime.handle().clone()).unwrap()
+}
+
 #[test]
 fn a_rotated_dictionary_is_fetched_and_used() {
     let (lines, model) = generate(1_000, 3);
@@ -277,14 +262,7 @@ fn a_rotated_dictionary_is_fetched_and_used() {
         runtime.block_on(JetstreamServer::start(lines.clone(), Faults { dictionary_id: Some(7), ..Faults::default() }));
     let dir = tempfile::tempdir().unwrap();
     let index = open_index(dir.path());
-    let ingest = LiveIngest::start(
-        index.clone(),
-        fast_options(&[server.v2_url()]),
-        None,
-        system_clock(),
-        runtime.handle().clone(),
-    )
-    .unwrap();
+    let ingest = start_ingest(&index, fast_options(&[server.v2_url()]), &runtime);
     wait_for_cursor(&index, &ingest, last_time_us(&lines), Duration::from_secs(30));
     let status = ingest.status.clone();
     ingest.stop().unwrap();
@@ -308,14 +286,7 @@ fn server_errors_resume_from_the_cursor_and_lose_nothing() {
     let server = runtime.block_on(JetstreamServer::start(lines.clone(), faults));
     let dir = tempfile::tempdir().unwrap();
     let index = open_index(dir.path());
-    let ingest = LiveIngest::start(
-        index.clone(),
-        fast_options(&[server.v2_url()]),
-        None,
-        system_clock(),
-        runtime.handle().clone(),
-    )
-    .unwrap();
+    let ingest = start_ingest(&index, fast_options(&[server.v2_url()]), &runtime);
     wait_for_cursor(&index, &ingest, last_time_us(&lines), Duration::from_secs(60));
     let status = ingest.status.clone();
     ingest.stop().unwrap();
@@ -339,14 +310,7 @@ fn too_old_cursor_is_refused_and_the_client_carries_on() {
     let server = runtime.block_on(JetstreamServer::start(lines.clone(), faults));
     let dir = tempfile::tempdir().unwrap();
     let index = open_index(dir.path());
-    let ingest = LiveIngest::start(
-        index.clone(),
-        fast_options(&[server.v2_url()]),
-        None,
-        system_clock(),
-        runtime.handle().clone(),
-    )
-    .unwrap();
+    let ingest = start_ingest(&index, fast_options(&[server.v2_url()]), &runtime);
     wait_for_cursor(&index, &ingest, last_time_us(&lines), Duration::from_secs(30));
     ingest.stop().unwrap();
     let queries = server.stats.queries.lock().unwrap().clone();
@@ -375,7 +339,7 @@ fn hundred_thousand_events_with_disconnects_and_a_switch_match_the_model() {
     let index = open_index(dir.path());
     let options = fast_options(&[primary.v2_url(), fallback.v1_url()]);
     let started = Instant::now();
-    let ingest = LiveIngest::start(index.clone(), options, None, system_clock(), runtime.handle().clone()).unwrap();
+    let ingest = start_ingest(&index, options, &runtime);
     wait_for_cursor(&index, &ingest, last_time_us(&lines), Duration::from_secs(600));
     let elapsed = started.elapsed();
     let status = ingest.status.clone();

@@ -3,6 +3,8 @@
 //! check, listBacklinks (paged with random limits, both directions) must equal the model exactly,
 //! in order, with no skipped or repeated backlink.
 
+mod support;
+
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::jetstream::parse_event;
 use backlinks::lsm::compaction::CompactionOptions;
@@ -14,8 +16,9 @@ use backlinks::outline::OutlineKind;
 use backlinks::query::{Cursor, ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use proptest::prelude::*;
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
+use support::model::{Model, RecordKey};
 
 const DIDS: usize = 5;
 const RKEYS: usize = 12;
@@ -126,29 +129,9 @@ fn record_json(links: &[(usize, usize)]) -> (serde_json::Value, BTreeSet<(String
     (serde_json::Value::Object(record), expected)
 }
 
-/// The reference model: live records and their (target, location) links, and hidden accounts.
-#[derive(Default)]
-struct Model {
-    records: BTreeMap<(usize, usize, usize), BTreeSet<(String, String)>>,
-    hidden: HashSet<usize>,
-}
-
-impl Model {
-    /// Live (source uri, location) pairs linking to `target`.
-    fn backlinks(&self, target: &str) -> Vec<(String, String)> {
-        let mut out = Vec::new();
-        for ((d, c, r), links) in &self.records {
-            if self.hidden.contains(d) {
-                continue;
-            }
-            for (t, location) in links {
-                if t == target || (t == &format!("at://{target}")) {
-                    out.push((format!("at://{}/{}/{}", did(*d), COLLECTIONS[*c], rkey(*r)), location.clone()));
-                }
-            }
-        }
-        out
-    }
+/// A record of this test's universe as an at-uri.
+fn record_uri(&(d, c, r): &RecordKey) -> String {
+    format!("at://{}/{}/{}", did(d), COLLECTIONS[c], rkey(r))
 }
 
 struct Harness {
@@ -256,8 +239,7 @@ impl Harness {
             }
             Op::AccountDeleted { did } => {
                 self.account(did, false, Some("deleted"));
-                self.model.records.retain(|(d, _, _), _| *d != did);
-                self.model.hidden.remove(&did);
+                self.model.delete_account(did);
             }
             Op::Deactivate { did } => {
                 self.account(did, false, Some("deactivated"));
@@ -294,7 +276,7 @@ impl Harness {
     }
 
     fn check(&mut self, target: &str, limit: usize, reverse: bool) {
-        let mut expected = self.model.backlinks(target);
+        let mut expected = self.model.backlinks(target, record_uri);
         expected.sort_by_key(|item| self.position(item));
         if !reverse {
             expected.reverse();

@@ -97,3 +97,4 @@ pub fn garage_settings(test: &str) -> backlinks::store::s3::S3Settings {
     settings
 }
 pub mod jetstream_server;
+pub mod model;
