@@ -11,7 +11,7 @@ use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::manifest::Manifest;
 use backlinks::store::faulty::{Fault, FaultRule, FaultyStore, Operation, Outcome};
-use backlinks::store::object::{ObjectInfo, Store, StoreError};
+use backlinks::store::object::{Store, StoreError};
 use backlinks::store::s3::{RetryPolicy, RetryingStore, S3Settings, S3Store, Secret};
 use bytes::Bytes;
 use futures::StreamExt;
@@ -22,73 +22,27 @@ use std::time::{Duration, Instant};
 
 const CAPTURE: &str = "tests/data/jetstream/golden_v1.jsonl";
 
+use support::store_contract::{self as contract, keys};
 use support::{garage_settings, required_env, unique_prefix};
 
 fn garage(test: &str) -> S3Store {
     S3Store::new(garage_settings(test)).unwrap()
 }
 
-fn keys(infos: &[ObjectInfo]) -> Vec<&str> {
-    infos.iter().map(|i| i.key.as_str()).collect()
-}
-
-fn short(result: Result<Bytes, StoreError>) -> (u64, u64) {
-    match result {
-        Err(StoreError::ShortRead { expected, got, .. }) => (expected, got),
-        other => panic!("expected ShortRead, got {other:?}"),
-    }
-}
-
 #[tokio::test]
 async fn round_trip_and_not_found() {
-    let store = garage("round-trip");
-    store.put("tables/links/1.data", Bytes::from_static(b"hello world")).await.unwrap();
-    assert_eq!(store.get("tables/links/1.data").await.unwrap(), Bytes::from_static(b"hello world"));
-    store.put("empty", Bytes::new()).await.unwrap();
-    assert_eq!(store.get("empty").await.unwrap(), Bytes::new());
-    let big = Bytes::from((0..3_000_000u32).map(|i| (i % 251) as u8).collect::<Vec<_>>());
-    store.put("big", big.clone()).await.unwrap();
-    assert_eq!(store.get("big").await.unwrap(), big);
-    assert!(
-        matches!(store.get("tables/links/2.data").await, Err(StoreError::NotFound { key }) if key == "tables/links/2.data")
-    );
-    assert!(matches!(store.get("tables/links").await, Err(StoreError::NotFound { .. })));
-    assert!(matches!(store.get_range("missing", 0, 1).await, Err(StoreError::NotFound { .. })));
-    assert!(matches!(store.get_range("missing", 0, 0).await, Err(StoreError::NotFound { .. })));
+    contract::round_trip_and_not_found(&garage("round-trip")).await;
 }
 
 #[tokio::test]
 async fn ranges_are_exact_or_short_read() {
-    let store = garage("ranges");
-    store.put("obj", Bytes::from_static(b"0123456789")).await.unwrap();
-    assert_eq!(store.get_range("obj", 0, 10).await.unwrap(), Bytes::from_static(b"0123456789"));
-    assert_eq!(store.get_range("obj", 3, 4).await.unwrap(), Bytes::from_static(b"3456"));
-    assert_eq!(store.get_range("obj", 9, 1).await.unwrap(), Bytes::from_static(b"9"));
-    assert_eq!(store.get_range("obj", 10, 0).await.unwrap(), Bytes::new());
-    assert_eq!(short(store.get_range("obj", 8, 5).await), (5, 2));
-    assert_eq!(short(store.get_range("obj", 10, 1).await), (1, 0));
-    assert_eq!(short(store.get_range("obj", 11, 1).await), (1, 0));
-    assert_eq!(short(store.get_range("obj", 11, 0).await), (0, 0));
-    assert_eq!(short(store.get_range("obj", 1, u64::MAX).await), (u64::MAX, 9));
-    assert_eq!(short(store.get_range("obj", u64::MAX, 2).await), (2, 0));
+    contract::ranges_are_exact_or_short_read(&garage("ranges")).await;
 }
 
 #[tokio::test]
 async fn list_filters_by_prefix_sorts_and_pages() {
     let store = Arc::new(garage("list"));
-    for key in ["tables/links/10.meta", "tables/links/02.data", "tables/thresholds/1.meta", "CURRENT", "tablesX"] {
-        store.put(key, Bytes::from(key.as_bytes().to_vec())).await.unwrap();
-    }
-    let all = store.list("").await.unwrap();
-    assert_eq!(
-        keys(&all),
-        ["CURRENT", "tables/links/02.data", "tables/links/10.meta", "tables/thresholds/1.meta", "tablesX"]
-    );
-    assert_eq!(all[1].size, "tables/links/02.data".len() as u64);
-    assert_eq!(keys(&store.list("tables/").await.unwrap()).len(), 3);
-    assert_eq!(keys(&store.list("tables").await.unwrap()).len(), 4);
-    assert_eq!(keys(&store.list("tables/links/1").await.unwrap()), ["tables/links/10.meta"]);
-    assert!(store.list("nothing/here/").await.unwrap().is_empty());
+    contract::list_filters_by_prefix_and_sorts(store.as_ref()).await;
 
     // More than one ListObjectsV2 page (1000 keys).
     const MANY: usize = 1234;
@@ -110,50 +64,18 @@ async fn list_filters_by_prefix_sorts_and_pages() {
 
 #[tokio::test]
 async fn delete_removes_and_tolerates_missing() {
-    let store = garage("delete");
-    store.put("a/b", Bytes::from_static(b"x")).await.unwrap();
-    store.delete("a/b").await.unwrap();
-    assert!(matches!(store.get("a/b").await, Err(StoreError::NotFound { .. })));
-    store.delete("a/b").await.unwrap();
-    store.delete("never/was").await.unwrap();
-    assert!(store.list("").await.unwrap().is_empty());
+    contract::delete_removes_and_tolerates_missing(&garage("delete")).await;
 }
 
 #[tokio::test]
 async fn overwrite_of_current_is_whole() {
-    let store = Arc::new(garage("current"));
-    let bodies: Vec<Bytes> = (0..12u8).map(|i| Bytes::from(vec![i; 1 + 65_536 * i as usize])).collect();
-    store.put("CURRENT", bodies[0].clone()).await.unwrap();
-    let writer = {
-        let (store, bodies) = (store.clone(), bodies.clone());
-        tokio::spawn(async move {
-            for body in bodies {
-                store.put("CURRENT", body).await.unwrap();
-            }
-        })
-    };
-    while !writer.is_finished() {
-        let seen = store.get("CURRENT").await.unwrap();
-        assert!(bodies.contains(&seen), "torn read of {} bytes", seen.len());
-    }
-    writer.await.unwrap();
-    assert_eq!(store.get("CURRENT").await.unwrap(), bodies[11]);
-    assert_eq!(keys(&store.list("").await.unwrap()), ["CURRENT"]);
+    contract::overwrite_of_current_is_whole(Arc::new(garage("current")), 12, 65_536).await;
 }
 
 #[tokio::test]
 async fn hostile_keys_are_rejected_before_any_request() {
     let store = garage("hostile");
-    let long = "k".repeat(1000);
-    for key in ["../x", "/abs", "a//b", "a/./b", "", "a b", "a\\b", long.as_str()] {
-        let put = store.put(key, Bytes::from_static(b"x")).await;
-        assert!(matches!(put, Err(StoreError::InvalidKey { .. })), "put {key:?}: {put:?}");
-        assert!(matches!(store.get(key).await, Err(StoreError::InvalidKey { .. })));
-        assert!(matches!(store.get_range(key, 0, 1).await, Err(StoreError::InvalidKey { .. })));
-        assert!(matches!(store.delete(key).await, Err(StoreError::InvalidKey { .. })));
-    }
-    assert!(matches!(store.list("../").await, Err(StoreError::InvalidKey { .. })));
-    assert!(matches!(store.list("/etc").await, Err(StoreError::InvalidKey { .. })));
+    contract::hostile_keys_are_rejected(&store).await;
     assert_eq!(store.attempts(), 0, "no request was sent");
 }
 

@@ -98,3 +98,4 @@ pub fn garage_settings(test: &str) -> backlinks::store::s3::S3Settings {
 }
 pub mod jetstream_server;
 pub mod model;
+pub mod store_contract;
