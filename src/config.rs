@@ -7,6 +7,7 @@
 //! - Unknown config-file keys are an error, so a typo never silently falls back to a default.
 
 use crate::index::IndexOptions;
+use crate::ingest::backfill::BackfillOptions;
 use crate::store::s3::{S3ConfigKeys, Secret};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
@@ -66,6 +67,22 @@ pub struct FileConfig {
     pub s3_secret_access_key: Option<Secret>,
     /// Path-style addressing (default: on with a custom endpoint).
     pub s3_force_path_style: Option<bool>,
+    /// Backfill sources (`backfill --relay/--pds/--repo/--car`; `serve` runs the network ones
+    /// next to live ingest).
+    pub backfill_relay: Option<Vec<String>>,
+    pub backfill_pds: Option<Vec<String>>,
+    pub backfill_repo: Option<Vec<String>>,
+    pub backfill_car: Option<Vec<PathBuf>>,
+    /// Repositories fetched at once (default 8).
+    pub backfill_concurrency: Option<usize>,
+    /// Requests started per second on one PDS (default 5).
+    pub backfill_per_host_per_second: Option<f64>,
+    /// Attempts before a repository that keeps failing is recorded as failed (default 6).
+    pub backfill_max_attempts: Option<u32>,
+    /// Largest repository CAR fetched, in bytes (default 512 MiB).
+    pub backfill_max_repo_bytes: Option<u64>,
+    /// The PLC directory resolving `did:plc` identities (default https://plc.directory).
+    pub plc_url: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +149,32 @@ impl FileConfig {
         Ok(options)
     }
 
+    /// Backfill options from the file, with defaults for what it leaves out.
+    pub fn backfill_options(&self) -> Result<BackfillOptions, ConfigError> {
+        let mut options = BackfillOptions::default();
+        if let Some(n) = self.backfill_concurrency {
+            options.concurrency = bounded("backfill_concurrency", n, 1, 256)?;
+        }
+        if let Some(rate) = self.backfill_per_host_per_second {
+            if !(0.01..=10_000.0).contains(&rate) {
+                return Err(ConfigError::Invalid(format!(
+                    "backfill_per_host_per_second must be between 0.01 and 10000, got {rate}"
+                )));
+            }
+            options.per_host_per_second = rate;
+        }
+        if let Some(n) = self.backfill_max_attempts {
+            options.max_attempts = bounded("backfill_max_attempts", n as usize, 1, 100)? as u32;
+        }
+        if let Some(bytes) = self.backfill_max_repo_bytes {
+            options.car.max_bytes = bounded("backfill_max_repo_bytes", bytes as usize, 1 << 10, 16 << 30)? as u64;
+        }
+        if let Some(url) = &self.plc_url {
+            options.plc_url = url.clone();
+        }
+        Ok(options)
+    }
+
     /// The S3 keys, for `S3Settings::resolve`.
     pub fn s3_keys(&self) -> S3ConfigKeys {
         S3ConfigKeys {
@@ -190,6 +233,15 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("s3_force_path_style", EnvKind::Scalar),
     ("max_unflushed_secs", EnvKind::Scalar),
     ("publish_interval_secs", EnvKind::Scalar),
+    ("backfill_relay", EnvKind::List),
+    ("backfill_pds", EnvKind::List),
+    ("backfill_repo", EnvKind::List),
+    ("backfill_car", EnvKind::List),
+    ("backfill_concurrency", EnvKind::Scalar),
+    ("backfill_per_host_per_second", EnvKind::Scalar),
+    ("backfill_max_attempts", EnvKind::Scalar),
+    ("backfill_max_repo_bytes", EnvKind::Scalar),
+    ("plc_url", EnvKind::Text),
 ];
 
 /// Sets every key whose `BACKLINKS_<KEY>` variable is present (the environment wins over the file).

@@ -278,9 +278,40 @@ impl Index {
         Ok(())
     }
 
+    /// The account's state when it is not active (hidden or deleted), by DID string.
+    pub fn account_state(&self, did: &str) -> Result<Option<AccountState>, IndexError> {
+        let Some(did) = self.outlines.lookup(OutlineKind::Did, did)? else { return Ok(None) };
+        Ok(self.hidden.read().expect("hidden lock poisoned").get(&did).copied())
+    }
+
+    /// Writes a repository snapshot: a repo-level revocation and every record's backlinks, all at
+    /// one new stamp, so the snapshot replaces whatever the index held for the repo before.
+    /// Returns the stamp and the number of backlinks written. Holds the writer for the whole repo:
+    /// no other operation can take a stamp in between.
+    pub fn apply_snapshot<'r>(
+        &self,
+        did: &str,
+        records: impl IntoIterator<Item = (RecordRef<'r>, &'r serde_json::Value)>,
+    ) -> Result<(u64, u64), IndexError> {
+        assert!(!self.options.read_only, "write to a read-only index");
+        let mut writer = self.writer.lock().expect("writer lock poisoned");
+        let stamp = writer.position.clock + 1;
+        let repo = RecordId::repo(self.outlines.intern(OutlineKind::Did, did, WRITER_SHARD)?);
+        self.write_revocation(repo, stamp);
+        let before = self.counters.backlinks.load(Ordering::Relaxed);
+        for (record_ref, record) in records {
+            assert_eq!(record_ref.did, did, "a snapshot holds one repository");
+            self.write_backlinks(&record_ref, record, stamp)?;
+        }
+        writer.position.clock = stamp;
+        self.counters.operations.fetch_add(1, Ordering::Relaxed);
+        Ok((stamp, self.counters.backlinks.load(Ordering::Relaxed) - before))
+    }
+
     fn set_account_state(&self, writer: &mut WriterState, did: u64, state: AccountState) {
         let mut hidden = self.hidden.write().expect("hidden lock poisoned");
-        if state.is_hidden() {
+        // Deleted accounts stay in the map too: a backfilled snapshot must not bring them back.
+        if state != AccountState::Active {
             hidden.insert(did, state);
         } else {
             hidden.remove(&did);

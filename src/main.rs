@@ -4,6 +4,9 @@ use anyhow::{Context, bail};
 use backlinks::compactor::Compactor;
 use backlinks::config::{DEFAULT_JETSTREAM, DEFAULT_LISTEN, FileConfig};
 use backlinks::index::{Index, IndexError, IndexOptions};
+use backlinks::ingest::backfill::gate::SnapshotGate;
+use backlinks::ingest::backfill::progress::BackfillProgress;
+use backlinks::ingest::backfill::{self as backfills, Backfill, Source};
 use backlinks::ingest::import_lines_with;
 use backlinks::ingest::live::{Instance, LiveIngest, LiveOptions};
 use backlinks::lease::WriterLease;
@@ -32,7 +35,7 @@ enum Command {
     Serve(ServeArgs),
     /// Apply every event of a Jetstream v1 JSON-lines file, flush, upload and publish.
     Import(ImportArgs),
-    /// Index whole repositories (not built yet).
+    /// Index whole repositories: CAR files, one repo, one PDS, or a whole relay's network.
     Backfill(BackfillArgs),
     /// Print the listBacklinks JSON for a target.
     Query(QueryArgs),
@@ -79,6 +82,15 @@ struct ServeArgs {
     /// Entries countBacklinks reads before it estimates (default 65536).
     #[arg(long, env = "BACKLINKS_COUNT_EXACT_LIMIT")]
     count_exact_limit: Option<usize>,
+    /// Backfill every repository behind these relays while following the live stream.
+    #[arg(long, env = "BACKLINKS_BACKFILL_RELAY", value_delimiter = ',')]
+    backfill_relay: Vec<String>,
+    /// Backfill every repository of these PDSes while following the live stream.
+    #[arg(long, env = "BACKLINKS_BACKFILL_PDS", value_delimiter = ',')]
+    backfill_pds: Vec<String>,
+    /// Backfill these repositories (DIDs) while following the live stream.
+    #[arg(long, env = "BACKLINKS_BACKFILL_REPO", value_delimiter = ',')]
+    backfill_repo: Vec<String>,
     /// Print the effective configuration (TOML, secrets redacted) and exit.
     #[arg(long)]
     print_config: bool,
@@ -96,14 +108,27 @@ struct ImportArgs {
 struct BackfillArgs {
     #[command(flatten)]
     common: Common,
-    #[arg(long)]
+    /// Every repository of every PDS a relay lists (listHosts, then listRepos and getRepo on each).
+    #[arg(long, env = "BACKLINKS_BACKFILL_RELAY", value_delimiter = ',')]
     relay: Vec<String>,
-    #[arg(long)]
+    /// Every repository one PDS lists.
+    #[arg(long, env = "BACKLINKS_BACKFILL_PDS", value_delimiter = ',')]
     pds: Vec<String>,
-    #[arg(long)]
+    /// One repository (a DID), fetched from the PDS its DID document names.
+    #[arg(long, env = "BACKLINKS_BACKFILL_REPO", value_delimiter = ',')]
     repo: Vec<String>,
-    #[arg(long)]
+    /// A repository CAR file.
+    #[arg(long, env = "BACKLINKS_BACKFILL_CAR", value_delimiter = ',')]
     car: Vec<PathBuf>,
+    /// Repositories fetched at once (default 8).
+    #[arg(long, env = "BACKLINKS_BACKFILL_CONCURRENCY")]
+    concurrency: Option<usize>,
+    /// Requests started per second on one PDS (default 5).
+    #[arg(long, env = "BACKLINKS_BACKFILL_PER_HOST_PER_SECOND")]
+    per_host_per_second: Option<f64>,
+    /// The PLC directory that resolves did:plc identities (default https://plc.directory).
+    #[arg(long, env = "BACKLINKS_PLC_URL")]
+    plc_url: Option<String>,
 }
 
 #[derive(Args)]
@@ -184,7 +209,7 @@ async fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Command::Serve(args) => serve(args).await,
         Command::Import(args) => import(args).await,
-        Command::Backfill(_) => bail!("backfill is not built yet: it arrives with repository ingest"),
+        Command::Backfill(args) => backfill(args).await,
         Command::Query(args) => query(args).await,
     }
 }
@@ -217,7 +242,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         start_following(index.clone(), REPLICA_POLL);
     }
     let live = match lease {
-        Some(lease) => Some(start_live_ingest(&index, &config, lease)?),
+        Some(lease) => {
+            // Every live write goes through backfill's gate, so snapshots (now or later) and live
+            // commits are ordered by revision.
+            let backfill = open_backfill(&index, &setup.data_dir, &config).await?;
+            let sources = backfill_sources(&config);
+            if !sources.is_empty() {
+                metrics.attach_backfill(backfill.progress.clone());
+                tokio::spawn(backfill_beside_live(backfill.clone(), sources));
+            }
+            Some(start_live_ingest(&index, &config, lease, backfill.gate().clone())?)
+        }
         None => None,
     };
     if let Some((live, _)) = &live {
@@ -261,10 +296,12 @@ fn start_live_ingest(
     index: &Arc<Index>,
     config: &FileConfig,
     lease: WriterLease,
+    gate: Arc<SnapshotGate>,
 ) -> anyhow::Result<(LiveIngest, String)> {
     let urls = config.jetstream.clone().unwrap_or_else(|| DEFAULT_JETSTREAM.iter().map(|s| s.to_string()).collect());
     let instances = urls.iter().map(|url| Instance::parse(url)).collect::<Result<Vec<_>, _>>()?;
     let mut options = LiveOptions::new(instances, entropy_seed());
+    options.gate = Some(gate);
     if let Some(secs) = config.max_unflushed_secs {
         options.max_unflushed_ms = secs.clamp(1, 3_600) * 1_000;
     }
@@ -291,6 +328,9 @@ fn serve_config(args: &ServeArgs, file: &FileConfig) -> FileConfig {
         request_timeout_ms: args.request_timeout_ms.or(file.request_timeout_ms),
         cache_max_age_secs: args.cache_max_age_secs.or(file.cache_max_age_secs),
         count_exact_limit: args.count_exact_limit.or(file.count_exact_limit),
+        backfill_relay: flags_or(&args.backfill_relay, &file.backfill_relay),
+        backfill_pds: flags_or(&args.backfill_pds, &file.backfill_pds),
+        backfill_repo: flags_or(&args.backfill_repo, &file.backfill_repo),
         ..file.clone()
     }
 }
@@ -419,6 +459,170 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
     });
     println!("{summary}");
     Ok(())
+}
+
+/// The backfill command's settings: flags over the config file (and `BACKLINKS_*` variables).
+fn backfill_config(args: &BackfillArgs, file: &FileConfig) -> FileConfig {
+    FileConfig {
+        backfill_relay: flags_or(&args.relay, &file.backfill_relay),
+        backfill_pds: flags_or(&args.pds, &file.backfill_pds),
+        backfill_repo: flags_or(&args.repo, &file.backfill_repo),
+        backfill_car: flags_or(&args.car, &file.backfill_car),
+        backfill_concurrency: args.concurrency.or(file.backfill_concurrency),
+        backfill_per_host_per_second: args.per_host_per_second.or(file.backfill_per_host_per_second),
+        plc_url: args.plc_url.clone().or(file.plc_url.clone()),
+        ..file.clone()
+    }
+}
+
+/// Repeatable flags win over the file's list when any is given.
+fn flags_or<T: Clone>(flags: &[T], file: &Option<Vec<T>>) -> Option<Vec<T>> {
+    if flags.is_empty() { file.clone() } else { Some(flags.to_vec()) }
+}
+
+fn backfill_sources(config: &FileConfig) -> Vec<Source> {
+    let list = |v: &Option<Vec<String>>| v.clone().unwrap_or_default();
+    let mut sources: Vec<Source> =
+        config.backfill_car.clone().unwrap_or_default().into_iter().map(Source::Car).collect();
+    sources.extend(list(&config.backfill_repo).into_iter().map(Source::Repo));
+    sources.extend(list(&config.backfill_pds).into_iter().map(Source::Pds));
+    sources.extend(list(&config.backfill_relay).into_iter().map(Source::Relay));
+    sources
+}
+
+async fn open_backfill(
+    index: &Arc<Index>,
+    data_dir: &std::path::Path,
+    config: &FileConfig,
+) -> anyhow::Result<Arc<Backfill>> {
+    let options = backfills::BackfillOptions { seed: entropy_seed(), ..config.backfill_options()? };
+    Ok(backfills::open(index.clone(), data_dir, options, Arc::new(unix_ms)).await?)
+}
+
+/// How often the standalone backfill publishes a manifest and a repos.db checkpoint (and renews
+/// its lease), and how often a terminal-less one logs its progress.
+const BACKFILL_PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+const BACKFILL_LOG_EVERY_MS: u64 = 30_000;
+/// How often `serve` checkpoints repos.db while it backfills (live ingest publishes manifests).
+const SERVE_CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
+
+async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
+    let setup = setup(&args.common)?;
+    let config = backfill_config(&args, &setup.file);
+    let sources = backfill_sources(&config);
+    if sources.is_empty() {
+        bail!("nothing to backfill: give --relay, --pds, --repo or --car (or their config keys)");
+    }
+    let index = open_index(&setup, false)?;
+    let owner = backlinks::lease::owner_id(&setup.data_dir, entropy_seed())?;
+    let mut lease = WriterLease::acquire(setup.store.clone(), &owner, unix_ms(), LEASE_TTL_MS, LEASE_SETTLE).await?;
+    index.restore_if_empty(unix_ms()).await?;
+    let backfill = open_backfill(&index, &setup.data_dir, &config).await?;
+    let compactor = Compactor::spawn(index.clone(), tokio::runtime::Handle::current(), Arc::new(unix_ms));
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let run = backfill.run(sources);
+    tokio::pin!(run);
+    let mut publish = tokio::time::interval(BACKFILL_PUBLISH_EVERY);
+    let mut show = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut last_log_ms = unix_ms();
+    let outcome = loop {
+        tokio::select! {
+            outcome = &mut run => break outcome,
+            _ = publish.tick() => {
+                publish_backfill(&index, &backfill, &mut lease).await?;
+                compactor.nudge();
+            }
+            _ = show.tick() => show_progress(&backfill.progress, terminal, &mut last_log_ms),
+        }
+    };
+    if terminal {
+        eprintln!("\r{}", backfill.progress.bar(unix_ms(), 30));
+    }
+    outcome?;
+    let merges = tokio::task::spawn_blocking(move || compactor.finish()).await??;
+    let (manifest, checkpoint) = publish_backfill(&index, &backfill, &mut lease).await?;
+    lease.release().await?;
+    println!("{}", backfill_summary(&backfill, &index, merges, manifest, checkpoint)?);
+    Ok(())
+}
+
+/// Publishes a manifest (uploading new tables), checkpoints repos.db under it, renews the lease.
+async fn publish_backfill(
+    index: &Index,
+    backfill: &Backfill,
+    lease: &mut WriterLease,
+) -> anyhow::Result<(String, Option<String>)> {
+    lease.renew(unix_ms()).await?;
+    let manifest = index.publish_manifest().await?;
+    let checkpoint = backfill.save_checkpoint().await?;
+    Ok((manifest, checkpoint))
+}
+
+fn show_progress(progress: &BackfillProgress, terminal: bool, last_log_ms: &mut u64) {
+    let now = unix_ms();
+    if terminal {
+        eprint!("\r{}", progress.bar(now, 30));
+    } else if now.saturating_sub(*last_log_ms) >= BACKFILL_LOG_EVERY_MS {
+        *last_log_ms = now;
+        tracing::info!(progress = %progress.line(now), "backfill");
+    }
+}
+
+fn backfill_summary(
+    backfill: &Backfill,
+    index: &Index,
+    compactions: usize,
+    manifest: String,
+    checkpoint: Option<String>,
+) -> anyhow::Result<String> {
+    let load = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Relaxed);
+    let progress = &backfill.progress;
+    let statuses: serde_json::Map<String, serde_json::Value> =
+        backfill.repo_counts()?.into_iter().map(|(status, n)| (status.as_str().to_string(), n.into())).collect();
+    Ok(serde_json::json!({
+        "indexed": load(&progress.repos_done),
+        "records": load(&progress.records),
+        "links": load(&progress.links),
+        "bytes": load(&progress.bytes),
+        "retries": load(&progress.retries),
+        "rateLimited": load(&progress.rate_limited),
+        "repos": statuses,
+        "compactions": compactions,
+        "clock": index.position().clock,
+        "manifest": manifest,
+        "checkpoint": checkpoint,
+    })
+    .to_string())
+}
+
+/// `serve`'s backfill: runs beside live ingest (which publishes manifests), checkpointing
+/// repos.db every few minutes and logging progress; a failure is logged, serving goes on.
+async fn backfill_beside_live(backfill: Arc<Backfill>, sources: Vec<Source>) {
+    let run = backfill.run(sources);
+    tokio::pin!(run);
+    let mut checkpoint = tokio::time::interval(SERVE_CHECKPOINT_EVERY);
+    let mut show = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut last_log_ms = unix_ms();
+    loop {
+        tokio::select! {
+            outcome = &mut run => {
+                match outcome {
+                    Ok(()) => tracing::info!(progress = %backfill.progress.line(unix_ms()), "backfill finished"),
+                    Err(e) => tracing::error!(error = %e, "backfill stopped"),
+                }
+                break;
+            }
+            _ = checkpoint.tick() => {
+                if let Err(e) = backfill.save_checkpoint().await {
+                    tracing::warn!(error = %e, "repos.db checkpoint failed; retrying later");
+                }
+            }
+            _ = show.tick() => show_progress(&backfill.progress, false, &mut last_log_ms),
+        }
+    }
+    if let Err(e) = backfill.save_checkpoint().await {
+        tracing::warn!(error = %e, "final repos.db checkpoint failed");
+    }
 }
 
 async fn query(args: QueryArgs) -> anyhow::Result<()> {

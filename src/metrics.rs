@@ -19,6 +19,7 @@
 //!   never touches SQLite or the bucket.
 
 use crate::index::Index;
+use crate::ingest::backfill::progress::BackfillProgress;
 use crate::ingest::frames::EventKind;
 use crate::ingest::live::IngestStatus;
 use crate::lsm::entry::Entry;
@@ -83,6 +84,7 @@ pub struct Metrics {
     store_bytes: Family<OperationLabel, Counter>,
     /// Live ingest's figures, once `serve` starts following Jetstream.
     ingest: std::sync::OnceLock<Arc<IngestStatus>>,
+    backfill: std::sync::OnceLock<Arc<BackfillProgress>>,
 }
 
 impl Default for Metrics {
@@ -119,6 +121,7 @@ impl Metrics {
             store_seconds,
             store_bytes,
             ingest: std::sync::OnceLock::new(),
+            backfill: std::sync::OnceLock::new(),
         }
     }
 
@@ -142,11 +145,19 @@ impl Metrics {
         let _ = self.ingest.set(status);
     }
 
+    /// Exports backfill's figures from now on (called once, when a backfill starts).
+    pub fn attach_backfill(&self, progress: Arc<BackfillProgress>) {
+        let _ = self.backfill.set(progress);
+    }
+
     pub fn render(&self, index: &Index) -> String {
         let mut out = String::new();
         let mut snapshot = index_registry(index);
         if let Some(status) = self.ingest.get() {
             register_ingest(&mut snapshot, status);
+        }
+        if let Some(progress) = self.backfill.get() {
+            register_backfill(&mut snapshot, progress);
         }
         // Writing into a String cannot fail; the encoder only reports fmt::Error from its writer.
         encode_registry(&mut out, &self.registry).expect("encoding into a String");
@@ -297,6 +308,36 @@ fn register_ingest(registry: &mut Registry, status: &IngestStatus) {
         ("ingest_server_errors", "XRPC error frames from Jetstream", &status.server_errors),
     ] {
         registry.register(name, help, counter(value.load(Ordering::Relaxed)));
+    }
+}
+
+fn register_backfill(registry: &mut Registry, progress: &BackfillProgress) {
+    let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+    registry.register(
+        "backfill_repos_known",
+        "Repositories in repos.db, any status",
+        gauge(load(&progress.repos_known)),
+    );
+    registry.register(
+        "backfill_repos_settled",
+        "Repositories finished, any way, this run or before",
+        gauge(progress.settled()),
+    );
+    for (name, help, value) in [
+        ("backfill_repos_indexed", "Repository snapshots written by this run", &progress.repos_done),
+        (
+            "backfill_repos_other",
+            "Repositories settled without a snapshot (unavailable, failed, unchanged)",
+            &progress.repos_other,
+        ),
+        ("backfill_records", "Records read from snapshots", &progress.records),
+        ("backfill_links", "Backlinks written from snapshots (rate() gives links/s)", &progress.links),
+        ("backfill_bytes", "CAR bytes read", &progress.bytes),
+        ("backfill_retries", "Fetches and listings retried", &progress.retries),
+        ("backfill_rate_limited", "HTTP 429 answers", &progress.rate_limited),
+        ("backfill_stale_snapshots", "Snapshots older than live commits, fetched again", &progress.stale),
+    ] {
+        registry.register(name, help, counter(load(value)));
     }
 }
 

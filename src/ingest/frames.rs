@@ -11,6 +11,7 @@
 
 use crate::ingest::jetstream::{self, EventError, Operation, RecordOp, RecordRef};
 use crate::model::syntax::{validate_did, validate_nsid, validate_record_key};
+use crate::model::tid::parse_tid;
 use serde::Deserialize;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -82,6 +83,8 @@ pub struct StreamEvent {
     /// When the instance witnessed it, microseconds since the epoch (a cursor on any instance).
     pub time_us: i64,
     pub operation: Operation<'static>,
+    /// The commit's repo revision (a TID), when it has a valid one.
+    pub rev: Option<u64>,
 }
 
 impl StreamEvent {
@@ -202,6 +205,7 @@ fn decode_json(protocol: Protocol, json: &[u8]) -> Result<Frame, FrameError> {
                 cursor: event.time_us,
                 time_us: event.time_us,
                 operation: owned_operation(event.operation),
+                rev: event.rev,
             }))
         }
         Protocol::V2 => decode_v2(json),
@@ -249,6 +253,7 @@ fn decode_message(mut payload: Value) -> Result<Frame, FrameError> {
     let time = payload.get("time").and_then(Value::as_str).ok_or(FrameError::Invalid("event without time"))?;
     let time_us = parse_time_us(time)?;
     let did = string_field(&payload, "did")?;
+    let rev = payload.get("rev").and_then(Value::as_str).and_then(parse_tid);
     validate_did(&did).map_err(|e| EventError::Invalid { field: "did", reason: e.to_string() })?;
     let operation = match kind.as_str() {
         "commit" => commit_operation(did, &mut payload)?,
@@ -256,7 +261,7 @@ fn decode_message(mut payload: Value) -> Result<Frame, FrameError> {
         // identity and sync: nothing to index (a #sync asks for a repo resync, which is backfill's job).
         _ => Operation::Skip,
     };
-    Ok(Frame::Event(StreamEvent { cursor: seq, time_us, operation }))
+    Ok(Frame::Event(StreamEvent { cursor: seq, time_us, operation, rev }))
 }
 
 fn string_field(payload: &Value, name: &'static str) -> Result<String, FrameError> {

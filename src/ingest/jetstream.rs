@@ -6,6 +6,7 @@
 //! - An event becomes at most one `Operation`; identity events and unknown kinds become `Skip`.
 
 use crate::model::syntax::{validate_did, validate_nsid, validate_record_key};
+use crate::model::tid::parse_tid;
 use serde::Deserialize;
 use serde_json::Value;
 use std::borrow::Cow;
@@ -38,11 +39,13 @@ pub struct RecordOp<'a> {
     pub record: Value,
 }
 
-/// One parsed event: its cursor (`time_us`) and operation.
+/// One parsed event: its cursor (`time_us`), operation, and for commits the repo revision (a TID;
+/// `None` when absent or malformed), which orders it against a backfilled snapshot of the repo.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Event<'a> {
     pub time_us: i64,
     pub operation: Operation<'a>,
+    pub rev: Option<u64>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -76,6 +79,8 @@ struct RawCommit<'a> {
     collection: Cow<'a, str>,
     #[serde(borrow)]
     rkey: Cow<'a, str>,
+    #[serde(borrow, default)]
+    rev: Option<Cow<'a, str>>,
     #[serde(default)]
     record: Option<Value>,
 }
@@ -91,6 +96,7 @@ struct RawAccount<'a> {
 pub fn parse_event(line: &[u8]) -> Result<Event<'_>, EventError> {
     let raw: RawEvent = serde_json::from_slice(line).map_err(|e| EventError::Json(e.to_string()))?;
     validate_did(&raw.did).map_err(|e| EventError::Invalid { field: "did", reason: e.to_string() })?;
+    let rev = raw.commit.as_ref().and_then(|c| c.rev.as_deref()).and_then(parse_tid);
     let operation = match raw.kind.as_ref() {
         "commit" => commit_operation(raw.did, raw.commit.ok_or(EventError::Missing("commit event without commit"))?)?,
         "account" => {
@@ -99,7 +105,7 @@ pub fn parse_event(line: &[u8]) -> Result<Event<'_>, EventError> {
         }
         _ => Operation::Skip,
     };
-    Ok(Event { time_us: raw.time_us, operation })
+    Ok(Event { time_us: raw.time_us, operation, rev })
 }
 
 fn commit_operation<'a>(did: Cow<'a, str>, commit: RawCommit<'a>) -> Result<Operation<'a>, EventError> {
@@ -129,6 +135,9 @@ mod tests {
         let create = br#"{"did":"did:plc:a","time_us":5,"kind":"commit","commit":{"rev":"x","operation":"create","collection":"app.bsky.feed.like","rkey":"3mmoojp7etg2g","record":{"subject":"did:plc:b"}}}"#;
         let event = parse_event(create).unwrap();
         assert_eq!(event.time_us, 5);
+        assert_eq!(event.rev, None, "\"x\" is not a TID");
+        let with_rev = String::from_utf8_lossy(create).replace("\"rev\":\"x\"", "\"rev\":\"3l3qo2vutsw2b\"");
+        assert_eq!(parse_event(with_rev.as_bytes()).unwrap().rev, parse_tid("3l3qo2vutsw2b"));
         let Operation::Create(op) = event.operation else { panic!("not a create") };
         assert_eq!(op.record_ref.collection, "app.bsky.feed.like");
         assert_eq!(op.record["subject"], "did:plc:b");

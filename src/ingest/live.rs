@@ -25,10 +25,12 @@
 
 use crate::compactor::{Clock, Compactor};
 use crate::index::{Index, IndexError, splitmix64};
+use crate::ingest::backfill::gate::SnapshotGate;
 use crate::ingest::frames::{
     EventKind, Frame, FrameDecoder, LEGACY_DICTIONARY, Protocol, StreamEvent, V2_DICTIONARY, XrpcError, dictionary_id,
     parse_xrpc_error,
 };
+use crate::ingest::http::HttpClient;
 use crate::lease::WriterLease;
 use futures::StreamExt;
 use std::sync::Arc;
@@ -69,6 +71,8 @@ pub enum LiveError {
     Index(#[from] IndexError),
     #[error("writer lease: {0}")]
     Lease(String),
+    #[error("backfill gate: {0}")]
+    Gate(String),
     #[error("the ingest engine thread panicked")]
     Panicked,
 }
@@ -164,6 +168,10 @@ pub struct LiveOptions {
     pub gc_grace_ms: u64,
     /// Seeds the backoff jitter.
     pub seed: u64,
+    /// Routes every write through backfill's gate (when backfill may run in this process or
+    /// later on this data): commits are ordered against repository snapshots, and their
+    /// revisions recorded in repos.db before each flush.
+    pub gate: Option<Arc<SnapshotGate>>,
 }
 
 impl LiveOptions {
@@ -181,6 +189,7 @@ impl LiveOptions {
             publish_every_ms: 30_000,
             gc_grace_ms: 600_000,
             seed,
+            gate: None,
         }
     }
 }
@@ -596,61 +605,23 @@ async fn connect(url: &str) -> Result<Socket, Ended> {
 /// GETs an instance's current v2 dictionary (`getZstdDictionary` on the websocket's host) and
 /// checks it: bounded size, a zstd dictionary header, loadable by a decoder.
 async fn fetch_dictionary(socket_url: &str) -> Result<(Arc<[u8]>, u32), String> {
-    let (tls, rest) = match socket_url.strip_prefix("wss://") {
-        Some(rest) => (true, rest),
-        None => (false, socket_url.strip_prefix("ws://").ok_or("not a websocket URL")?),
+    let (scheme, rest) = match socket_url.strip_prefix("wss://") {
+        Some(rest) => ("https", rest),
+        None => ("http", socket_url.strip_prefix("ws://").ok_or("not a websocket URL")?),
     };
     let authority = rest.split('/').next().unwrap_or_default();
-    let body = tokio::time::timeout(FETCH_TIMEOUT, http_get(authority, tls, DICTIONARY_PATH))
+    let url = format!("{scheme}://{authority}{DICTIONARY_PATH}");
+    let response = HttpClient::new()
+        .get(&url, MAX_DICTIONARY_BYTES, FETCH_TIMEOUT)
         .await
-        .map_err(|_| "timed out".to_string())??;
+        .map_err(|e| format!("dictionary: {e}"))?;
+    if !response.is_success() {
+        return Err(format!("dictionary: answered HTTP {}", response.status));
+    }
+    let body = response.body.to_vec();
     let id = dictionary_id(&body).map_err(|e| e.to_string())?;
     FrameDecoder::new(Protocol::V2, Some(&body)).map_err(|e| e.to_string())?;
     Ok((Arc::from(body), id))
-}
-
-/// A minimal HTTP/1.0 GET (no chunking, the body runs to the close), for the one small download
-/// this module needs; plain or TLS (the platform's roots).
-async fn http_get(authority: &str, tls: bool, path: &str) -> Result<Vec<u8>, String> {
-    let (host, port) = match authority.rsplit_once(':') {
-        Some((host, port)) if !port.contains(']') => (host, port.parse::<u16>().map_err(|e| e.to_string())?),
-        _ => (authority, if tls { 443 } else { 80 }),
-    };
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let tcp = tokio::net::TcpStream::connect((host, port)).await.map_err(|e| e.to_string())?;
-    if !tls {
-        return http_exchange(tcp, authority, path).await;
-    }
-    let mut roots = rustls::RootCertStore::empty();
-    roots.add_parsable_certificates(rustls_native_certs::load_native_certs().certs);
-    let config = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
-    let name = rustls::pki_types::ServerName::try_from(host.to_string()).map_err(|e| e.to_string())?;
-    let stream =
-        tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await.map_err(|e| e.to_string())?;
-    http_exchange(stream, authority, path).await
-}
-
-async fn http_exchange(
-    mut stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
-    authority: &str,
-    path: &str,
-) -> Result<Vec<u8>, String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let request = format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nUser-Agent: backlinks\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.map_err(|e| e.to_string())?;
-    let mut response = Vec::new();
-    let limit = (MAX_DICTIONARY_BYTES + (64 << 10)) as u64;
-    stream.take(limit).read_to_end(&mut response).await.map_err(|e| e.to_string())?;
-    let split = response.windows(4).position(|w| w == b"\r\n\r\n").ok_or("no HTTP header end")?;
-    let status_line = String::from_utf8_lossy(&response[..split]).lines().next().unwrap_or_default().to_string();
-    if status_line.split_whitespace().nth(1) != Some("200") {
-        return Err(format!("answered {status_line:?}"));
-    }
-    let body = response.split_off(split + 4);
-    if body.len() > MAX_DICTIONARY_BYTES {
-        return Err(format!("dictionary larger than {MAX_DICTIONARY_BYTES} bytes"));
-    }
-    Ok(body)
 }
 
 /// The index side: applies queued events, flushes by size and age, publishes periodically.
@@ -713,14 +684,26 @@ impl Engine {
     }
 
     fn apply(&self, event: StreamEvent) -> Result<(), LiveError> {
-        // The durable cursor is the time, valid on every instance (see the module header).
-        self.index.apply(&event.operation, Some(event.time_us))?;
         self.status.count(&event, (self.clock)());
+        // The durable cursor is the time, valid on every instance (see the module header).
+        match &self.options.gate {
+            Some(gate) => {
+                gate.apply_live(event).map_err(|e| LiveError::Gate(e.to_string()))?;
+            }
+            None => self.index.apply(&event.operation, Some(event.time_us))?,
+        }
         Ok(())
     }
 
     fn flush(&self) -> Result<(), LiveError> {
-        self.index.flush()?;
+        match &self.options.gate {
+            Some(gate) => {
+                gate.flush().map_err(|e| LiveError::Gate(e.to_string()))?;
+            }
+            None => {
+                self.index.flush()?;
+            }
+        }
         self.status.flushes.fetch_add(1, Ordering::Relaxed);
         self.compactor.nudge();
         Ok(())
@@ -849,7 +832,7 @@ mod tests {
                 let (mut stream, _) = listener.accept().await.unwrap();
                 let mut request = [0u8; 512];
                 let n = stream.read(&mut request).await.unwrap();
-                assert!(request[..n].starts_with(format!("GET {DICTIONARY_PATH} HTTP/1.0").as_bytes()));
+                assert!(request[..n].starts_with(format!("GET {DICTIONARY_PATH} HTTP/1.1").as_bytes()));
                 let status = if i == 2 { "404 Not Found" } else { "200 OK" };
                 stream.write_all(format!("HTTP/1.1 {status}\r\n\r\n").as_bytes()).await.unwrap();
                 stream.write_all(body).await.unwrap();

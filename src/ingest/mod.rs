@@ -5,8 +5,10 @@
 //!   reaches the index.
 //! - A line longer than the limit is skipped without being buffered whole.
 
+pub mod backfill;
 pub mod car;
 pub mod frames;
+pub mod http;
 pub mod jetstream;
 pub mod live;
 

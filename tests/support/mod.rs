@@ -98,4 +98,5 @@ pub fn garage_settings(test: &str) -> backlinks::store::s3::S3Settings {
 }
 pub mod jetstream_server;
 pub mod model;
+pub mod pds_server;
 pub mod store_contract;

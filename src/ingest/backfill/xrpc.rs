@@ -1,0 +1,321 @@
+//! The sync endpoints backfill calls, and what their answers mean:
+//! `com.atproto.sync.listHosts` (a relay's upstream PDSes), `com.atproto.sync.listRepos` (a host's
+//! repositories), `com.atproto.sync.getRepo` (one repository as a CAR), and DID documents (the PLC
+//! directory for `did:plc`, `/.well-known/did.json` for `did:web`) to find a repository's PDS.
+//!
+//! Invariants:
+//! - Every answer is classified into exactly one [`Failure`] kind or a success; the caller's retry
+//!   policy depends only on that kind.
+//! - A listing page is bounded (`MAX_LISTING_BYTES`, at most `PAGE_LIMIT` entries asked for) and
+//!   every DID in it is validated before it reaches repos.db; invalid entries are counted, skipped.
+//! - A listing cursor that does not move is an error (a server bug would otherwise loop forever).
+
+use crate::ingest::backfill::repos::RepoStatus;
+use crate::ingest::http::{FetchError, HttpClient, Response};
+use crate::model::syntax::validate_did;
+use crate::model::tid::parse_tid;
+use serde::Deserialize;
+use std::time::Duration;
+
+/// Entries asked for per listing page (the lexicons' maximum).
+pub const PAGE_LIMIT: usize = 1000;
+/// Largest listing page or DID document read.
+pub const MAX_LISTING_BYTES: usize = 4 << 20;
+/// Longest hostname accepted from a relay.
+const MAX_HOSTNAME_LEN: usize = 253;
+
+/// Why a call did not succeed, by what to do about it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Failure {
+    /// Slow down; try again after the server's `Retry-After` when it gave one.
+    #[error("rate limited (HTTP 429)")]
+    RateLimited { retry_after: Option<Duration> },
+    /// Network trouble, a 5xx, a cut body: try again later.
+    #[error("{0}")]
+    Transient(String),
+    /// The repository is not available, for a recorded reason: do not retry.
+    #[error("repository {}", .0.as_str())]
+    Unavailable(RepoStatus),
+    /// Anything else (a 4xx, a malformed answer): recorded, not retried.
+    #[error("{0}")]
+    Permanent(String),
+}
+
+impl From<FetchError> for Failure {
+    fn from(error: FetchError) -> Self {
+        if error.is_transient() { Failure::Transient(error.to_string()) } else { Failure::Permanent(error.to_string()) }
+    }
+}
+
+/// Classifies a non-2xx answer.
+pub fn classify(response: &Response) -> Failure {
+    let xrpc = response.xrpc_error();
+    if response.status == 429 {
+        return Failure::RateLimited { retry_after: response.retry_after };
+    }
+    if let Some(status) = xrpc.as_deref().and_then(RepoStatus::from_account_status) {
+        return Failure::Unavailable(status);
+    }
+    match response.status {
+        404 => Failure::Unavailable(RepoStatus::NotFound),
+        408 | 500..=599 => Failure::Transient(format!("HTTP {}", response.status)),
+        status => Failure::Permanent(format!("HTTP {status} {}", xrpc.unwrap_or_default())),
+    }
+}
+
+/// One entry of a `listRepos` page.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListedRepo {
+    pub did: String,
+    pub rev: Option<u64>,
+    /// `None` when active.
+    pub inactive: Option<RepoStatus>,
+}
+
+/// One page of a listing and the cursor of the next (`None` at the end).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Page<T> {
+    pub items: Vec<T>,
+    pub next: Option<String>,
+    /// Entries dropped as invalid.
+    pub invalid: usize,
+}
+
+#[derive(Deserialize)]
+struct RawReposPage {
+    #[serde(default)]
+    cursor: Option<String>,
+    repos: Vec<RawRepo>,
+}
+
+#[derive(Deserialize)]
+struct RawRepo {
+    did: String,
+    #[serde(default)]
+    rev: Option<String>,
+    #[serde(default)]
+    active: Option<bool>,
+    #[serde(default)]
+    status: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawHostsPage {
+    #[serde(default)]
+    cursor: Option<String>,
+    hosts: Vec<RawHost>,
+}
+
+#[derive(Deserialize)]
+struct RawHost {
+    hostname: String,
+    #[serde(default)]
+    status: Option<String>,
+}
+
+/// `https://host` with no trailing slash; a bare hostname gets `scheme`.
+pub fn base_url(host: &str, scheme: &str) -> String {
+    let host = host.trim_end_matches('/');
+    if host.starts_with("http://") || host.starts_with("https://") {
+        host.to_string()
+    } else {
+        format!("{scheme}://{host}")
+    }
+}
+
+fn listing_url(base: &str, method: &str, cursor: Option<&str>) -> String {
+    let mut url = format!("{base}/xrpc/{method}?limit={PAGE_LIMIT}");
+    if let Some(cursor) = cursor {
+        url.push_str("&cursor=");
+        url.extend(form_urlencoded::byte_serialize(cursor.as_bytes()));
+    }
+    url
+}
+
+async fn get_json(http: &HttpClient, url: &str, timeout: Duration) -> Result<Response, Failure> {
+    let response = http.get(url, MAX_LISTING_BYTES, timeout).await?;
+    if response.is_success() { Ok(response) } else { Err(classify(&response)) }
+}
+
+fn check_cursor(previous: Option<&str>, next: Option<String>, items: usize) -> Result<Option<String>, Failure> {
+    // An empty page ends the listing whatever cursor it carries; a cursor that repeats would loop.
+    let next = next.filter(|_| items > 0);
+    if next.is_some() && next.as_deref() == previous {
+        return Err(Failure::Permanent("listing cursor did not advance".into()));
+    }
+    Ok(next)
+}
+
+/// One page of `com.atproto.sync.listRepos` on `base`.
+pub async fn list_repos(
+    http: &HttpClient,
+    base: &str,
+    cursor: Option<&str>,
+    timeout: Duration,
+) -> Result<Page<ListedRepo>, Failure> {
+    let response = get_json(http, &listing_url(base, "com.atproto.sync.listRepos", cursor), timeout).await?;
+    let page: RawReposPage =
+        serde_json::from_slice(&response.body).map_err(|e| Failure::Permanent(format!("listRepos: {e}")))?;
+    let total = page.repos.len();
+    let items: Vec<ListedRepo> = page.repos.into_iter().filter_map(listed_repo).collect();
+    let invalid = total - items.len();
+    Ok(Page { next: check_cursor(cursor, page.cursor, total)?, items, invalid })
+}
+
+fn listed_repo(raw: RawRepo) -> Option<ListedRepo> {
+    validate_did(&raw.did).ok()?;
+    let inactive = match raw.active {
+        Some(false) => {
+            Some(raw.status.as_deref().and_then(RepoStatus::from_account_status).unwrap_or(RepoStatus::Deactivated))
+        }
+        _ => None,
+    };
+    Some(ListedRepo { did: raw.did, rev: raw.rev.as_deref().and_then(parse_tid), inactive })
+}
+
+/// One page of `com.atproto.sync.listHosts` on a relay: the hostnames worth listing (banned and
+/// offline hosts are left out).
+pub async fn list_hosts(
+    http: &HttpClient,
+    relay: &str,
+    cursor: Option<&str>,
+    timeout: Duration,
+) -> Result<Page<String>, Failure> {
+    let response = get_json(http, &listing_url(relay, "com.atproto.sync.listHosts", cursor), timeout).await?;
+    let page: RawHostsPage =
+        serde_json::from_slice(&response.body).map_err(|e| Failure::Permanent(format!("listHosts: {e}")))?;
+    let total = page.hosts.len();
+    let items: Vec<String> = page
+        .hosts
+        .into_iter()
+        .filter(|h| !matches!(h.status.as_deref(), Some("banned" | "offline")))
+        .map(|h| h.hostname)
+        .filter(|h| valid_hostname(h))
+        .collect();
+    let skipped = total - items.len();
+    Ok(Page { next: check_cursor(cursor, page.cursor, total)?, items, invalid: skipped })
+}
+
+/// A hostname (optionally with a port): letters, digits, `-`, `.`, `:`; no path, no scheme.
+fn valid_hostname(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= MAX_HOSTNAME_LEN
+        && host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':'))
+}
+
+/// `com.atproto.sync.getRepo` for `did` on `base`: the CAR bytes.
+pub async fn get_repo(
+    http: &HttpClient,
+    base: &str,
+    did: &str,
+    max_bytes: usize,
+    timeout: Duration,
+) -> Result<bytes::Bytes, Failure> {
+    let url = format!(
+        "{base}/xrpc/com.atproto.sync.getRepo?did={}",
+        form_urlencoded::byte_serialize(did.as_bytes()).collect::<String>()
+    );
+    let response = http.get(&url, max_bytes, timeout).await?;
+    if response.is_success() { Ok(response.body) } else { Err(classify(&response)) }
+}
+
+/// The PDS endpoint of `did`, from its DID document: the PLC directory at `plc` for `did:plc`,
+/// `https://<host>/.well-known/did.json` for `did:web`.
+pub async fn resolve_pds(http: &HttpClient, plc: &str, did: &str, timeout: Duration) -> Result<String, Failure> {
+    validate_did(did).map_err(|e| Failure::Permanent(format!("{did}: {e}")))?;
+    let url = if did.starts_with("did:plc:") {
+        format!("{}/{did}", plc.trim_end_matches('/'))
+    } else if let Some(host) = did.strip_prefix("did:web:") {
+        if host.contains(':') {
+            return Err(Failure::Permanent(format!("{did}: did:web with a path or port is not supported")));
+        }
+        format!("https://{host}/.well-known/did.json")
+    } else {
+        return Err(Failure::Permanent(format!("{did}: unsupported DID method")));
+    };
+    let response = get_json(http, &url, timeout).await?;
+    pds_from_document(&response.body).ok_or_else(|| Failure::Permanent(format!("{did}: no #atproto_pds service")))
+}
+
+/// The `#atproto_pds` service endpoint of a DID document.
+pub fn pds_from_document(document: &[u8]) -> Option<String> {
+    let document: serde_json::Value = serde_json::from_slice(document).ok()?;
+    let services = document.get("service")?.as_array()?;
+    let service = services.iter().find(|s| {
+        let id = s.get("id").and_then(|v| v.as_str()).unwrap_or_default();
+        id == "#atproto_pds" || id.ends_with("#atproto_pds")
+    })?;
+    let endpoint = service.get("serviceEndpoint")?.as_str()?;
+    let valid = (endpoint.starts_with("https://") || endpoint.starts_with("http://")) && endpoint.len() <= 512;
+    valid.then(|| endpoint.trim_end_matches('/').to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn response(status: u16, body: &str) -> Response {
+        Response { status, retry_after: None, body: Bytes::from(body.to_string()) }
+    }
+
+    #[test]
+    fn answers_are_classified_by_what_to_do() {
+        assert_eq!(classify(&response(429, "")), Failure::RateLimited { retry_after: None });
+        assert_eq!(classify(&response(503, "")), Failure::Transient("HTTP 503".into()));
+        assert_eq!(
+            classify(&response(400, r#"{"error":"RepoTakendown","message":"gone"}"#)),
+            Failure::Unavailable(RepoStatus::Takendown)
+        );
+        assert_eq!(classify(&response(400, r#"{"error":"RepoNotFound"}"#)), Failure::Unavailable(RepoStatus::NotFound));
+        assert_eq!(classify(&response(404, "")), Failure::Unavailable(RepoStatus::NotFound));
+        assert_eq!(
+            classify(&response(400, r#"{"error":"InvalidRequest"}"#)),
+            Failure::Permanent("HTTP 400 InvalidRequest".into())
+        );
+    }
+
+    #[test]
+    fn listed_repos_are_validated_and_inactive_ones_marked() {
+        let ok = RawRepo { did: "did:plc:abc".into(), rev: Some("3l3qo2vutsw2b".into()), active: None, status: None };
+        assert_eq!(listed_repo(ok).unwrap().rev, parse_tid("3l3qo2vutsw2b"));
+        let bad = RawRepo { did: "nope".into(), rev: None, active: None, status: None };
+        assert!(listed_repo(bad).is_none());
+        let gone =
+            RawRepo { did: "did:plc:abc".into(), rev: None, active: Some(false), status: Some("takendown".into()) };
+        assert_eq!(listed_repo(gone).unwrap().inactive, Some(RepoStatus::Takendown));
+        let silent = RawRepo { did: "did:plc:abc".into(), rev: None, active: Some(false), status: None };
+        assert_eq!(listed_repo(silent).unwrap().inactive, Some(RepoStatus::Deactivated));
+    }
+
+    #[test]
+    fn cursors_must_advance_and_empty_pages_end_listings() {
+        assert_eq!(check_cursor(None, Some("a".into()), 3).unwrap(), Some("a".into()));
+        assert_eq!(
+            check_cursor(Some("a"), Some("a".into()), 3),
+            Err(Failure::Permanent("listing cursor did not advance".into()))
+        );
+        assert_eq!(check_cursor(Some("a"), Some("b".into()), 0).unwrap(), None);
+    }
+
+    #[test]
+    fn urls_and_hostnames() {
+        assert_eq!(base_url("pds.example.com", "https"), "https://pds.example.com");
+        assert_eq!(base_url("http://127.0.0.1:9/", "https"), "http://127.0.0.1:9");
+        assert_eq!(
+            listing_url("https://r", "com.atproto.sync.listRepos", Some("a b&c")),
+            "https://r/xrpc/com.atproto.sync.listRepos?limit=1000&cursor=a+b%26c"
+        );
+        assert!(valid_hostname("pds.example.com:2583"));
+        assert!(!valid_hostname("evil.com/path"));
+        assert!(!valid_hostname(""));
+    }
+
+    #[test]
+    fn pds_endpoints_come_from_did_documents() {
+        let document = br##"{"id":"did:plc:x","service":[{"id":"#atproto_pds","type":"AtprotoPersonalDataServer","serviceEndpoint":"https://pds.example.com/"}]}"##;
+        assert_eq!(pds_from_document(document).as_deref(), Some("https://pds.example.com"));
+        assert_eq!(pds_from_document(br#"{"service":[]}"#), None);
+        assert_eq!(pds_from_document(br##"{"service":[{"id":"#atproto_pds","serviceEndpoint":"ftp://x"}]}"##), None);
+    }
+}
