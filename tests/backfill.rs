@@ -262,3 +262,84 @@ fn one_repo_is_fetched_from_the_pds_its_did_document_names() {
     assert!(!expected.is_empty());
     assert_eq!(answers(&dir, &targets), expected);
 }
+
+/// Reads `/metrics` from a running `serve` and returns the value of one unlabelled series.
+fn metric(addr: &str, name: &str) -> Option<f64> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).ok()?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    let line = response.lines().find(|l| l.split_whitespace().next() == Some(name))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn serve_backfills_a_pds_while_it_follows_the_live_stream() {
+    use support::jetstream_server::{Faults, JetstreamServer};
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    // Live: a few real events from the capture, a pause (the backfill finishes meanwhile), then
+    // commits to a backfilled repository newer than its snapshot: a new like and a delete.
+    let filler: Vec<String> =
+        std::fs::read_to_string(support::CAPTURE).unwrap().lines().take(40).map(String::from).collect();
+    let name = "jetstream/repo.car";
+    let (commit, records, _) = read_repo_bytes(&car_bytes(name), &CarLimits::default()).unwrap();
+    let newer = backlinks::model::tid::parse_tid(&commit.rev).unwrap() + 1_000;
+    let linked =
+        records.iter().find(|r| !extract_links(&r.record, &ExtractLimits::default()).links.is_empty()).unwrap();
+    let last_time: i64 =
+        serde_json::from_str::<serde_json::Value>(filler.last().unwrap()).unwrap()["time_us"].as_i64().unwrap();
+    let like_target = "at://did:plc:53iucmf5ldftgqyf2ac7hmhd/app.bsky.feed.post/3l3qo2vutsw2b";
+    let commits = [
+        serde_json::json!({ "did": commit.did, "time_us": last_time + 1, "kind": "commit", "commit": {
+            "rev": backlinks::model::tid::format_tid(newer), "operation": "create", "collection": "app.bsky.feed.like",
+            "rkey": backlinks::model::tid::format_tid(newer), "record": {
+                "$type": "app.bsky.feed.like", "createdAt": "2026-11-30T00:00:00Z",
+                "subject": { "uri": like_target, "cid": "bafyreib2rxk3rh6kzwq" } } } }),
+        serde_json::json!({ "did": commit.did, "time_us": last_time + 2, "kind": "commit", "commit": {
+            "rev": backlinks::model::tid::format_tid(newer + 1), "operation": "delete",
+            "collection": linked.collection, "rkey": linked.rkey } }),
+    ];
+    let mut live = filler.clone();
+    live.extend(commits.iter().map(|c| c.to_string()));
+    let pause = Faults { pause_every: Some((filler.len() as u64, Duration::from_secs(4))), ..Faults::default() };
+    let jetstream = runtime.block_on(JetstreamServer::start(live.clone(), pause));
+    let mut builder = SyncServerBuilder::new();
+    for name in CARS {
+        builder = builder.repo(car_bytes(name));
+    }
+    let pds = runtime.block_on(builder.start());
+
+    let dir = scratch.path().join("serve");
+    let mut command = Command::new(BIN);
+    command
+        .args(["serve", "--listen", "127.0.0.1:0", "--jetstream", &jetstream.v1_url(), "--backfill-pds", &pds.url])
+        .arg("--data-dir")
+        .arg(&dir)
+        .env("RUST_LOG", "warn");
+    let (mut child, addr) = support::spawn_listening(&mut command);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&addr, "backlinks_backfill_repos_settled") != Some(CARS.len() as f64)
+        || jetstream.sent() < live.len() as u64
+    {
+        assert!(Instant::now() < deadline, "backfill or live ingest never finished");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let pid = child.id().to_string();
+    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(child.wait().unwrap().success());
+
+    // The same records and events through the JSON rules, in the same order.
+    let mut targets = targets(CARS);
+    targets.insert(like_target.to_string());
+    let lines = scratch.path().join("all.jsonl");
+    std::fs::write(&lines, json_lines(CARS) + &live.join("\n") + "\n").unwrap();
+    let json_dir = scratch.path().join("json-all");
+    let (ok, _, stderr) = run(&["import", "--data-dir", json_dir.to_str().unwrap(), lines.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let expected = answers(&json_dir, &targets);
+    assert!(expected.contains_key(like_target), "the live like is there");
+    assert_eq!(answers(&dir, &targets), expected);
+}
