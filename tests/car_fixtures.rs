@@ -10,14 +10,17 @@
 //! - truncated, oversized and hostile inputs give the right `CarError`, never a panic;
 //! - links extracted from the fixture records sit at the expected paths, and never come from a CID.
 
+#[path = "support/car_writer.rs"]
+mod car_writer;
+
 use backlinks::extract::{ExtractLimits, extract_links};
 use backlinks::ingest::car::{
     CarError, CarLimits, RepoCommit, RepoRecord, RepoStats, base64_encode_unpadded, dagcbor_to_json, read_repo,
     read_repo_bytes,
 };
 use backlinks::model::syntax::LinkTarget;
+use car_writer::{encode_car, fake_cid, frame, map, mst_node};
 use ipld_core::cid::Cid;
-use ipld_core::cid::multihash::Multihash;
 use ipld_core::ipld::Ipld;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
@@ -446,62 +449,12 @@ fn cuts_at_frame_boundaries_read_as_partial_repos() {
     }
 }
 
-/// Length-prefixes one frame.
-fn frame(payload: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    let mut len = payload.len();
-    while len >= 0x80 {
-        out.push((len as u8) | 0x80);
-        len >>= 7;
-    }
-    out.push(len as u8);
-    out.extend_from_slice(payload);
-    out
-}
-
-/// A CID over a made-up digest: the reader does not verify hashes, so tests can wire any graph.
-fn fake_cid(seed: u32) -> Cid {
-    let mut digest = [0u8; 32];
-    digest[..4].copy_from_slice(&seed.to_be_bytes());
-    Cid::new_v1(0x71, Multihash::wrap(0x12, &digest).unwrap())
-}
-
-fn map<const N: usize>(fields: [(&str, Ipld); N]) -> Ipld {
-    Ipld::Map(fields.into_iter().map(|(key, value)| (key.to_owned(), value)).collect())
-}
-
-fn encode_car(roots: &[Cid], blocks: &[(Cid, Ipld)]) -> Vec<u8> {
-    let header =
-        map([("roots", Ipld::List(roots.iter().map(|r| Ipld::Link(*r)).collect())), ("version", Ipld::Integer(1))]);
-    let mut car = frame(&serde_ipld_dagcbor::to_vec(&header).unwrap());
-    for (cid, block) in blocks {
-        car.extend(frame(&[cid.to_bytes(), serde_ipld_dagcbor::to_vec(block).unwrap()].concat()));
-    }
-    car
-}
-
 fn commit_block(data: Cid) -> Ipld {
-    map([
-        ("did", Ipld::String("did:plc:testtesttesttesttesttest".into())),
-        ("version", Ipld::Integer(3)),
-        ("data", Ipld::Link(data)),
-        ("rev", Ipld::String("3m2jradrsah2s".into())),
-        ("prev", Ipld::Null),
-        ("sig", Ipld::Bytes(vec![7; 64])),
-    ])
+    car_writer::commit_block("did:plc:testtesttesttesttesttest", "3m2jradrsah2s", data)
 }
 
-fn mst_node(left: Option<Cid>, entries: Vec<Ipld>) -> Ipld {
-    map([("l", left.map_or(Ipld::Null, Ipld::Link)), ("e", Ipld::List(entries))])
-}
-
-fn mst_entry(prefix_len: i128, suffix: &str, value: Cid) -> Ipld {
-    map([
-        ("p", Ipld::Integer(prefix_len)),
-        ("k", Ipld::Bytes(suffix.into())),
-        ("v", Ipld::Link(value)),
-        ("t", Ipld::Null),
-    ])
+fn mst_entry(prefix_len: usize, suffix: &str, value: Cid) -> Ipld {
+    car_writer::mst_entry(prefix_len, suffix, value, None)
 }
 
 fn like_record() -> Ipld {
@@ -734,4 +687,15 @@ fn legacy_mentions_and_quotes_link_at_their_paths() {
     let quotes =
         records.iter().filter(|r| links_of(&r.record).iter().any(|(_, location)| location == "$.embed.record"));
     assert_eq!(quotes.count(), 3);
+}
+
+#[test]
+fn generated_two_level_repositories_read_back_whole_and_in_order() {
+    let car = car_writer::generated_repo("did:plc:generatedgeneratedgener", 2_500);
+    let (commit, records, seen) = read_both(&car, &CarLimits::default()).unwrap();
+    assert_eq!(commit.did, "did:plc:generatedgeneratedgener");
+    // A root with two keys and three leaves (1,000 + 1,000 + 498 keys).
+    assert_eq!(seen, stats(2_505, 2_500, 0, 4));
+    assert!(records.windows(2).all(|w| (&w[0].collection, &w[0].rkey) < (&w[1].collection, &w[1].rkey)));
+    assert!(records.iter().all(|r| r.record["subject"]["uri"].as_str().unwrap().starts_with("at://did:plc:author")));
 }
