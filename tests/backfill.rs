@@ -85,9 +85,14 @@ fn targets(cars: &[&str]) -> BTreeSet<String> {
 
 type Answers = BTreeMap<String, Vec<(String, String)>>;
 
-/// Every (location, source) backlink of every target, paged through, from the index in `dir`.
+/// Every (location, source) backlink of every target, paged through, from the index in `dir`
+/// (whose bucket is `dir/bucket`).
 fn answers(dir: &Path, targets: &BTreeSet<String>) -> Answers {
-    let store = Arc::new(DirStore::new(dir.join("bucket")));
+    answers_with_bucket(dir, &dir.join("bucket"), targets)
+}
+
+fn answers_with_bucket(dir: &Path, bucket: &Path, targets: &BTreeSet<String>) -> Answers {
+    let store = Arc::new(DirStore::new(bucket.to_path_buf()));
     let options = IndexOptions { read_only: true, ..IndexOptions::default() };
     let index = Index::open(dir, store, options, 1).unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
@@ -210,6 +215,8 @@ fn a_relay_backfill_with_faults_killed_and_resumed_equals_an_uninterrupted_one()
     assert!(report["rateLimited"].as_u64().unwrap() >= 1, "a 429 was seen: {report}");
     let faults: u64 = pdses.iter().map(|p| p.counters.faults.load(Ordering::Relaxed)).sum();
     assert!(faults >= 6, "the plan injected faults: {faults}");
+    let waited = pdses.iter().map(|p| p.counters.min_wait_after_429_ms.load(Ordering::Relaxed)).min().unwrap();
+    assert!((1_000..u64::MAX).contains(&waited), "Retry-After: 1 was honoured: {waited} ms");
     assert_eq!(answers(&whole, &targets), expected, "uninterrupted backfill differs from the JSON rules");
 
     // Killed after a few repositories, then resumed.
@@ -342,4 +349,33 @@ fn serve_backfills_a_pds_while_it_follows_the_live_stream() {
     let expected = answers(&json_dir, &targets);
     assert!(expected.contains_key(like_target), "the live like is there");
     assert_eq!(answers(&dir, &targets), expected);
+}
+
+#[test]
+fn a_machine_restored_from_the_bucket_resumes_backfill_from_the_checkpoint() {
+    let scratch = tempfile::tempdir().unwrap();
+    let bucket = format!("file://{}", scratch.path().join("bucket").display());
+    let first = scratch.path().join("first");
+    let cars: Vec<String> = CARS.iter().flat_map(|name| ["--car".to_string(), car_path(name)]).collect();
+    let backfill = |dir: &Path| {
+        let mut args = vec!["backfill", "--store", &bucket, "--data-dir", dir.to_str().unwrap()];
+        args.extend(cars.iter().map(String::as_str));
+        let (ok, stdout, stderr) = run(&args);
+        assert!(ok, "backfill failed: {stderr}");
+        summary(&stdout)
+    };
+    let report = backfill(&first);
+    assert_eq!(report["indexed"], CARS.len(), "{report}");
+    assert!(report["checkpoint"].as_str().unwrap().starts_with("checkpoints/"), "{report}");
+
+    // A new machine with only the bucket: the index and repos.db come back, nothing is redone.
+    let second = scratch.path().join("second");
+    let report = backfill(&second);
+    assert_eq!(report["indexed"], 0, "every repository was already indexed: {report}");
+    assert_eq!(report["repos"]["done"], CARS.len(), "{report}");
+    let targets = targets(CARS);
+    let bucket = scratch.path().join("bucket");
+    let restored = answers_with_bucket(&second, &bucket, &targets);
+    assert!(link_count(&restored) > 500);
+    assert_eq!(restored, answers_with_bucket(&first, &bucket, &targets));
 }

@@ -55,6 +55,15 @@ pub struct Counters {
     pub repos_served: AtomicU64,
     pub faults: AtomicU64,
     pub listings: AtomicU64,
+    /// The shortest wait, in milliseconds, between a 429 and the next getRepo of the same DID
+    /// (`u64::MAX` until one is seen): `Retry-After: 1` asks for at least 1,000.
+    pub min_wait_after_429_ms: AtomicU64,
+}
+
+impl Counters {
+    fn new() -> Self {
+        Counters { min_wait_after_429_ms: AtomicU64::new(u64::MAX), ..Counters::default() }
+    }
 }
 
 struct Shared {
@@ -66,6 +75,8 @@ struct Shared {
     plc: HashMap<String, String>,
     plan: FaultPlan,
     attempts: Mutex<HashMap<String, u32>>,
+    /// When each DID was last answered 429.
+    rate_limited_at: Mutex<HashMap<String, std::time::Instant>>,
     page_size: usize,
     delay: Duration,
     /// The first listRepos call fails with a 500 (listings must retry).
@@ -137,13 +148,14 @@ impl SyncServerBuilder {
 
     /// Starts on a free loopback port in the current runtime.
     pub async fn start(self) -> SyncServer {
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(Counters::new());
         let shared = Arc::new(Shared {
             repos: self.repos,
             hosts: self.hosts,
             plc: self.plc,
             plan: self.plan,
             attempts: Mutex::default(),
+            rate_limited_at: Mutex::default(),
             page_size: self.page_size,
             delay: self.delay,
             fail_first_listing: AtomicU64::new(u64::from(self.fail_first_listing)),
@@ -209,6 +221,10 @@ async fn get_repo(State(shared): State<Arc<Shared>>, Query(query): Query<HashMap
     let Some((_, car)) = shared.repos.get(&did).cloned() else {
         return xrpc_error(StatusCode::BAD_REQUEST, "RepoNotFound");
     };
+    if let Some(limited_at) = shared.rate_limited_at.lock().unwrap().remove(&did) {
+        let waited = limited_at.elapsed().as_millis() as u64;
+        shared.counters.min_wait_after_429_ms.fetch_min(waited, Ordering::Relaxed);
+    }
     let attempt = {
         let mut attempts = shared.attempts.lock().unwrap();
         let n = attempts.entry(did.clone()).or_insert(0);
@@ -227,6 +243,7 @@ async fn get_repo(State(shared): State<Arc<Shared>>, Query(query): Query<HashMap
             ([(header::CONTENT_TYPE, "application/vnd.ipld.car")], car).into_response()
         }
         Some(Fault::RateLimit) => {
+            shared.rate_limited_at.lock().unwrap().insert(did.clone(), std::time::Instant::now());
             let mut response = xrpc_error(StatusCode::TOO_MANY_REQUESTS, "RateLimitExceeded");
             response.headers_mut().insert(header::RETRY_AFTER, "1".parse().unwrap());
             response
