@@ -81,11 +81,13 @@ pub struct Page<T> {
     pub invalid: usize,
 }
 
+/// A listing page: `listRepos` names its entries `repos`, `listHosts` names them `hosts`.
 #[derive(Deserialize)]
-struct RawReposPage {
+struct RawPage<E> {
     #[serde(default)]
     cursor: Option<String>,
-    repos: Vec<RawRepo>,
+    #[serde(alias = "repos", alias = "hosts")]
+    entries: Vec<E>,
 }
 
 #[derive(Deserialize)]
@@ -97,13 +99,6 @@ struct RawRepo {
     active: Option<bool>,
     #[serde(default)]
     status: Option<String>,
-}
-
-#[derive(Deserialize)]
-struct RawHostsPage {
-    #[serde(default)]
-    cursor: Option<String>,
-    hosts: Vec<RawHost>,
 }
 
 #[derive(Deserialize)]
@@ -146,6 +141,23 @@ fn check_cursor(previous: Option<&str>, next: Option<String>, items: usize) -> R
     Ok(next)
 }
 
+/// One page of listing `method` on `base`: the entries `keep` accepts, the others counted.
+async fn fetch_page<E: serde::de::DeserializeOwned, T>(
+    http: &HttpClient,
+    base: &str,
+    method: &str,
+    cursor: Option<&str>,
+    timeout: Duration,
+    keep: impl Fn(E) -> Option<T>,
+) -> Result<Page<T>, Failure> {
+    let response = get_json(http, &listing_url(base, method, cursor), timeout).await?;
+    let page: RawPage<E> =
+        serde_json::from_slice(&response.body).map_err(|e| Failure::Permanent(format!("{method}: {e}")))?;
+    let total = page.entries.len();
+    let items: Vec<T> = page.entries.into_iter().filter_map(keep).collect();
+    Ok(Page { next: check_cursor(cursor, page.cursor, total)?, invalid: total - items.len(), items })
+}
+
 /// One page of `com.atproto.sync.listRepos` on `base`.
 pub async fn list_repos(
     http: &HttpClient,
@@ -153,13 +165,7 @@ pub async fn list_repos(
     cursor: Option<&str>,
     timeout: Duration,
 ) -> Result<Page<ListedRepo>, Failure> {
-    let response = get_json(http, &listing_url(base, "com.atproto.sync.listRepos", cursor), timeout).await?;
-    let page: RawReposPage =
-        serde_json::from_slice(&response.body).map_err(|e| Failure::Permanent(format!("listRepos: {e}")))?;
-    let total = page.repos.len();
-    let items: Vec<ListedRepo> = page.repos.into_iter().filter_map(listed_repo).collect();
-    let invalid = total - items.len();
-    Ok(Page { next: check_cursor(cursor, page.cursor, total)?, items, invalid })
+    fetch_page(http, base, "com.atproto.sync.listRepos", cursor, timeout, listed_repo).await
 }
 
 fn listed_repo(raw: RawRepo) -> Option<ListedRepo> {
@@ -181,19 +187,12 @@ pub async fn list_hosts(
     cursor: Option<&str>,
     timeout: Duration,
 ) -> Result<Page<String>, Failure> {
-    let response = get_json(http, &listing_url(relay, "com.atproto.sync.listHosts", cursor), timeout).await?;
-    let page: RawHostsPage =
-        serde_json::from_slice(&response.body).map_err(|e| Failure::Permanent(format!("listHosts: {e}")))?;
-    let total = page.hosts.len();
-    let items: Vec<String> = page
-        .hosts
-        .into_iter()
-        .filter(|h| !matches!(h.status.as_deref(), Some("banned" | "offline")))
-        .map(|h| h.hostname)
-        .filter(|h| valid_hostname(h))
-        .collect();
-    let skipped = total - items.len();
-    Ok(Page { next: check_cursor(cursor, page.cursor, total)?, items, invalid: skipped })
+    fetch_page(http, relay, "com.atproto.sync.listHosts", cursor, timeout, listed_host).await
+}
+
+fn listed_host(raw: RawHost) -> Option<String> {
+    let reachable = !matches!(raw.status.as_deref(), Some("banned" | "offline"));
+    (reachable && valid_hostname(&raw.hostname)).then_some(raw.hostname)
 }
 
 /// A hostname (optionally with a port): letters, digits, `-`, `.`, `:`; no path, no scheme.
@@ -286,6 +285,20 @@ mod tests {
         assert_eq!(listed_repo(gone).unwrap().inactive, Some(RepoStatus::Takendown));
         let silent = RawRepo { did: "did:plc:abc".into(), rev: None, active: Some(false), status: None };
         assert_eq!(listed_repo(silent).unwrap().inactive, Some(RepoStatus::Deactivated));
+    }
+
+    #[test]
+    fn pages_of_both_listings_parse_and_drop_unusable_hosts() {
+        let repos: RawPage<RawRepo> =
+            serde_json::from_str(r#"{"cursor":"c","repos":[{"did":"did:plc:a","head":"x","rev":"3l3qo2vutsw2b"}]}"#)
+                .unwrap();
+        assert_eq!((repos.cursor.as_deref(), repos.entries.len()), (Some("c"), 1));
+        let hosts: RawPage<RawHost> = serde_json::from_str(
+            r#"{"hosts":[{"hostname":"pds.example.com"},{"hostname":"gone.example","status":"banned"},{"hostname":"a/b"}]}"#,
+        )
+        .unwrap();
+        let kept: Vec<String> = hosts.entries.into_iter().filter_map(listed_host).collect();
+        assert_eq!(kept, vec!["pds.example.com".to_string()]);
     }
 
     #[test]
