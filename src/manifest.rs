@@ -169,12 +169,18 @@ impl Manifest {
 
 /// Table ids are 24 lowercase hex digits: a 64-bit sequence number and 32 random bits.
 pub fn is_table_id(id: &str) -> bool {
-    id.len() == 24 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    id.len() == 24 && is_lower_hex(id)
 }
 
+fn is_lower_hex(text: &str) -> bool {
+    text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// Accepts only the spelling `encode` writes: `from_str_radix` alone also takes upper case and a
+/// leading `+`, which would give one manifest several names, not all sorting by generation.
 fn parse_name(name: &str) -> Option<(u64, u128)> {
     let (generation, digest) = name.split_once('-')?;
-    if generation.len() != 16 || digest.len() != 32 {
+    if generation.len() != 16 || digest.len() != 32 || !is_lower_hex(generation) || !is_lower_hex(digest) {
         return None;
     }
     Some((u64::from_str_radix(generation, 16).ok()?, u128::from_str_radix(digest, 16).ok()?))
@@ -217,6 +223,22 @@ mod tests {
         let (name, body) = manifest.encode();
         assert!(name.starts_with("0000000000000007-"));
         assert_eq!(Manifest::decode(&name, &body).unwrap(), manifest);
+    }
+
+    /// Found by running the `manifest` fuzz target on a name with an upper-case digest: the
+    /// manifest decoded under a name that is not its own.
+    #[test]
+    fn only_the_canonical_name_is_accepted() {
+        let (name, body) = sample().encode();
+        assert!(Manifest::decode(&name, &body).is_ok());
+        let (generation, digest) = name.split_once('-').unwrap();
+        let upper_case = format!("{generation}-{}", digest.to_ascii_uppercase());
+        let signed = format!("+{}-{digest}", &generation[1..]);
+        for alias in [upper_case, signed] {
+            assert_ne!(alias, name);
+            let err = Manifest::decode(&alias, &body).unwrap_err().to_string();
+            assert!(err.contains("malformed name"), "{alias}: {err}");
+        }
     }
 
     #[test]

@@ -1,20 +1,21 @@
 //! Repository CAR files (`com.atproto.sync.getRepo`) -> every record, in key order, as atproto JSON.
 //!
 //! Crates used, and why:
-//! - `iroh-car`: the CAR v1 framing (length-prefixed header and `CID + bytes` frames) over a tokio
-//!   `AsyncRead`, for [`read_repo`]; also its `CarHeader::decode` for the header in both paths.
+//! - `iroh-car`: only its `CarHeader::decode`, for the header. Its `CarReader` is not used: it
+//!   decodes a 10-byte length prefix that overflows u64 by dropping the high bits, so it framed
+//!   such a CAR differently from the slice parser (found by the `car` fuzz target).
 //! - `serde_ipld_dagcbor`: DAG-CBOR bytes -> `Ipld` (the commit, MST nodes and records). Its decoder
 //!   nests at most 256 levels and caps preallocation from declared lengths.
 //! - `ipld-core`: the `Ipld` value type and `Cid`.
 //!
-//! [`read_repo_bytes`] parses the framing itself over the slice (no runtime, no copies); the two
-//! readers must agree on every input, and the tests check that they do.
+//! [`read_repo_bytes`] parses the framing itself over the slice (no runtime, no copies);
+//! [`read_repo`] reads the whole CAR (at most `max_bytes`) and hands it to the same code, so the
+//! two readers agree on every input by construction; the tests and the fuzz target check it.
 //!
 //! Invariants:
 //! - Never more than `max_bytes` read, `max_blocks` frames stored, `max_block_bytes` per frame (CID
 //!   plus data), `max_mst_depth` MST levels, `max_records` MST entries, `max_record_depth` nesting.
-//!   No allocation is sized by an untrusted length beyond these limits (iroh-car itself caps one
-//!   frame at 4 MiB, so the async reader's effective frame cap is `min(max_block_bytes, 4 MiB)`).
+//!   No allocation is sized by an untrusted length beyond these limits.
 //!   Recursion (MST walk, JSON conversion) never goes deeper than 256 levels, whatever the limits say.
 //! - A cut inside a frame is [`CarError::Truncated`]. A cut exactly at a frame boundary cannot be
 //!   told from a partial CAR: the blocks that did not arrive are counted in `missing_blocks`.
@@ -26,16 +27,9 @@
 
 use ipld_core::cid::Cid;
 use ipld_core::ipld::Ipld;
-use iroh_car::CarReader;
 use serde_json::{Map, Value};
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
-use std::io;
-use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncReadExt, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 /// Longest MST key accepted: an NSID (at most 317 chars), `/`, and a record key (at most 512).
 pub const MAX_MST_KEY_BYTES: usize = 1024;
@@ -161,13 +155,26 @@ pub enum CarError {
 
 /// Reads a repository CAR from `reader` and returns its commit and records in key order.
 ///
-/// iroh-car reads the length prefixes one byte at a time: pass a buffered reader.
+/// The CAR is read whole first (the walk holds every block in memory anyway), then parsed exactly
+/// as [`read_repo_bytes`] parses it.
 pub async fn read_repo<R: AsyncRead + Unpin + Send>(
     reader: R,
     limits: &CarLimits,
 ) -> Result<(RepoCommit, Vec<RepoRecord>, RepoStats), CarError> {
-    let car = read_blocks_async(reader, limits).await?;
-    walk_repo(&car, limits)
+    let bytes = read_at_most(reader, limits.max_bytes).await?;
+    read_repo_bytes(&bytes, limits)
+}
+
+/// Everything `reader` holds, or `TooBig` as soon as it holds more than `max_bytes`.
+async fn read_at_most<R: AsyncRead + Unpin>(reader: R, max_bytes: u64) -> Result<Vec<u8>, CarError> {
+    let mut bytes = Vec::new();
+    // One byte past the budget is enough to tell "exactly max_bytes" from "too big".
+    let mut budgeted = reader.take(max_bytes.saturating_add(1));
+    budgeted.read_to_end(&mut bytes).await.map_err(|e| CarError::Io(e.to_string()))?;
+    if bytes.len() as u64 > max_bytes {
+        return Err(CarError::TooBig { max_bytes });
+    }
+    Ok(bytes)
 }
 
 /// Same as [`read_repo`] over an in-memory CAR. It parses the framing itself over the slice (no
@@ -240,12 +247,12 @@ fn base64_unpadded_len(input_len: usize) -> usize {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Framing: both readers produce the same `CarBlocks`.
+// Framing.
 
 /// The blocks of one CAR, keyed by CID; the first copy of a duplicated CID wins.
 struct CarBlocks<'a> {
     root: Cid,
-    blocks: HashMap<Cid, Cow<'a, [u8]>>,
+    blocks: HashMap<Cid, &'a [u8]>,
     frames: usize,
 }
 
@@ -257,7 +264,7 @@ impl<'a> CarBlocks<'a> {
         }
     }
 
-    fn insert(&mut self, cid: Cid, data: Cow<'a, [u8]>, frame_len: u64, limits: &CarLimits) -> Result<(), CarError> {
+    fn insert(&mut self, cid: Cid, data: &'a [u8], frame_len: u64, limits: &CarLimits) -> Result<(), CarError> {
         if frame_len > limits.max_block_bytes as u64 {
             return Err(CarError::BlockTooBig { len: frame_len, max: limits.max_block_bytes });
         }
@@ -270,7 +277,7 @@ impl<'a> CarBlocks<'a> {
     }
 
     fn get(&self, cid: &Cid) -> Option<&[u8]> {
-        self.blocks.get(cid).map(|data| data.as_ref())
+        self.blocks.get(cid).copied()
     }
 }
 
@@ -330,7 +337,7 @@ fn read_blocks_from_slice<'a>(bytes: &'a [u8], limits: &CarLimits) -> Result<Car
         return Err(CarError::TooBig { max_bytes: limits.max_bytes });
     }
     let mut frames = SliceFrames { bytes, offset: 0 };
-    // Like iroh-car, report an unreadable header frame as a header error, whatever the cause.
+    // An unreadable header frame is a header error, whatever the cause.
     let header = match frames.next_frame(limits.max_block_bytes) {
         Ok(Some(header)) => header,
         Ok(None) => return Err(CarError::Truncated { offset: 0 }),
@@ -340,7 +347,7 @@ fn read_blocks_from_slice<'a>(bytes: &'a [u8], limits: &CarLimits) -> Result<Car
     let mut car = CarBlocks::new(&decode_header(header)?)?;
     while let Some(frame) = frames.next_frame(limits.max_block_bytes)? {
         let (cid, data) = split_frame(frame)?;
-        car.insert(cid, Cow::Borrowed(data), frame.len() as u64, limits)?;
+        car.insert(cid, data, frame.len() as u64, limits)?;
     }
     Ok(car)
 }
@@ -352,96 +359,6 @@ fn split_frame(frame: &[u8]) -> Result<(Cid, &[u8]), CarError> {
     assert_eq!(cid.encoded_len() + rest.len(), frame.len(), "CID and data must split the frame");
     Ok((cid, rest))
 }
-
-/// What the async reader observed underneath iroh-car, which reports most failures as strings.
-#[derive(Default)]
-struct ReadProgress {
-    bytes: AtomicU64,
-    saw_eof: AtomicBool,
-    saw_io_error: AtomicBool,
-}
-
-/// Counts the bytes iroh-car consumes and records why reading stopped.
-struct ObservedReader<R> {
-    inner: R,
-    progress: Arc<ReadProgress>,
-}
-
-impl<R: AsyncRead + Unpin> AsyncRead for ObservedReader<R> {
-    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let filled_before = buf.filled().len();
-        let wanted = buf.remaining();
-        let result = Pin::new(&mut this.inner).poll_read(cx, buf);
-        match &result {
-            Poll::Ready(Ok(())) => {
-                let read = buf.filled().len() - filled_before;
-                this.progress.bytes.fetch_add(read as u64, Ordering::Relaxed);
-                if read == 0 && wanted > 0 {
-                    this.progress.saw_eof.store(true, Ordering::Relaxed);
-                }
-            }
-            Poll::Ready(Err(_)) => this.progress.saw_io_error.store(true, Ordering::Relaxed),
-            Poll::Pending => {}
-        }
-        result
-    }
-}
-
-async fn read_blocks_async<R: AsyncRead + Unpin + Send>(
-    reader: R,
-    limits: &CarLimits,
-) -> Result<CarBlocks<'static>, CarError> {
-    let progress = Arc::new(ReadProgress::default());
-    // One byte past the budget is enough to tell "exactly max_bytes" from "too big".
-    let budgeted = reader.take(limits.max_bytes.saturating_add(1));
-    let observed = ObservedReader { inner: budgeted, progress: Arc::clone(&progress) };
-    let result = collect_frames(observed, &progress, limits).await;
-    if progress.bytes.load(Ordering::Relaxed) > limits.max_bytes {
-        return Err(CarError::TooBig { max_bytes: limits.max_bytes });
-    }
-    result
-}
-
-async fn collect_frames<R: AsyncRead + Unpin + Send>(
-    reader: ObservedReader<R>,
-    progress: &ReadProgress,
-    limits: &CarLimits,
-) -> Result<CarBlocks<'static>, CarError> {
-    let mut reader = CarReader::new(reader).await.map_err(|e| classify_iroh_error(e, progress, true))?;
-    let mut car = CarBlocks::new(reader.header().roots())?;
-    let mut frame_end = progress.bytes.load(Ordering::Relaxed);
-    while let Some((cid, data)) = reader.next_block().await.map_err(|e| classify_iroh_error(e, progress, false))? {
-        let consumed = progress.bytes.load(Ordering::Relaxed);
-        car.insert(cid, Cow::Owned(data), consumed - frame_end, limits)?;
-        frame_end = consumed;
-    }
-    // iroh-car reports a length prefix cut short as a clean end: bytes past the last frame say otherwise.
-    let consumed = progress.bytes.load(Ordering::Relaxed);
-    if consumed != frame_end {
-        return Err(CarError::Truncated { offset: consumed });
-    }
-    Ok(car)
-}
-
-fn classify_iroh_error(error: iroh_car::Error, progress: &ReadProgress, in_header: bool) -> CarError {
-    let offset = progress.bytes.load(Ordering::Relaxed);
-    if progress.saw_io_error.load(Ordering::Relaxed) {
-        return CarError::Io(error.to_string());
-    }
-    if progress.saw_eof.load(Ordering::Relaxed) {
-        return CarError::Truncated { offset };
-    }
-    match error {
-        iroh_car::Error::LdReadTooLarge(len) => CarError::BlockTooBig { len: len as u64, max: IROH_CAR_MAX_FRAME },
-        other if in_header => CarError::BadHeader(other.to_string()),
-        other => CarError::BadFraming(other.to_string()),
-    }
-}
-
-/// iroh-car's fixed per-frame allocation cap (`MAX_ALLOC` in its util.rs): it refuses longer
-/// frames itself, before our `max_block_bytes` check sees them.
-const IROH_CAR_MAX_FRAME: usize = 4 << 20;
 
 // ---------------------------------------------------------------------------------------------
 // Commit and MST.
@@ -742,6 +659,27 @@ mod tests {
         assert_eq!(split_key(b"a/b/c"), None);
         assert_eq!(split_key(b"/x"), None);
         assert_eq!(split_key(&[0xff, b'/', b'x']), None);
+    }
+
+    /// The header frame of a real repo CAR (one root, version 1).
+    const HEADER_HEX: &str = "3aa265726f6f747381d82a5825000171122069c0e6977d9999baddb2377c23f3f53752df512d2101efdcbc63e76ed050cebc6776657273696f6e01";
+
+    fn from_hex(text: &str) -> Vec<u8> {
+        (0..text.len()).step_by(2).map(|at| u8::from_str_radix(&text[at..at + 2], 16).unwrap()).collect()
+    }
+
+    /// Found by the `car` fuzz target: a 10-byte length prefix whose last byte overflows u64. The
+    /// slice parser calls it bad framing; iroh-car's reader, which `read_repo` used to stream
+    /// through, dropped the high bits and saw another length (here a too-big block; with other
+    /// bits, a frame of the wrong size). Both readers now share the slice parser.
+    #[test]
+    fn an_overflowing_length_prefix_is_bad_framing_in_both_readers() {
+        let car = [from_hex(HEADER_HEX), vec![0x8c; 9], vec![0x0c]].concat();
+        let from_slice = read_repo_bytes(&car, &CarLimits::default());
+        assert!(matches!(&from_slice, Err(CarError::BadFraming(reason)) if reason.contains("overflows")));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let streamed = runtime.block_on(read_repo(&car[..], &CarLimits::default()));
+        assert!(matches!(&streamed, Err(CarError::BadFraming(reason)) if reason.contains("overflows")), "{streamed:?}");
     }
 
     #[test]

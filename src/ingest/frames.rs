@@ -334,6 +334,10 @@ pub fn parse_time_us(text: &str) -> Result<i64, FrameError> {
     if b.len() < 20 || b.len() > 40 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
         return Err(bad());
     }
+    // The date and time are sliced at fixed byte offsets below, which must be char boundaries.
+    if !b[..19].is_ascii() {
+        return Err(bad());
+    }
     let num = |from: usize, to: usize| -> Result<i64, FrameError> {
         let digits = &text[from..to];
         if digits.bytes().all(|c| c.is_ascii_digit()) { digits.parse().map_err(|_| bad()) } else { Err(bad()) }
@@ -561,5 +565,23 @@ mod tests {
         ] {
             assert!(parse_time_us(bad).is_err(), "accepted {bad:?}");
         }
+    }
+
+    /// Found by the `jetstream_frame` fuzz target: a multi-byte char across byte 19 (the end of
+    /// the seconds) made the seconds slice panic, so one v2 frame could stop live ingest.
+    #[test]
+    fn a_multibyte_char_in_a_time_is_an_error_not_a_panic() {
+        let fuzzed = "2024-09-09T19:41:0\u{21e}";
+        assert_eq!(fuzzed.len(), 20);
+        assert_eq!(parse_time_us(fuzzed), Err(FrameError::Time(fuzzed.into())));
+        assert!(parse_time_us("2024-09-09T19:41:0\u{21e}Z").is_err());
+        assert!(parse_time_us("2024-09-09T19:41:\u{20ac}Z").is_err(), "a 3-byte char over bytes 17..20");
+        let payload = serde_json::json!({
+            "$type": "network.bsky.jetstream.subscribeEvents#identity", "seq": 5,
+            "did": "did:plc:eygmaihciaxprqvxpfvl6flk", "time": fuzzed,
+        });
+        let frame = serde_json::to_vec(&serde_json::json!({"$type": "message", "payload": payload})).unwrap();
+        let decoder = FrameDecoder::new(Protocol::V2, None).unwrap();
+        assert!(matches!(decoder.decode_text(&frame), Err(FrameError::Time(_))));
     }
 }

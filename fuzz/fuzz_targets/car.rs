@@ -1,0 +1,75 @@
+//! Repository CARs: arbitrary bytes through both CAR readers (`read_repo_bytes` over the slice and
+//! the async `read_repo` over iroh-car), with the default limits and with tight ones.
+//!
+//! Invariants checked (src/ingest/car.rs states them):
+//! - The two readers agree on every input: the same commit, records and stats, or errors of the
+//!   same kind.
+//! - On success: records in strictly increasing `collection/rkey` order, each key well formed and
+//!   each record an object; the stats count them exactly; no limit is exceeded.
+#![no_main]
+
+use backlinks::ingest::car::{CarError, CarLimits, RepoCommit, RepoRecord, RepoStats, read_repo, read_repo_bytes};
+use libfuzzer_sys::fuzz_target;
+
+thread_local! {
+    static RUNTIME: tokio::runtime::Runtime =
+        tokio::runtime::Builder::new_current_thread().build().expect("a current-thread runtime");
+}
+
+type RepoResult = Result<(RepoCommit, Vec<RepoRecord>, RepoStats), CarError>;
+
+/// Limits small enough that fuzzed inputs reach every "too many" and "too deep" path.
+fn tight_limits() -> CarLimits {
+    CarLimits {
+        max_bytes: 64 << 10,
+        max_blocks: 64,
+        max_block_bytes: 4 << 10,
+        max_mst_depth: 4,
+        max_records: 32,
+        max_record_depth: 6,
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    for limits in [CarLimits::default(), tight_limits()] {
+        if let Ok((commit, records, stats)) = read_both(data, &limits) {
+            check_repo(&commit, &records, &stats, &limits);
+        }
+    }
+});
+
+fn read_both(bytes: &[u8], limits: &CarLimits) -> RepoResult {
+    let from_slice = read_repo_bytes(bytes, limits);
+    // A small buffer makes the async reader cross many partial reads.
+    let reader = tokio::io::BufReader::with_capacity(61, bytes);
+    let from_stream = RUNTIME.with(|runtime| runtime.block_on(read_repo(reader, limits)));
+    match (&from_slice, &from_stream) {
+        (Ok(slice), Ok(stream)) => assert_eq!(slice, stream, "readers disagree"),
+        (Err(slice), Err(stream)) => assert_eq!(
+            std::mem::discriminant(slice),
+            std::mem::discriminant(stream),
+            "readers fail differently: {slice} vs {stream}"
+        ),
+        _ => panic!("one reader failed: slice {from_slice:?}, stream {from_stream:?}"),
+    }
+    from_slice
+}
+
+fn check_repo(commit: &RepoCommit, records: &[RepoRecord], stats: &RepoStats, limits: &CarLimits) {
+    assert!((2..=3).contains(&commit.version), "commit version {}", commit.version);
+    assert!(commit.version == 2 || !commit.rev.is_empty(), "a v3 commit without rev");
+    assert_eq!(stats.records, records.len());
+    assert!(records.len() + stats.bad_records <= limits.max_records, "{stats:?}");
+    assert!(stats.blocks <= limits.max_blocks, "{stats:?}");
+    let mut previous: Option<String> = None;
+    for record in records {
+        assert!(!record.collection.is_empty() && !record.rkey.is_empty() && !record.rkey.contains('/'), "{record:?}");
+        assert!(record.record.is_object(), "record {}/{} is not an object", record.collection, record.rkey);
+        let key = format!("{}/{}", record.collection, record.rkey);
+        assert!(
+            previous.as_deref().is_none_or(|previous| previous.as_bytes() < key.as_bytes()),
+            "{key:?} out of order"
+        );
+        previous = Some(key);
+    }
+}

@@ -1,0 +1,48 @@
+//! Helpers shared by the table targets.
+//!
+//! - `with_checksum` lets the fuzzer past the trailing xxh3-64 that frames and meta files end
+//!   with: without it nearly every mutation dies at the checksum and the parsers behind it are
+//!   never reached.
+//! - `sorted_entries` and `build_table` turn fuzz bytes into a valid table, for round trips.
+
+// Each target uses only some of these helpers.
+#![allow(dead_code)]
+
+use backlinks::lsm::entry::Entry;
+use backlinks::lsm::table::{TableBuilder, TableOptions};
+use xxhash_rust::xxh3::xxh3_64;
+
+const CHECKSUM_LEN: usize = 8;
+
+/// `bytes` with its last 8 bytes replaced by the little-endian xxh3-64 of everything before them.
+pub fn with_checksum(bytes: &[u8]) -> Vec<u8> {
+    let mut fixed = bytes.to_vec();
+    if let Some(split) = fixed.len().checked_sub(CHECKSUM_LEN) {
+        let checksum = xxh3_64(&fixed[..split]);
+        fixed[split..].copy_from_slice(&checksum.to_le_bytes());
+    }
+    fixed
+}
+
+/// Every whole `E::WIDTH` chunk of `bytes` as an entry, sorted, duplicates removed.
+pub fn sorted_entries<E: Entry>(bytes: &[u8]) -> Vec<E> {
+    let mut entries: Vec<E> = bytes.chunks_exact(E::WIDTH).map(E::decode).collect();
+    entries.sort_unstable();
+    entries.dedup();
+    entries
+}
+
+/// Writes `entries` (strictly increasing) as a table of frames of about `frame_bytes` raw bytes;
+/// returns the data file and the meta file.
+pub fn build_table<E: Entry>(entries: &[E], frame_bytes: usize) -> (Vec<u8>, Vec<u8>) {
+    let options = TableOptions { frame_bytes, ..TableOptions::default() };
+    let mut builder = TableBuilder::<E, Vec<u8>>::new(Vec::new(), &options, entries.len()).expect("valid options");
+    for entry in entries {
+        builder.push(entry).expect("entries are strictly increasing");
+    }
+    let (data, meta, summary) = builder.finish().expect("writing to memory never fails");
+    assert_eq!(summary.entries, entries.len() as u64);
+    assert_eq!(summary.data_len, data.len() as u64);
+    assert_eq!(summary.meta_len, meta.len() as u64);
+    (data, meta)
+}

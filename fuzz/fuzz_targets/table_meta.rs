@@ -1,0 +1,76 @@
+//! Table meta files, decoded from arbitrary bytes and round-tripped through whole tables.
+//!
+//! The first byte picks the entry type (bit 0: backlinks or revocations) and the mode (bit 2):
+//! - decode: the rest is a meta file, its checksum fixed up first when bit 1 is set;
+//! - build: the rest is entries (sorted and deduplicated) and, in its first byte, the frame size;
+//!   they are written as a table and read back.
+//!
+//! Invariants checked (src/lsm/table.rs states them):
+//! - A meta file that decodes re-encodes to exactly its bytes, its frame ranges and byte ranges stay
+//!   in bounds, and reading frames from data of the wrong length is an error, not a panic.
+//! - A built table decodes to exactly its entries (meta and frames), its filter admits every key,
+//!   and `frames_for_key` covers every entry of the key.
+#![no_main]
+
+mod common;
+
+use backlinks::lsm::entry::Entry;
+use backlinks::lsm::filter::KeyHash;
+use backlinks::lsm::table::{TableMeta, decode_frames};
+use backlinks::model::ids::{Backlink, Revocation};
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    let Some((&mode, rest)) = data.split_first() else { return };
+    match (mode & 4 == 0, mode & 1 == 0) {
+        (true, true) => check_decode::<Backlink>(rest, mode & 2 != 0),
+        (true, false) => check_decode::<Revocation>(rest, mode & 2 != 0),
+        (false, true) => check_build::<Backlink>(rest),
+        (false, false) => check_build::<Revocation>(rest),
+    }
+});
+
+fn check_decode<E: Entry>(bytes: &[u8], fix_checksum: bool) {
+    let bytes = if fix_checksum { common::with_checksum(bytes) } else { bytes.to_vec() };
+    let Ok(meta) = TableMeta::<E>::decode(&bytes) else { return };
+    let mut encoded = Vec::new();
+    meta.encode(&mut encoded);
+    assert_eq!(encoded, bytes, "a decoded meta does not re-encode to its bytes");
+    for frame in &meta.frames {
+        let range = meta.frames_for_key(frame.first.key());
+        assert!(range.start <= range.end && range.end <= meta.frames.len(), "{range:?}");
+        let (start, end) = meta.byte_range(range.clone());
+        assert!(start <= end && end <= meta.data_len, "bytes {start}..{end} of {}", meta.data_len);
+        let too_short = vec![0u8; (end - start).saturating_sub(1) as usize];
+        if !range.is_empty() {
+            assert!(decode_frames(&meta, range, &too_short, &mut Vec::new()).is_err(), "short data accepted");
+        }
+    }
+}
+
+fn check_build<E: Entry>(bytes: &[u8]) {
+    let Some((&frame_size, rest)) = bytes.split_first() else { return };
+    let entries = common::sorted_entries::<E>(rest);
+    // 1 to 16 entries per frame, so that small inputs still make many frames.
+    let frame_bytes = E::WIDTH * (1 + usize::from(frame_size % 16));
+    let (data, meta_bytes) = common::build_table(&entries, frame_bytes);
+    let meta = TableMeta::<E>::decode(&meta_bytes).expect("a meta we wrote decodes");
+    assert_eq!(meta.entries, entries.len() as u64);
+    assert_eq!(meta.last, entries.last().copied());
+    let mut decoded = Vec::new();
+    decode_frames(&meta, 0..meta.frames.len(), &data, &mut decoded).expect("frames we wrote decode");
+    assert_eq!(decoded, entries, "decode(encode(x)) != x");
+    for entry in &entries {
+        check_key_lookup(&meta, &data, entry);
+    }
+}
+
+/// The filter admits the entry's key, and the frames `frames_for_key` names hold the entry.
+fn check_key_lookup<E: Entry>(meta: &TableMeta<E>, data: &[u8], entry: &E) {
+    assert!(meta.may_contain(KeyHash::of_record(&entry.key())), "the filter rejects a key it holds");
+    let range = meta.frames_for_key(entry.key());
+    let (start, end) = meta.byte_range(range.clone());
+    let mut found = Vec::new();
+    decode_frames(meta, range, &data[start as usize..end as usize], &mut found).expect("a frame range decodes");
+    assert!(found.contains(entry), "frames_for_key misses {entry:?}");
+}
