@@ -53,6 +53,8 @@ pub struct FileConfig {
     pub max_concurrent_queries: Option<usize>,
     /// A query running longer than this many milliseconds is stopped with a 503 (serve).
     pub request_timeout_ms: Option<u64>,
+    /// HTTP connections open at once; more wait in the accept backlog (serve, default 1024).
+    pub max_connections: Option<usize>,
     /// `Cache-Control: max-age` of successful query answers, in seconds (serve).
     pub cache_max_age_secs: Option<u64>,
     /// Entries countBacklinks reads before it answers with an estimate (serve).
@@ -224,6 +226,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("compaction_bytes_per_sec", EnvKind::Scalar),
     ("max_concurrent_queries", EnvKind::Scalar),
     ("request_timeout_ms", EnvKind::Scalar),
+    ("max_connections", EnvKind::Scalar),
     ("cache_max_age_secs", EnvKind::Scalar),
     ("count_exact_limit", EnvKind::Scalar),
     ("s3_endpoint", EnvKind::Text),

@@ -17,14 +17,15 @@ use crate::lsm::compaction::{self, CompactionOptions};
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
 use crate::lsm::run::Run;
-use crate::lsm::table::TableOptions;
+use crate::lsm::table::{FormatError, TableMeta, TableOptions, verify_data_checksums};
 use crate::lsm::tree::{ReadError, Tree, table_key};
 use crate::manifest::{Manifest, ManifestTable, OutlineRange};
 use crate::model::ids::{Backlink, RecordId, Revocation};
 use crate::model::syntax::LinkTarget;
-use crate::model::tid::{format_tid, parse_tid};
+use crate::model::tid::parse_tid;
 use crate::outline::{OutlineKind, OutlineOptions, Outlines};
 use crate::store::object::Store;
+use crate::verify::{ObjectKind, Place, report_corruption};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -126,6 +127,8 @@ fn add_elapsed(counter: &AtomicU64, started: std::time::Instant) {
 #[derive(Debug, Clone, Default)]
 struct Published {
     name: Option<String>,
+    /// Its generation (0: none yet); the next manifest's must be larger.
+    generation: u64,
     table_ids: HashSet<String>,
     outlines: Vec<OutlineRange>,
 }
@@ -134,6 +137,7 @@ impl Published {
     fn of(name: &str, manifest: &Manifest) -> Self {
         Published {
             name: Some(name.to_string()),
+            generation: manifest.generation,
             table_ids: manifest.tables.iter().map(|t| t.id.clone()).collect(),
             outlines: manifest.outlines.clone(),
         }
@@ -527,17 +531,31 @@ impl Index {
         let pending = self.catalog.pending_uploads()?;
         for record in &pending {
             let dir = if record.tree == Backlink::TREE { self.links.dir() } else { self.thresholds.dir() };
-            for ext in ["data", "meta"] {
+            let read = |ext: &str| {
                 let path = dir.join(format!("{}.{ext}", record.id));
-                let bytes = tokio::fs::read(&path).await.map_err(io_err(&path))?;
+                async move { tokio::fs::read(&path).await.map_err(io_err(&path)) }
+            };
+            let (data, meta) = (read("data").await?, read("meta").await?);
+            check_before_upload(record, &data, &meta)?;
+            for (ext, bytes) in [("data", data), ("meta", meta)] {
                 let (started, len) = (std::time::Instant::now(), bytes.len() as u64);
                 self.store.put(&table_key(&record.tree, &record.id, ext), bytes.into()).await?;
                 self.counters.upload_bytes.fetch_add(len, Ordering::Relaxed);
                 add_elapsed(&self.counters.upload_micros, started);
             }
             self.catalog.mark_uploaded(&record.id)?;
+            self.mark_handle_uploaded(record);
         }
         Ok(pending.len())
+    }
+
+    /// Tells the open table that the bucket has it (a corrupt local copy may then be dropped).
+    fn mark_handle_uploaded(&self, record: &TableRecord) {
+        let id = &record.id;
+        match record.tree.as_str() {
+            Backlink::TREE => self.links.tables().iter().filter(|t| t.record.id == *id).for_each(|t| t.mark_uploaded()),
+            _ => self.thresholds.tables().iter().filter(|t| t.record.id == *id).for_each(|t| t.mark_uploaded()),
+        }
     }
 
     /// Publishes a manifest naming every table (all uploaded) and every outline range (new rows
@@ -586,10 +604,24 @@ impl Index {
 
     async fn publish_uploaded(&self) -> Result<String, IndexError> {
         self.upload_pending().await?;
-        let previous = self.published().await?;
+        let result = self.publish_after(self.published().await?).await;
+        if result.is_err() {
+            // CURRENT may have moved even though the call failed (the answer to the PUT was lost,
+            // or the catalog write after it failed): read it again before the next publish or GC
+            // relies on what it names.
+            *self.published.lock().expect("published lock poisoned") = None;
+        }
+        result
+    }
+
+    /// Writes the next manifest after `previous` and points CURRENT at it.
+    async fn publish_after(&self, previous: Published) -> Result<String, IndexError> {
         let mut outlines = previous.outlines.clone();
         outlines.extend(self.upload_outline_ranges(previous.outline_through()).await?);
-        let generation = self.catalog.last_manifest()?.map_or(1, |(generation, _)| generation + 1);
+        // Past both the catalog's record and CURRENT's: a crash (or a lost answer) between
+        // writing CURRENT and recording it leaves the catalog one generation behind.
+        let recorded = self.catalog.last_manifest()?.map_or(0, |(generation, _)| generation);
+        let generation = recorded.max(previous.generation) + 1;
         let manifest = Manifest::new(
             generation,
             self.catalog.position()?,
@@ -644,8 +676,12 @@ impl Index {
             Err(crate::store::object::StoreError::NotFound { .. }) => return Ok(None),
             Err(e) => return Err(e.into()),
         };
-        let body = self.store.get(&format!("manifests/{name}")).await?;
-        let manifest = Manifest::decode(&name, &body)?;
+        let key = format!("manifests/{name}");
+        let body = self.store.get(&key).await?;
+        let manifest = Manifest::decode(&name, &body).map_err(|e| {
+            report_corruption(ObjectKind::Manifest, Place::Bucket, &key, &e);
+            ReadError::Corrupt { object: key.clone(), source: crate::verify::format_error("manifest", e) }
+        })?;
         Ok(Some((name, manifest)))
     }
 
@@ -684,9 +720,15 @@ impl Index {
         let already = self.published.lock().expect("published lock poisoned").clone().unwrap_or_default();
         for range in manifest.outlines.iter().filter(|r| !already.outlines.contains(r)) {
             let kind = OutlineKind::from_name(&range.kind).expect("validated by Manifest::decode");
-            let rows = crate::outline::range::decode(kind, &self.store.get(&range.key()).await?)?;
+            let key = range.key();
+            let rows = crate::outline::range::decode(kind, &self.store.get(&key).await?).map_err(|e| {
+                report_corruption(ObjectKind::Outline, Place::Bucket, &key, &e);
+                ReadError::Corrupt { object: key.clone(), source: crate::verify::format_error("outline range", e) }
+            })?;
             self.outlines.import_rows(kind, &rows)?;
         }
+        // Rows this machine stores from now on must come after every published range.
+        self.outlines.reserve_seq_through(manifest.outlines.iter().map(|r| r.through).max().unwrap_or(0))?;
         let live: HashMap<String, TableRecord> =
             self.catalog.tables()?.into_iter().map(|t| (t.id.clone(), t)).collect();
         let named: HashSet<&str> = manifest.tables.iter().map(|t| t.id.as_str()).collect();
@@ -726,6 +768,15 @@ impl Index {
     async fn fetch_meta(&self, table: &ManifestTable) -> Result<TableRecord, IndexError> {
         let key = table_key(&table.tree, &table.id, "meta");
         let bytes = self.store.get(&key).await?;
+        // Checked before it is written: a corrupt meta must fail the restore, not the next start.
+        let checked = match table.tree.as_str() {
+            Backlink::TREE => check_fetched_meta::<Backlink>(table, &bytes),
+            _ => check_fetched_meta::<Revocation>(table, &bytes),
+        };
+        checked.map_err(|source| {
+            report_corruption(ObjectKind::Meta, Place::Bucket, &key, &source);
+            ReadError::Corrupt { object: key.clone(), source }
+        })?;
         let dir = if table.tree == Backlink::TREE { self.links.dir() } else { self.thresholds.dir() };
         let path = dir.join(format!("{}.meta", table.id));
         crate::lsm::tree::write_durably(&path, &bytes).map_err(io_err(&path))?;
@@ -809,14 +860,19 @@ impl Index {
             return Ok(Some(format!("at://{did}")));
         }
         let Some(collection) = self.outlines.resolve(OutlineKind::Collection, id.collection)? else { return Ok(None) };
-        let rkey = match id.rkey & crate::model::ids::OUTLINED_BIT {
-            0 => format_tid(id.rkey),
+        // Built with one allocation: a page renders up to a thousand of these.
+        let mut uri = String::with_capacity(7 + did.len() + collection.len() + crate::model::tid::TID_LEN);
+        for part in ["at://", &did, "/", &collection, "/"] {
+            uri.push_str(part);
+        }
+        match id.rkey & crate::model::ids::OUTLINED_BIT {
+            0 => push_tid(&mut uri, id.rkey),
             _ => match self.outlines.resolve(OutlineKind::Rkey, id.rkey)? {
-                Some(rkey) => rkey.to_string(),
+                Some(rkey) => uri.push_str(&rkey),
                 None => return Ok(None),
             },
-        };
-        Ok(Some(format!("at://{did}/{collection}/{rkey}")))
+        }
+        Ok(Some(uri))
     }
 
     /// Looks up a target without allocating ids: `None` when some part was never seen.
@@ -839,6 +895,44 @@ impl Index {
     }
 }
 
+/// A fetched meta decodes, and its sizes are the ones the manifest gave.
+fn check_fetched_meta<E: Entry>(table: &ManifestTable, bytes: &[u8]) -> Result<(), FormatError> {
+    let meta = TableMeta::<E>::decode(bytes)?;
+    if bytes.len() as u64 != table.meta_len || meta.data_len != table.data_len {
+        let detail = format!(
+            "meta of {} bytes for {} bytes of data; the manifest says {} and {}",
+            bytes.len(),
+            meta.data_len,
+            table.meta_len,
+            table.data_len
+        );
+        return Err(FormatError::Invalid { what: "meta", detail });
+    }
+    Ok(())
+}
+
+/// A table's local files decode and every frame's checksum holds: a copy that rotted on disk
+/// must never reach the bucket, where it would pass for the good copy.
+fn check_before_upload(record: &TableRecord, data: &[u8], meta: &[u8]) -> Result<(), IndexError> {
+    let checked = match record.tree.as_str() {
+        Backlink::TREE => check_table_files::<Backlink>(data, meta),
+        _ => check_table_files::<Revocation>(data, meta),
+    };
+    checked.map_err(|(kind, ext, source)| {
+        let object = format!("{} (local copy)", table_key(&record.tree, &record.id, ext));
+        report_corruption(kind, Place::Local, &object, &source);
+        IndexError::Read(ReadError::Corrupt { object, source })
+    })
+}
+
+/// Which file of a table failed its check, and why.
+type FileFailure = (ObjectKind, &'static str, FormatError);
+
+fn check_table_files<E: Entry>(data: &[u8], meta: &[u8]) -> Result<(), FileFailure> {
+    let meta = TableMeta::<E>::decode(meta).map_err(|e| (ObjectKind::Meta, "meta", e))?;
+    verify_data_checksums(&meta, data).map_err(|e| (ObjectKind::Data, "data", e))
+}
+
 fn lock_data_dir(data_dir: &Path) -> Result<File, IndexError> {
     let path = data_dir.join("LOCK");
     let file = File::options().create(true).truncate(false).write(true).open(&path).map_err(io_err(&path))?;
@@ -847,6 +941,15 @@ fn lock_data_dir(data_dir: &Path) -> Result<File, IndexError> {
         Err(std::fs::TryLockError::WouldBlock) => Err(IndexError::Locked(data_dir.to_path_buf())),
         Err(std::fs::TryLockError::Error(source)) => Err(IndexError::Io { path, source }),
     }
+}
+
+/// Appends the TID spelling of `value` (top bit clear): the digits `format_tid` writes, without
+/// the `String` it allocates and fills a `char` at a time (rendering a page spells up to 1,000).
+fn push_tid(out: &mut String, value: u64) {
+    let start = out.len();
+    let alphabet = crate::model::tid::TID_ALPHABET;
+    out.extend((0..crate::model::tid::TID_LEN).rev().map(|i| char::from(alphabet[((value >> (5 * i)) & 31) as usize])));
+    debug_assert_eq!(parse_tid(&out[start..]), Some(value), "TID spelling round trip");
 }
 
 /// splitmix64: a tiny deterministic generator; the seed is injected by the caller.
@@ -863,4 +966,18 @@ pub fn splitmix64(state: &mut u64) -> u64 {
 fn next_table_seq_after(manifest: &Manifest) -> u64 {
     let seq_of = |id: &str| u64::from_str_radix(&id[..16], 16).unwrap_or(0);
     manifest.tables.iter().flat_map(|t| [seq_of(&t.id), seq_of(&t.run_id)]).max().unwrap_or(0) + 1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pushed_tids_are_spelled_as_format_tid_spells_them() {
+        for value in [0, 1, 31, 32, 0x194a_947d_4aac_b00c, (1 << 63) - 1] {
+            let mut uri = String::from("at://x/");
+            push_tid(&mut uri, value);
+            assert_eq!(uri, format!("at://x/{}", crate::model::tid::format_tid(value)));
+        }
+    }
 }

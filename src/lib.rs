@@ -5,7 +5,8 @@
 //! (object storage), `catalog` (local SQLite state), `manifest` (the published view), `index`
 //! (the write path over all of them), `ingest` (events in), `query` (two-round listBacklinks),
 //! `count` (countBacklinks, bounded), `constellation` (compatible endpoints), `server` (HTTP),
-//! `status` (HTML pages), `metrics` (Prometheus) and `config`.
+//! `status` (HTML pages), `metrics` (Prometheus), `verify` (corruption reports and checks) and
+//! `config`.
 
 pub mod catalog;
 pub mod compactor;
@@ -25,3 +26,4 @@ pub mod query;
 pub mod server;
 pub mod status;
 pub mod store;
+pub mod verify;

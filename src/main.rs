@@ -1,4 +1,4 @@
-//! The `backlinks` command line: serve, import, backfill, query.
+//! The `backlinks` command line: serve, import, backfill, query, verify.
 
 use anyhow::{Context, bail};
 use backlinks::compactor::Compactor;
@@ -13,7 +13,7 @@ use backlinks::lease::WriterLease;
 use backlinks::metrics::{MeteredStore, Metrics};
 use backlinks::query::list_backlinks;
 use backlinks::server::systemd::{Notifier, feed_watchdog, watchdog_interval};
-use backlinks::server::{ServerOptions, app, parse_list_query};
+use backlinks::server::{GuardedListener, ServerOptions, app, parse_list_query};
 use backlinks::status::IngestMode;
 use backlinks::store::dir::DirStore;
 use backlinks::store::object::Store;
@@ -39,6 +39,15 @@ enum Command {
     Backfill(BackfillArgs),
     /// Print the listBacklinks JSON for a target.
     Query(QueryArgs),
+    /// Check the checksum of every object the current manifest names and of every local copy;
+    /// prints one line per object and exits non-zero when anything is corrupt or missing.
+    Verify(VerifyArgs),
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    #[command(flatten)]
+    common: Common,
 }
 
 #[derive(Args, Clone)]
@@ -211,6 +220,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Import(args) => import(args).await,
         Command::Backfill(args) => backfill(args).await,
         Command::Query(args) => query(args).await,
+        Command::Verify(args) => verify(args).await,
     }
 }
 
@@ -283,6 +293,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             None => shutdown_signal(notifier.clone()).await,
         }
     };
+    // At most max_connections open, each closed once idle (see `GuardedListener`).
+    let listener = GuardedListener::new(listener, &options);
     axum::serve(listener, app(index, options, metrics)).with_graceful_shutdown(shutdown).await?;
     if let Some((live, _)) = live {
         tokio::task::spawn_blocking(move || live.stop()).await?.context("live ingest")?;
@@ -362,6 +374,7 @@ fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
     set("outline_cache_entries", (engine.outline_cache_entries as i64).into());
     set("max_concurrent_queries", (server.max_concurrent_queries as i64).into());
     set("request_timeout_ms", (server.request_timeout.as_millis() as i64).into());
+    set("max_connections", (server.max_connections as i64).into());
     set("cache_max_age_secs", (server.cache_max_age.as_secs() as i64).into());
     set("count_exact_limit", (server.count.exact_scan_limit as i64).into());
     backlinks::config::redact_secrets(&mut table);
@@ -623,6 +636,19 @@ async fn backfill_beside_live(backfill: Arc<Backfill>, sources: Vec<Source>) {
     if let Err(e) = backfill.save_checkpoint().await {
         tracing::warn!(error = %e, "final repos.db checkpoint failed");
     }
+}
+
+/// `backlinks verify`: the bucket's objects, then the local copies; a report line per object.
+async fn verify(args: VerifyArgs) -> anyhow::Result<()> {
+    let setup = setup(&args.common)?;
+    let mut report = backlinks::verify::verify_bucket(setup.store.as_ref()).await;
+    report.extend(backlinks::verify::verify_local(&setup.data_dir).await?);
+    print!("{}", report.render());
+    std::io::stdout().flush()?;
+    if !report.is_clean() {
+        bail!("verification failed: some objects are corrupt, missing or unreadable (see above)");
+    }
+    Ok(())
 }
 
 async fn query(args: QueryArgs) -> anyhow::Result<()> {

@@ -11,7 +11,8 @@
 //! Names, all prefixed `backlinks_`. Live ingest will add `ingest_lag_seconds` (gauge) and
 //! `ingest_events_total{kind}` (counter) next to the `ingest_*` ones here. Flush, compaction and
 //! upload durations (microsecond counters) and bytes are here; the cache hit ratio is
-//! `table_reads{source="local"}` over all `table_reads`.
+//! `table_reads{source="local"}` over all `table_reads`. `corrupt_objects_total{kind, place}`
+//! counts objects that failed a checksum when read (see `verify`): any rise deserves an alert.
 //!
 //! Invariants:
 //! - Every label value comes from a fixed set (`&'static str`), so no request can grow a family.
@@ -26,6 +27,7 @@ use crate::lsm::entry::Entry;
 use crate::lsm::tree::Tree;
 use crate::model::ids::{Backlink, Revocation};
 use crate::store::object::{ObjectInfo, Store, StoreError};
+use crate::verify::{ObjectKind, Place};
 use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
@@ -268,12 +270,35 @@ fn index_registry(index: &Index) -> Registry {
         skipped.get_or_create(&ReasonLabel { reason }).inc_by(read(value));
     }
     registry.register("extract_links_skipped", "Link-like strings not indexed, by reason", skipped);
+    registry.register(
+        "corrupt_objects",
+        "Objects that failed a checksum or format check when read, by kind and place (never served)",
+        corrupt_objects(),
+    );
     let position = index.position();
     registry.register("ingest_clock", "The ingest clock (stamp of the last operation)", gauge(position.clock));
     let cursor = position.cursor.and_then(|c| u64::try_from(c).ok()).unwrap_or(0);
     registry.register("ingest_cursor_microseconds", "Time of the last ingested event (0: none)", gauge(cursor));
     register_tree_figures(&mut registry, &index.links, &index.thresholds);
     registry
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct CorruptionLabels {
+    kind: &'static str,
+    place: &'static str,
+}
+
+/// Every (kind, place) pair, zeros included, so an alert can watch the series from the start.
+fn corrupt_objects() -> Family<CorruptionLabels, Counter> {
+    let family: Family<CorruptionLabels, Counter> = Family::default();
+    for kind in ObjectKind::ALL {
+        for place in Place::ALL {
+            let labels = CorruptionLabels { kind: kind.label(), place: place.label() };
+            family.get_or_create(&labels).inc_by(crate::verify::corrupt_objects(kind, place));
+        }
+    }
+    family
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -19,6 +19,10 @@
 //!   in practice holds all of them; they are loaded at open.
 //! - Lock order: allocator, then SQLite connection, then a cache. Cache locks are never held while
 //!   taking another lock.
+//! - A cache is *complete* while it holds every stored string of its kind: from an open that found
+//!   none stored (or loaded them all) until its first eviction or `import_rows` of its kind. A
+//!   complete cache answers a miss for `intern` without asking SQLite (a fresh import interns
+//!   millions of new strings, each of which would otherwise cost a failed SQLite lookup).
 //!
 //! Crash semantics: ids allocated but not yet persisted are forgotten after a crash, and the
 //! counters resume from their persisted values, so such an id may later be given to another
@@ -31,6 +35,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use rusqlite_migration::{M, Migrations};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -192,6 +197,29 @@ struct Slot {
     referenced: AtomicBool,
 }
 
+/// Hashes outline ids with one multiplication instead of SipHash. Ids come from our own
+/// sequences, never from the network, so nobody can choose them to flood a bucket; the product's
+/// high half is folded in so that both hashbrown's bucket bits (low) and tag bits (high) vary.
+#[derive(Debug, Default, Clone, Copy)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        let product = (self.0 ^ id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        self.0 = product ^ (product >> 29);
+    }
+}
+
 /// A bounded two-way map with clock (second chance) eviction: a hit sets the slot's bit under
 /// the read lock; eviction sweeps the hand forward, clearing set bits, to the first clear one.
 #[derive(Debug)]
@@ -199,13 +227,16 @@ struct Cache {
     capacity: usize,
     slots: Vec<Slot>,
     by_value: HashMap<Arc<str>, usize>,
-    by_id: HashMap<u64, usize>,
+    by_id: HashMap<u64, usize, BuildHasherDefault<IdHasher>>,
     hand: usize,
+    /// Holds every string of its kind that outlines.db stores (see the module invariants).
+    complete: bool,
 }
 
 impl Cache {
     fn new(capacity: usize) -> Self {
-        Self { capacity, slots: Vec::new(), by_value: HashMap::new(), by_id: HashMap::new(), hand: 0 }
+        let (by_value, by_id) = (HashMap::new(), HashMap::default());
+        Self { capacity, slots: Vec::new(), by_value, by_id, hand: 0, complete: false }
     }
 
     fn id_of(&self, value: &str) -> Option<u64> {
@@ -240,6 +271,7 @@ impl Cache {
     /// Evicts the clock's victim and puts the new pair in its slot. Each step of the sweep clears
     /// a bit, so it ends within one turn of the clock (amortized O(1)).
     fn reuse_slot(&mut self, id: u64, value: &Arc<str>) -> usize {
+        self.complete = false;
         while self.slots[self.hand].referenced.swap(false, Ordering::Relaxed) {
             self.hand = (self.hand + 1) % self.slots.len();
         }
@@ -317,6 +349,8 @@ impl Outlines {
         let outlines = Self { db: Mutex::new(conn), allocator: Mutex::default(), caches };
         outlines.preload(OutlineKind::Collection)?;
         outlines.preload(OutlineKind::Location)?;
+        outlines.mark_complete_if_empty(OutlineKind::Did)?;
+        outlines.mark_complete_if_empty(OutlineKind::Rkey)?;
         Ok(outlines)
     }
 
@@ -351,7 +385,7 @@ impl Outlines {
             return Ok(id);
         }
         // Still under the allocator lock: nobody can allocate or persist `value` meanwhile.
-        if let Some(id) = self.stored_id(kind, value)? {
+        if let Some(id) = self.stored_id_unless_complete(kind, value)? {
             self.remember(kind, id, Arc::from(value))?;
             return Ok(id);
         }
@@ -432,13 +466,19 @@ impl Outlines {
             *entry = (*entry).max(counter + 1);
         }
         let mut allocator = self.lock_allocator()?; // no interning while counters move
+        write(&self.caches[kind.index()])?.complete = false; // the rows go to SQLite only
         allocator.next_counter.retain(|(k, _), _| *k != kind);
         let mut db = self.lock_db()?;
         let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
         let mut added = 0;
         {
-            let mut insert =
-                tx.prepare_cached("INSERT OR IGNORE INTO outlines (kind, id, value) VALUES (?1, ?2, ?3)")?;
+            // Not `INSERT OR IGNORE`: with AUTOINCREMENT an ignored row still uses up a sequence
+            // number, and the gaps would let a restored writer's own rows fall inside ranges that
+            // were already published (and so never be published).
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO outlines (kind, id, value) SELECT ?1, ?2, ?3
+                 WHERE NOT EXISTS (SELECT 1 FROM outlines WHERE kind = ?1 AND id = ?2)",
+            )?;
             let mut stored = tx.prepare_cached("SELECT value FROM outlines WHERE kind = ?1 AND id = ?2")?;
             for (id, value) in rows {
                 added += insert.execute(params![kind.code(), *id as i64, value])?;
@@ -458,6 +498,22 @@ impl Outlines {
         }
         tx.commit()?;
         Ok(added)
+    }
+
+    /// Makes every row stored from now on get an insertion sequence number above `through`, the
+    /// highest one a followed manifest published: a restored writer's new rows must fall after the
+    /// published ranges, whatever numbers the imported rows got here.
+    pub fn reserve_seq_through(&self, through: i64) -> Result<(), OutlineError> {
+        let mut db = self.lock_db()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // SQLite keeps an AUTOINCREMENT table's high-water mark in `sqlite_sequence` (no row until
+        // the first insert); its documentation allows ordinary updates of it.
+        let raised = tx.execute("UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'outlines'", [through])?;
+        if raised == 0 {
+            tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('outlines', ?1)", [through])?;
+        }
+        tx.commit()?;
+        Ok(())
     }
 
     /// Strings interned since the last successful `persist`.
@@ -535,6 +591,30 @@ impl Outlines {
             cache.insert(id, Arc::from(value));
         }
         Ok(())
+    }
+
+    /// Marks the cache of `kind` complete when outlines.db stores no string of that kind.
+    fn mark_complete_if_empty(&self, kind: OutlineKind) -> Result<(), OutlineError> {
+        let any: bool = self.lock_db()?.query_row(
+            "SELECT EXISTS (SELECT 1 FROM outlines WHERE kind = ?1)",
+            [kind.code()],
+            |row| row.get(0),
+        )?;
+        let mut cache = write(&self.caches[kind.index()])?;
+        cache.complete = !any && cache.slots.is_empty();
+        Ok(())
+    }
+
+    /// The stored id of `value`: from a complete cache (a miss there means none), else SQLite.
+    /// Called under the allocator lock, so no persist or import runs meanwhile.
+    fn stored_id_unless_complete(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        {
+            let cache = read(&self.caches[kind.index()])?;
+            if cache.complete {
+                return Ok(cache.id_of(value));
+            }
+        }
+        self.stored_id(kind, value)
     }
 
     fn cached_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
@@ -667,6 +747,71 @@ mod tests {
         assert_eq!(outlines.pending(), 7);
         assert_eq!(outlines.lookup(DID, "did:plc:nope").unwrap(), None);
         assert_eq!(outlines.pending(), 7, "lookup never allocates");
+    }
+
+    #[test]
+    fn id_hashes_spread_sequential_ids_over_buckets_and_tags() {
+        use std::hash::BuildHasher;
+        let hash = |id: u64| BuildHasherDefault::<IdHasher>::default().hash_one(id);
+        let ids: Vec<u64> = (1..=4096u64).map(|counter| OUTLINED_BIT | counter).collect();
+        let buckets: HashSet<u64> = ids.iter().map(|id| hash(*id) & 4095).collect();
+        let tags: HashSet<u64> = ids.iter().map(|id| hash(*id) >> 57).collect();
+        // A random function fills 1 - 1/e of them (2,589); a degenerate hash far fewer.
+        assert!(buckets.len() > 2_400, "{} of 4096 buckets used", buckets.len());
+        assert_eq!(tags.len(), 128, "every 7-bit tag occurs");
+        assert_eq!(hash(5), hash(5));
+    }
+
+    #[test]
+    fn a_complete_cache_answers_misses_until_it_evicts_or_imports() {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines = open(&dir, 2);
+        let complete = |kind: OutlineKind| read(&outlines.caches[kind.index()]).unwrap().complete;
+        assert!(complete(DID) && complete(RKEY), "a new outlines.db stores nothing");
+        let a = outlines.intern(DID, "did:plc:a", 0).unwrap();
+        outlines.intern(DID, "did:plc:b", 0).unwrap();
+        outlines.persist().unwrap();
+        assert!(complete(DID), "two strings fit a two-entry cache");
+        let c = outlines.intern(DID, "did:plc:c", 0).unwrap();
+        outlines.persist().unwrap(); // the third string evicts one
+        assert!(!complete(DID));
+        assert_eq!(outlines.intern(DID, "did:plc:a", 0).unwrap(), a, "an evicted string is found in SQLite");
+        assert_eq!(outlines.intern(DID, "did:plc:c", 0).unwrap(), c);
+        assert_eq!(outlines.pending(), 0);
+
+        outlines.import_rows(RKEY, &[(OUTLINED_BIT | 9, "imported".to_string())]).unwrap();
+        assert!(!complete(RKEY), "imported rows are in SQLite only");
+        assert_eq!(outlines.intern(RKEY, "imported", 0).unwrap(), OUTLINED_BIT | 9);
+        drop(outlines);
+        let reopened = open(&dir, 2);
+        assert!(!read(&reopened.caches[DID.index()]).unwrap().complete, "stored strings: not complete at open");
+        assert_eq!(reopened.intern(DID, "did:plc:b", 0).unwrap(), OUTLINED_BIT | 2);
+    }
+
+    #[test]
+    fn a_restored_writers_new_rows_come_after_every_published_range() {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines = open(&dir, 16);
+        let published = [(OUTLINED_BIT | 1, "did:plc:one".to_string()), (OUTLINED_BIT | 2, "did:plc:two".to_string())];
+        // A retried import must not use up sequence numbers (AUTOINCREMENT would, with OR IGNORE).
+        assert_eq!(outlines.import_rows(DID, &published).unwrap(), 2);
+        assert_eq!(outlines.import_rows(DID, &published).unwrap(), 0);
+        outlines.intern(DID, "did:plc:three", 0).unwrap();
+        outlines.persist().unwrap();
+        assert_eq!(outlines.max_seq().unwrap(), 3, "no gap after a repeated import");
+        // The writer that published them numbered them up to 7 (it had gaps, or other kinds).
+        outlines.reserve_seq_through(7).unwrap();
+        outlines.reserve_seq_through(5).unwrap(); // never lowers it
+        outlines.intern(DID, "did:plc:new", 0).unwrap();
+        outlines.persist().unwrap();
+        assert_eq!(outlines.max_seq().unwrap(), 8);
+        assert_eq!(outlines.rows_between(DID, 7, 8).unwrap(), [(OUTLINED_BIT | 4, "did:plc:new".to_string())]);
+        let fresh = tempfile::tempdir().unwrap();
+        let empty = open(&fresh, 16);
+        empty.reserve_seq_through(4).unwrap(); // before any row exists
+        empty.intern(LOCATION, "$.subject", 0).unwrap();
+        empty.persist().unwrap();
+        assert_eq!(empty.max_seq().unwrap(), 5);
     }
 
     #[test]

@@ -9,8 +9,16 @@
 //! semaphore rather than tower's `ConcurrencyLimit` + `LoadShed` + `Timeout`: those queue, or
 //! answer with bodies that are not XRPC errors.)
 //!
+//! Limits on the public listener (`GuardedListener`, `request_limits`): at most `max_connections`
+//! open connections (the next waits in the kernel's accept backlog, costing nothing here); a
+//! connection with no byte read or written for `idle_timeout` (twice the request timeout, so a
+//! running query always answers first) is closed; a request target longer than `MAX_URI_BYTES`
+//! gets a 414 and a request with a body a 413 (no endpoint takes one, and none is ever read);
+//! hyper bounds the request head (about 400 KiB, at most 100 headers).
+//!
 //! Invariants:
-//! - The public listener has no mutating endpoint.
+//! - The public listener has no mutating endpoint: every route answers GET (and HEAD) only;
+//!   any other method gets a 405 XRPC error and changes nothing.
 //! - Every error is an XRPC error body `{"error", "message"}` with a 4xx/5xx status, CORS headers
 //!   and `Cache-Control: no-store` (an error must not be cached as if it were the answer).
 //! - Nothing depends on the `Accept` header.
@@ -30,9 +38,13 @@ use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
-use tokio::sync::Semaphore;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{Any, CorsLayer};
 
@@ -48,6 +60,12 @@ pub const DEFAULT_MAX_CONCURRENT_QUERIES: usize = 64;
 pub const MAX_MAX_CONCURRENT_QUERIES: usize = 4096;
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+pub const MAX_MAX_CONNECTIONS: usize = 65_536;
+/// The shortest idle timeout of a connection, whatever the request timeout.
+pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
+/// Longest request target (path and query string) accepted.
+pub const MAX_URI_BYTES: usize = 32 * 1024;
 pub const DEFAULT_CACHE_MAX_AGE: Duration = Duration::from_secs(5);
 pub const MAX_CACHE_MAX_AGE: Duration = Duration::from_secs(86_400);
 /// Lexicons change only with a release.
@@ -69,6 +87,8 @@ pub struct ServerOptions {
     pub max_concurrent_queries: usize,
     /// A query still running after this gets a 503.
     pub request_timeout: Duration,
+    /// Open connections at once; more wait to be accepted.
+    pub max_connections: usize,
     /// `max-age` of successful query answers.
     pub cache_max_age: Duration,
     pub count: CountOptions,
@@ -84,6 +104,7 @@ impl Default for ServerOptions {
         Self {
             max_concurrent_queries: DEFAULT_MAX_CONCURRENT_QUERIES,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
             cache_max_age: DEFAULT_CACHE_MAX_AGE,
             count: CountOptions::default(),
             ingest: IngestMode::ImportOnly,
@@ -112,6 +133,9 @@ impl ServerOptions {
             let ms = bounded("request_timeout_ms", ms, 1, MAX_REQUEST_TIMEOUT.as_millis() as u64)?;
             options.request_timeout = Duration::from_millis(ms);
         }
+        if let Some(n) = file.max_connections {
+            options.max_connections = bounded("max_connections", n as u64, 1, MAX_MAX_CONNECTIONS as u64)? as usize;
+        }
         if let Some(secs) = file.cache_max_age_secs {
             options.cache_max_age =
                 Duration::from_secs(bounded("cache_max_age_secs", secs, 0, MAX_CACHE_MAX_AGE.as_secs())?);
@@ -124,6 +148,14 @@ impl ServerOptions {
     }
 }
 
+impl ServerOptions {
+    /// How long a connection may stay silent (no byte read or written) before it is closed:
+    /// longer than any query may run, so a query always answers first.
+    pub fn idle_timeout(&self) -> Duration {
+        self.request_timeout.saturating_mul(2).max(MIN_IDLE_TIMEOUT)
+    }
+}
+
 /// What every handler shares.
 #[derive(Clone)]
 pub struct AppState {
@@ -131,6 +163,8 @@ pub struct AppState {
     pub options: Arc<ServerOptions>,
     pub metrics: Arc<Metrics>,
     permits: Arc<Semaphore>,
+    /// `Cache-Control` of successful answers, built once (every query response carries it).
+    cache_control: HeaderValue,
 }
 
 /// The router with default options and fresh metrics.
@@ -141,7 +175,9 @@ pub fn router(index: Arc<Index>) -> Router {
 /// The whole HTTP surface.
 pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> Router {
     let permits = Arc::new(Semaphore::new(options.max_concurrent_queries.max(1)));
-    let state = AppState { index, options: Arc::new(options), metrics, permits };
+    let max_age = options.cache_max_age.as_secs();
+    let cache_control = HeaderValue::from_str(&format!("public, max-age={max_age}")).expect("ASCII header value");
+    let state = AppState { index, options: Arc::new(options), metrics, permits, cache_control };
     let queries = Router::new()
         .route(LIST_BACKLINKS, get(list_handler))
         .route(COUNT_BACKLINKS, get(count_handler))
@@ -163,6 +199,8 @@ pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> 
         .route("/lexicons/{file}", get(lexicon_handler))
         .merge(queries)
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn(request_limits))
         .layer(from_fn_with_state(state.clone(), cache_headers))
         // CORS wraps the guard and the cache headers, so even a 503 is readable by a web page.
         .layer(cors)
@@ -272,20 +310,17 @@ async fn cache_headers(State(state): State<AppState>, request: Request, next: Ne
     } else if response.headers().contains_key(CACHE_CONTROL) {
         return response;
     } else {
-        let max_age = state.options.cache_max_age.as_secs();
-        HeaderValue::from_str(&format!("public, max-age={max_age}")).expect("ASCII header value")
+        state.cache_control.clone()
     };
     response.headers_mut().insert(CACHE_CONTROL, value);
     response
 }
 
-async fn list_handler(
-    State(state): State<AppState>,
-    RawQuery(raw): RawQuery,
-) -> Result<Json<serde_json::Value>, XrpcError> {
+async fn list_handler(State(state): State<AppState>, RawQuery(raw): RawQuery) -> Result<Response, XrpcError> {
     let params = parse_list_query(raw.as_deref())?;
     let page = list_backlinks(&state.index, &params).await?;
-    Ok(Json(page.to_json()))
+    // Serialized straight from the page: the hottest answer skips building a `Value`.
+    Ok(([(CONTENT_TYPE, HeaderValue::from_static("application/json"))], page.to_json_bytes()).into_response())
 }
 
 async fn count_handler(
@@ -394,8 +429,132 @@ async fn lexicon_handler(Path(file): Path<String>) -> Response {
     }
 }
 
+async fn method_not_allowed() -> XrpcError {
+    let message = "this endpoint only answers GET: the public listener changes nothing".to_string();
+    XrpcError { status: StatusCode::METHOD_NOT_ALLOWED, error: "MethodNotAllowed", message }
+}
+
+/// Refuses a request target over `MAX_URI_BYTES` (414) and any request body (413), before routing.
+async fn request_limits(request: Request, next: Next) -> Response {
+    let uri_len = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
+    if uri_len > MAX_URI_BYTES {
+        let message = format!("the request target is {uri_len} bytes; at most {MAX_URI_BYTES} are accepted");
+        return XrpcError { status: StatusCode::URI_TOO_LONG, error: "UriTooLong", message }.into_response();
+    }
+    let declared = request.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
+    let has_body = declared.is_some_and(|v| v.trim() != "0")
+        || request.headers().contains_key(axum::http::header::TRANSFER_ENCODING);
+    if has_body {
+        let message = "no endpoint takes a request body".to_string();
+        return XrpcError { status: StatusCode::PAYLOAD_TOO_LARGE, error: "PayloadTooLarge", message }.into_response();
+    }
+    next.run(request).await
+}
+
 async fn not_found() -> XrpcError {
     XrpcError { status: StatusCode::NOT_FOUND, error: "MethodNotImplemented", message: "no such endpoint".into() }
+}
+
+/// The public listener: at most `max_connections` connections open at once, each closed after
+/// `idle_timeout` without a byte read or written. A connection over the limit is not refused:
+/// it waits in the kernel's accept backlog until one closes.
+pub struct GuardedListener {
+    inner: tokio::net::TcpListener,
+    permits: Arc<Semaphore>,
+    idle_timeout: Duration,
+}
+
+impl GuardedListener {
+    pub fn new(inner: tokio::net::TcpListener, options: &ServerOptions) -> Self {
+        let permits = Arc::new(Semaphore::new(options.max_connections.clamp(1, MAX_MAX_CONNECTIONS)));
+        GuardedListener { inner, permits, idle_timeout: options.idle_timeout() }
+    }
+}
+
+impl axum::serve::Listener for GuardedListener {
+    type Io = GuardedStream;
+    type Addr = std::net::SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        let permit = self.permits.clone().acquire_owned().await.expect("the connection semaphore is never closed");
+        // TcpListener's own accept logs and retries errors (such as running out of descriptors).
+        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
+        (GuardedStream::new(stream, permit, self.idle_timeout), addr)
+    }
+
+    fn local_addr(&self) -> std::io::Result<Self::Addr> {
+        self.inner.local_addr()
+    }
+}
+
+/// One accepted connection: holds its place under the connection limit, and fails its reads and
+/// writes with `TimedOut` once it has been idle for `idle_timeout`.
+pub struct GuardedStream {
+    inner: tokio::net::TcpStream,
+    idle: Pin<Box<tokio::time::Sleep>>,
+    idle_timeout: Duration,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl GuardedStream {
+    fn new(inner: tokio::net::TcpStream, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> Self {
+        let idle = Box::pin(tokio::time::sleep(idle_timeout));
+        GuardedStream { inner, idle, idle_timeout, _permit: permit }
+    }
+
+    /// Bytes moved: the connection is not idle.
+    fn touch(&mut self) {
+        let deadline = tokio::time::Instant::now() + self.idle_timeout;
+        self.idle.as_mut().reset(deadline);
+    }
+
+    /// Called when the socket has nothing to do: an error once the idle deadline has passed.
+    fn idle_expired<T>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
+        match Future::poll(self.idle.as_mut(), cx) {
+            Poll::Ready(()) => {
+                Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connection idle for too long")))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl AsyncRead for GuardedStream {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        match Pin::new(&mut self.inner).poll_read(cx, buf) {
+            Poll::Pending => self.idle_expired(cx),
+            Poll::Ready(result) => {
+                if buf.filled().len() > before {
+                    self.touch();
+                }
+                Poll::Ready(result)
+            }
+        }
+    }
+}
+
+impl AsyncWrite for GuardedStream {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, data: &[u8]) -> Poll<std::io::Result<usize>> {
+        match Pin::new(&mut self.inner).poll_write(cx, data) {
+            // A client that stops reading its answers is idle too.
+            Poll::Pending => self.idle_expired(cx),
+            Poll::Ready(result) => {
+                if result.as_ref().is_ok_and(|written| *written > 0) {
+                    self.touch();
+                }
+                Poll::Ready(result)
+            }
+        }
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 /// systemd's notification protocol (`sd_notify`): readiness, watchdog keep-alives and stopping,

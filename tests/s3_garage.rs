@@ -245,3 +245,30 @@ fn the_binary_imports_into_s3() {
     let current = runtime.block_on(store.get("CURRENT")).unwrap();
     assert_eq!(current, Bytes::from(manifest.into_bytes()));
 }
+
+/// A rejected secret, at the most verbose log level: the binary fails with an error that says
+/// the bucket refused it, and neither the wrong secret nor the right one appears anywhere in its
+/// output (errors, logs, the SDK's own tracing).
+#[test]
+fn a_rejected_secret_fails_clearly_and_never_reaches_the_output() {
+    let bucket = required_env("BACKLINKS_TEST_S3_BUCKET");
+    let right = required_env("AWS_SECRET_ACCESS_KEY");
+    let wrong = "wrongwrongwrong0123456789abcdef0123456789abcdef0123456789abcd";
+    let data_dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_backlinks"))
+        .args(["import", "--store", &format!("s3://{bucket}/{}/", unique_prefix("bad-secret")), "--data-dir"])
+        .arg(data_dir.path())
+        .arg(CAPTURE)
+        .env("AWS_SECRET_ACCESS_KEY", wrong)
+        .env("RUST_LOG", "trace")
+        .env_remove("RUST_BACKTRACE")
+        .output()
+        .unwrap();
+    assert!(!output.status.success(), "a wrong secret was accepted");
+    let printed = format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    assert!(!printed.contains(wrong), "the rejected secret leaked into the output");
+    assert!(!printed.contains(&right), "the real secret leaked into the output");
+    let error = printed.lines().find(|l| l.starts_with("Error:")).unwrap_or_default();
+    assert!(error.contains("403") && error.contains("AccessDenied"), "no clear error: {printed}");
+    assert!(printed.len() > 1000, "trace logging was not on, so the check proved little");
+}

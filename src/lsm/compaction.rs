@@ -22,7 +22,7 @@ use crate::lsm::tree::{ReadError, TableHandle, TableWriter, Tree};
 use crate::model::ids::{Backlink, RecordId, Revocation};
 use crate::store::object::Store;
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -91,16 +91,33 @@ pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
 }
 
 /// Revocation thresholds (newest per source) from the revocation tree's tables, for dropping
-/// killed backlinks. `None` when there are more than `limit` of them.
+/// killed backlinks. `None` when there are more than `limit` of them. A sorted vector rather than
+/// a hash map: half the memory (32 bytes per revocation, no table overhead), and a merge asks it
+/// twice per backlink, where a binary search beats hashing a 24-byte key.
 #[derive(Debug, Default)]
 pub struct Thresholds {
-    by_source: HashMap<RecordId, u64>,
+    /// Sorted by source, one per source: its newest revocation.
+    newest: Vec<Revocation>,
 }
 
 impl Thresholds {
+    /// Keeps the newest revocation of each source from `revocations` (any order).
+    fn from_revocations(mut revocations: Vec<Revocation>) -> Self {
+        revocations.sort_unstable();
+        // Sorted by (source, rev): the last of each source's run is its newest.
+        revocations.reverse();
+        revocations.dedup_by_key(|r| r.source);
+        revocations.reverse();
+        Thresholds { newest: revocations }
+    }
+
+    fn threshold(&self, source: &RecordId) -> u64 {
+        self.newest.binary_search_by(|r| r.source.cmp(source)).map_or(0, |i| self.newest[i].rev)
+    }
+
     /// True when a durable revocation kills `link`.
     pub fn kills(&self, link: &Backlink) -> bool {
-        !link.survives(|key| self.by_source.get(key).copied().unwrap_or(0))
+        !link.survives(|key| self.threshold(key))
     }
 }
 
@@ -115,15 +132,14 @@ pub fn load_thresholds(
     if total > options.max_thresholds as u64 {
         return Ok(None);
     }
-    let mut thresholds = Thresholds::default();
+    let mut revocations = Vec::with_capacity(total as usize);
     for table in runs.iter().flat_map(|r| r.tables.iter()) {
         let mut scan = TableScan::new(table.clone(), options.frames_per_read);
         while let Some(revocation) = scan.next(store, runtime)? {
-            let threshold = thresholds.by_source.entry(revocation.source).or_insert(0);
-            *threshold = (*threshold).max(revocation.rev);
+            revocations.push(revocation);
         }
     }
-    Ok(Some(thresholds))
+    Ok(Some(Thresholds::from_revocations(revocations)))
 }
 
 /// Reads one table in order, a batch of frames at a time.
@@ -285,6 +301,27 @@ mod tests {
         assert_eq!(tier(63_999, &options), 1);
         assert_eq!(tier(64_000, &options), 2);
         assert_eq!(tier(u64::MAX, &options), 18);
+    }
+
+    #[test]
+    fn thresholds_keep_the_newest_revocation_per_source() {
+        let (record, repo) = (RecordId { rkey: 7, collection: 1, did: 3 }, RecordId::repo(3));
+        let revocation = |source, rev| Revocation { source, rev };
+        let thresholds = Thresholds::from_revocations(vec![
+            revocation(record, 5),
+            revocation(repo, 2),
+            revocation(record, 9),
+            revocation(record, 1),
+        ]);
+        assert_eq!(thresholds.newest, vec![revocation(repo, 2), revocation(record, 9)]);
+        assert_eq!((thresholds.threshold(&record), thresholds.threshold(&repo)), (9, 2));
+        assert_eq!(thresholds.threshold(&RecordId::repo(4)), 0);
+        let link = |source_rev| Backlink { target: RecordId::repo(8), source: record, location: 1, source_rev };
+        assert!(thresholds.kills(&link(8)), "older than the record's revocation");
+        assert!(!thresholds.kills(&link(9)), "written with the revocation (an update)");
+        let other = Backlink { source: RecordId { rkey: 8, ..record }, ..link(1) };
+        assert!(thresholds.kills(&other), "older than the repo-level revocation");
+        assert!(!thresholds.kills(&Backlink { source_rev: 2, ..other }));
     }
 
     #[test]

@@ -280,7 +280,10 @@ impl Filter {
     pub fn may_contain(&self, h: KeyHash) -> bool {
         let block = &self.blocks[h.block_index(self.blocks.len())];
         let folded = h.folded_low();
-        parts(self.k).iter().all(|part| block.get(part.bit_for(folded)))
+        // Every part is tested, without an early exit: the bits share one cache line, and a
+        // branch-free test lets the CPU overlap the cache misses of consecutive lookups instead
+        // of stalling on a mispredicted exit (an absent key's first bits are coin flips).
+        parts(self.k).iter().fold(true, |all, part| all & block.get(part.bit_for(folded)))
     }
 
     fn insert(&mut self, h: KeyHash) {

@@ -20,8 +20,18 @@ pub const MAX_SHARDS: u32 = 4096;
 /// The shard of `key` in a run of `shard_count` shards: multiply-shift of the key's xxh3-64, so a
 /// power-of-two count takes the hash's top bits (a radix split).
 pub fn shard_of(key: &RecordId, shard_count: u32) -> u32 {
+    shard_of_hash(shard_hash(key), shard_count)
+}
+
+/// The hash `shard_of` splits by: compute it once for a key asked of many runs.
+pub fn shard_hash(key: &RecordId) -> u64 {
+    xxh3_64(&key.to_bytes())
+}
+
+/// `shard_of` for a key whose `shard_hash` is `hash`.
+pub fn shard_of_hash(hash: u64, shard_count: u32) -> u32 {
     assert!((1..=MAX_SHARDS).contains(&shard_count), "shard count {shard_count} out of range");
-    ((xxh3_64(&key.to_bytes()) as u128 * shard_count as u128) >> 64) as u32
+    ((hash as u128 * shard_count as u128) >> 64) as u32
 }
 
 #[derive(Debug)]
@@ -52,7 +62,12 @@ impl<E: Entry> Run<E> {
 
     /// The one table that may hold `key`.
     pub fn table_for(&self, key: &RecordId) -> &Arc<TableHandle<E>> {
-        &self.tables[shard_of(key, self.shard_count()) as usize]
+        self.table_for_hash(shard_hash(key))
+    }
+
+    /// The one table that may hold the key whose `shard_hash` is `hash`.
+    pub fn table_for_hash(&self, hash: u64) -> &Arc<TableHandle<E>> {
+        &self.tables[shard_of_hash(hash, self.shard_count()) as usize]
     }
 
     /// Compressed bytes of the run's data files (what size-tiering compares).

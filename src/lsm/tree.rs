@@ -9,6 +9,10 @@
 //! - The run list is an immutable `Arc<Vec<_>>` swapped as a whole (a flush adds a delta run, a
 //!   compaction swaps its input runs for its output run in one step); a reader's snapshot never
 //!   changes under it. Runs are kept oldest first.
+//! - Entries reach a reader only from frames that passed their checksums. A corrupt frame is
+//!   reported (`verify::report_corruption`) and fails the read with an error naming the object;
+//!   a corrupt local copy of an uploaded table is deleted and the read served from the bucket
+//!   (a table not yet uploaded exists nowhere else, so its local copy is never deleted).
 
 use crate::catalog::TableRecord;
 use crate::lsm::cache::{FrameCache, next_serial};
@@ -17,13 +21,14 @@ use crate::lsm::memtable::Memtable;
 use crate::lsm::run::Run;
 use crate::lsm::table::{FormatError, TableBuilder, TableMeta, TableOptions, TableSummary, decode_frames};
 use crate::store::object::{Store, StoreError};
+use crate::verify::{ObjectKind, Place, report_corruption};
 use bytes::Bytes;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 /// Why a read of a table failed. Corruption always names the object.
@@ -44,6 +49,10 @@ pub struct TableHandle<E: Entry> {
     pub meta: TableMeta<E>,
     /// The local copy of the data file, while cached (`None`: read by range from the bucket).
     local_data: RwLock<Option<Arc<File>>>,
+    /// Where the local copy of the data file lives (while cached).
+    data_path: PathBuf,
+    /// The bucket holds the data file: a corrupt local copy can be dropped and read from there.
+    uploaded: AtomicBool,
     /// `READ_TICKS` at the last read: the cache evicts the least recently read tables first.
     last_read: AtomicU64,
     /// Decoded frames of this tree's tables, and this table's key in it.
@@ -69,61 +78,135 @@ impl<E: Entry> TableHandle<E> {
         self.read_frames_with(store, frames, true).await
     }
 
+    /// The entries of `frames` as sorted slices (together in order), without copying: the cached
+    /// frames themselves when every one is cached, else one slice of all of them read now (and
+    /// cached). A query searches them for its keys instead of copying whole frames.
+    pub async fn read_frame_slices(&self, store: &dyn Store, frames: Range<usize>) -> Result<Vec<Arc<[E]>>, ReadError> {
+        if frames.is_empty() {
+            return Ok(Vec::new());
+        }
+        let cached: Option<Vec<Arc<[E]>>> =
+            frames.clone().map(|i| self.frame_cache.get(self.serial, i as u32)).collect();
+        match cached {
+            Some(cached) => Ok(cached),
+            None => Ok(vec![self.read_frames(store, frames).await?.into()]),
+        }
+    }
+
     /// `read_frames`; a scan that reads every frame once (a compaction) passes `use_cache: false`
-    /// so it neither pollutes the cache nor is slowed by it.
+    /// so it neither pollutes the cache nor is slowed by it. A local copy that fails its
+    /// checksums is reported and, when the bucket has the table, dropped for the bucket's copy.
     pub async fn read_frames_with(
         &self,
         store: &dyn Store,
         frames: Range<usize>,
         use_cache: bool,
     ) -> Result<Vec<E>, ReadError> {
-        let mut out = Vec::new();
         if frames.is_empty() {
-            return Ok(out);
+            return Ok(Vec::new());
         }
-        if !use_cache {
-            let (start, end) = self.meta.byte_range(frames.clone());
-            let bytes = self.read_range(store, start, end - start).await?;
-            decode_frames(&self.meta, frames, &bytes, &mut out)
-                .map_err(|source| ReadError::Corrupt { object: self.data_key(), source })?;
-            return Ok(out);
-        }
-        let cached: Option<Vec<Arc<[E]>>> =
-            frames.clone().map(|i| self.frame_cache.get(self.serial, i as u32)).collect();
-        if let Some(cached) = cached {
-            cached.iter().for_each(|frame| out.extend_from_slice(frame));
-            return Ok(out);
+        if use_cache && let Some(cached) = self.cached_frames(frames.clone()) {
+            return Ok(cached);
         }
         let (start, end) = self.meta.byte_range(frames.clone());
-        let bytes = self.read_range(store, start, end - start).await?;
+        let replaceable = self.uploaded.load(Ordering::Acquire);
+        let failure = match self.read_range(store, start, end - start).await {
+            Ok((bytes, place)) => match self.decode_range(frames.clone(), start, &bytes, use_cache) {
+                Ok(entries) => return Ok(entries),
+                Err(source) if place == Place::Local && replaceable => source.to_string(),
+                Err(source) => return Err(self.corrupt(place, source)),
+            },
+            // A local copy that cannot even be read (truncated, say) is as bad as a corrupt one.
+            Err(ReadError::Io { source, .. }) if replaceable => source.to_string(),
+            Err(e) => return Err(e),
+        };
+        report_corruption(ObjectKind::Data, Place::Local, &self.local_data_name(), &failure);
+        self.drop_local_copy();
+        BUCKET_READS.fetch_add(1, Ordering::Relaxed);
+        let bytes = store.get_range(&self.data_key(), start, end - start).await?;
+        self.decode_range(frames, start, &bytes, use_cache).map_err(|source| self.corrupt(Place::Bucket, source))
+    }
+
+    /// Every frame of `frames` from the frame cache, or `None` if one is missing.
+    fn cached_frames(&self, frames: Range<usize>) -> Option<Vec<E>> {
+        let cached: Vec<Arc<[E]>> =
+            frames.map(|i| self.frame_cache.get(self.serial, i as u32)).collect::<Option<_>>()?;
+        Some(cached.iter().flat_map(|frame| frame.iter().copied()).collect())
+    }
+
+    /// Decodes `frames` from `bytes` (read from data-file offset `start`), checking every frame,
+    /// and caches each decoded frame when `use_cache`.
+    fn decode_range(
+        &self,
+        frames: Range<usize>,
+        start: u64,
+        bytes: &[u8],
+        use_cache: bool,
+    ) -> Result<Vec<E>, FormatError> {
+        let mut out = Vec::new();
+        if !use_cache {
+            decode_frames(&self.meta, frames, bytes, &mut out)?;
+            return Ok(out);
+        }
         for i in frames {
             let (frame_start, frame_end) = self.meta.byte_range(i..i + 1);
             let slice = &bytes[(frame_start - start) as usize..(frame_end - start) as usize];
             let mut decoded = Vec::new();
-            decode_frames(&self.meta, i..i + 1, slice, &mut decoded)
-                .map_err(|source| ReadError::Corrupt { object: self.data_key(), source })?;
+            decode_frames(&self.meta, i..i + 1, slice, &mut decoded)?;
             out.extend_from_slice(&decoded);
             self.frame_cache.insert(self.serial, i as u32, decoded.into());
         }
         Ok(out)
     }
 
-    async fn read_range(&self, store: &dyn Store, offset: u64, len: u64) -> Result<Bytes, ReadError> {
+    /// Logs and counts a corrupt data file, and the error (naming it) that the reader returns.
+    fn corrupt(&self, place: Place, source: FormatError) -> ReadError {
+        let object = match place {
+            Place::Bucket => self.data_key(),
+            Place::Local => self.local_data_name(),
+        };
+        report_corruption(ObjectKind::Data, place, &object, &source);
+        ReadError::Corrupt { object, source }
+    }
+
+    /// How errors name the local copy of the data file.
+    fn local_data_name(&self) -> String {
+        format!("{} (local copy {})", self.data_key(), self.data_path.display())
+    }
+
+    /// Stops reading the local copy and deletes it; the bucket's copy serves from now on.
+    fn drop_local_copy(&self) {
+        if self.local_data.write().expect("table lock poisoned").take().is_none() {
+            return; // another reader dropped it already
+        }
+        if let Err(e) = std::fs::remove_file(&self.data_path) {
+            tracing::warn!(path = %self.data_path.display(), error = %e, "could not delete a corrupt local copy");
+        }
+    }
+
+    /// Reads `len` bytes at `offset` of the data file: from the local copy when there is one.
+    async fn read_range(&self, store: &dyn Store, offset: u64, len: u64) -> Result<(Bytes, Place), ReadError> {
         self.last_read.store(READ_TICKS.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
         let local = self.local_data.read().expect("table lock poisoned").clone();
         let Some(file) = local else {
             BUCKET_READS.fetch_add(1, Ordering::Relaxed);
-            return Ok(store.get_range(&self.data_key(), offset, len).await?);
+            return Ok((store.get_range(&self.data_key(), offset, len).await?, Place::Bucket));
         };
         LOCAL_READS.fetch_add(1, Ordering::Relaxed);
         let object = self.data_key();
-        tokio::task::spawn_blocking(move || {
+        let bytes = tokio::task::spawn_blocking(move || {
             let mut buf = vec![0u8; len as usize];
             file.read_exact_at(&mut buf, offset).map(|_| Bytes::from(buf))
         })
         .await
         .map_err(|e| ReadError::Io { object: object.clone(), source: std::io::Error::other(e) })?
-        .map_err(|source| ReadError::Io { object, source })
+        .map_err(|source| ReadError::Io { object, source })?;
+        Ok((bytes, Place::Local))
+    }
+
+    /// Records that the bucket now holds this table (after its upload).
+    pub fn mark_uploaded(&self) {
+        self.uploaded.store(true, Ordering::Release);
     }
 }
 
@@ -319,12 +402,19 @@ impl<E: Entry> Tree<E> {
         let meta_path = self.local_path(&record.id, "meta");
         let object = table_key(E::TREE, &record.id, "meta");
         let bytes = std::fs::read(&meta_path).map_err(|source| ReadError::Io { object: object.clone(), source })?;
-        let meta = TableMeta::decode(&bytes).map_err(|source| ReadError::Corrupt { object, source })?;
-        let local_data = File::open(self.local_path(&record.id, "data")).ok().map(Arc::new);
+        let meta = TableMeta::decode(&bytes).map_err(|source| {
+            let object = format!("{object} (local copy {})", meta_path.display());
+            report_corruption(ObjectKind::Meta, Place::Local, &object, &source);
+            ReadError::Corrupt { object, source }
+        })?;
+        let data_path = self.local_path(&record.id, "data");
+        let local_data = File::open(&data_path).ok().map(Arc::new);
         Ok(TableHandle {
+            uploaded: AtomicBool::new(record.uploaded),
             record,
             meta,
             local_data: RwLock::new(local_data),
+            data_path,
             last_read: AtomicU64::new(0),
             frame_cache: self.frame_cache.clone(),
             serial: next_serial(),
