@@ -31,6 +31,22 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
+/// Decoded entries of a range of frames: all in one vector, or one shared slice per frame.
+enum Decoded<E> {
+    Whole(Vec<E>),
+    Framed(Vec<Arc<[E]>>),
+}
+
+/// The entries of consecutive frames in one vector.
+fn concat<E: Copy>(frames: &[Arc<[E]>]) -> Vec<E> {
+    let mut out = Vec::with_capacity(frames.iter().map(|f| f.len()).sum());
+    frames.iter().for_each(|frame| out.extend_from_slice(frame));
+    out
+}
+
+/// Largest local read done on the calling thread rather than the blocking pool.
+const INLINE_READ_BYTES: u64 = 256 * 1024;
+
 /// Why a read of a table failed. Corruption always names the object.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -78,24 +94,24 @@ impl<E: Entry> TableHandle<E> {
         self.read_frames_with(store, frames, true).await
     }
 
-    /// The entries of `frames` as sorted slices (together in order), without copying: the cached
-    /// frames themselves when every one is cached, else one slice of all of them read now (and
-    /// cached). A query searches them for its keys instead of copying whole frames.
+    /// The entries of `frames` as sorted slices (together in order), without copying: the
+    /// decoded frames themselves, from the cache or read now (and cached). A query searches them
+    /// for its keys instead of copying whole frames.
     pub async fn read_frame_slices(&self, store: &dyn Store, frames: Range<usize>) -> Result<Vec<Arc<[E]>>, ReadError> {
         if frames.is_empty() {
             return Ok(Vec::new());
         }
-        let cached: Option<Vec<Arc<[E]>>> =
-            frames.clone().map(|i| self.frame_cache.get(self.serial, i as u32)).collect();
-        match cached {
-            Some(cached) => Ok(cached),
-            None => Ok(vec![self.read_frames(store, frames).await?.into()]),
+        if let Some(cached) = self.cached_frames(frames.clone()) {
+            return Ok(cached);
         }
+        Ok(match self.read_decoded(store, frames, true).await? {
+            Decoded::Whole(entries) => vec![entries.into()],
+            Decoded::Framed(frames) => frames,
+        })
     }
 
     /// `read_frames`; a scan that reads every frame once (a compaction) passes `use_cache: false`
-    /// so it neither pollutes the cache nor is slowed by it. A local copy that fails its
-    /// checksums is reported and, when the bucket has the table, dropped for the bucket's copy.
+    /// so it neither pollutes the cache nor is slowed by it.
     pub async fn read_frames_with(
         &self,
         store: &dyn Store,
@@ -106,8 +122,22 @@ impl<E: Entry> TableHandle<E> {
             return Ok(Vec::new());
         }
         if use_cache && let Some(cached) = self.cached_frames(frames.clone()) {
-            return Ok(cached);
+            return Ok(concat(&cached));
         }
+        Ok(match self.read_decoded(store, frames, use_cache).await? {
+            Decoded::Whole(entries) => entries,
+            Decoded::Framed(frames) => concat(&frames),
+        })
+    }
+
+    /// Reads and decodes `frames` with one ranged read. A local copy that fails its checksums
+    /// is reported and, when the bucket has the table, dropped for the bucket's copy.
+    async fn read_decoded(
+        &self,
+        store: &dyn Store,
+        frames: Range<usize>,
+        use_cache: bool,
+    ) -> Result<Decoded<E>, ReadError> {
         let (start, end) = self.meta.byte_range(frames.clone());
         let replaceable = self.uploaded.load(Ordering::Acquire);
         let failure = match self.read_range(store, start, end - start).await {
@@ -128,35 +158,35 @@ impl<E: Entry> TableHandle<E> {
     }
 
     /// Every frame of `frames` from the frame cache, or `None` if one is missing.
-    fn cached_frames(&self, frames: Range<usize>) -> Option<Vec<E>> {
-        let cached: Vec<Arc<[E]>> =
-            frames.map(|i| self.frame_cache.get(self.serial, i as u32)).collect::<Option<_>>()?;
-        Some(cached.iter().flat_map(|frame| frame.iter().copied()).collect())
+    fn cached_frames(&self, frames: Range<usize>) -> Option<Vec<Arc<[E]>>> {
+        frames.map(|i| self.frame_cache.get(self.serial, i as u32)).collect()
     }
 
-    /// Decodes `frames` from `bytes` (read from data-file offset `start`), checking every frame,
-    /// and caches each decoded frame when `use_cache`.
+    /// Decodes `frames` from `bytes` (read from data-file offset `start`), checking every frame.
+    /// With `use_cache`, frame by frame, each one cached as it is (no copy); without, all at once.
     fn decode_range(
         &self,
         frames: Range<usize>,
         start: u64,
         bytes: &[u8],
         use_cache: bool,
-    ) -> Result<Vec<E>, FormatError> {
-        let mut out = Vec::new();
+    ) -> Result<Decoded<E>, FormatError> {
         if !use_cache {
+            let mut out = Vec::new();
             decode_frames(&self.meta, frames, bytes, &mut out)?;
-            return Ok(out);
+            return Ok(Decoded::Whole(out));
         }
+        let mut out = Vec::with_capacity(frames.len());
         for i in frames {
             let (frame_start, frame_end) = self.meta.byte_range(i..i + 1);
             let slice = &bytes[(frame_start - start) as usize..(frame_end - start) as usize];
             let mut decoded = Vec::new();
             decode_frames(&self.meta, i..i + 1, slice, &mut decoded)?;
-            out.extend_from_slice(&decoded);
-            self.frame_cache.insert(self.serial, i as u32, decoded.into());
+            let decoded: Arc<[E]> = decoded.into();
+            self.frame_cache.insert(self.serial, i as u32, decoded.clone());
+            out.push(decoded);
         }
-        Ok(out)
+        Ok(Decoded::Framed(out))
     }
 
     /// Logs and counts a corrupt data file, and the error (naming it) that the reader returns.
@@ -194,13 +224,21 @@ impl<E: Entry> TableHandle<E> {
         };
         LOCAL_READS.fetch_add(1, Ordering::Relaxed);
         let object = self.data_key();
-        let bytes = tokio::task::spawn_blocking(move || {
+        let read = move || {
             let mut buf = vec![0u8; len as usize];
             file.read_exact_at(&mut buf, offset).map(|_| Bytes::from(buf))
-        })
-        .await
-        .map_err(|e| ReadError::Io { object: object.clone(), source: std::io::Error::other(e) })?
-        .map_err(|source| ReadError::Io { object, source })?;
+        };
+        // A query's read (a frame or a few, usually in the page cache) is a few microseconds:
+        // handing it to the blocking pool cost more in thread wake-ups than the read itself
+        // (a tenth of a warm query's CPU, by profile). Large reads (compaction) still go there.
+        let bytes = if len <= INLINE_READ_BYTES {
+            read()
+        } else {
+            tokio::task::spawn_blocking(read)
+                .await
+                .map_err(|e| ReadError::Io { object: object.clone(), source: std::io::Error::other(e) })?
+        };
+        let bytes = bytes.map_err(|source| ReadError::Io { object, source })?;
         Ok((bytes, Place::Local))
     }
 
