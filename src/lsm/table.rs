@@ -26,8 +26,11 @@ use std::io::{self, Write};
 use std::ops::Range;
 use xxhash_rust::xxh3::xxh3_64;
 
-/// Default raw (uncompressed) bytes per frame.
-pub const DEFAULT_FRAME_BYTES: usize = 64 * 1024;
+/// Default raw (uncompressed) bytes per frame: 256 backlinks. A warm query decodes whole frames
+/// to use a few entries, so smaller frames cost it less and more of them fit the frame cache; at
+/// 10 M links 16 KiB frames answered 3.2x the queries of 64 KiB ones per CPU-second, for 6 % more
+/// bucket bytes (BENCHMARKS.md, "Frame size"). DESIGN.md's "about 64 KiB" was the starting point.
+pub const DEFAULT_FRAME_BYTES: usize = 16 * 1024;
 pub const DEFAULT_ZSTD_LEVEL: i32 = 3;
 pub const DEFAULT_FILTER_FPR: f64 = 0.01;
 /// Largest raw frame: sixteen times the default, so one frame is cheap to hold in memory.
