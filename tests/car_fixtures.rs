@@ -10,6 +10,8 @@
 //! - truncated, oversized and hostile inputs give the right `CarError`, never a panic;
 //! - links extracted from the fixture records sit at the expected paths, and never come from a CID.
 
+#[path = "support/car_readers.rs"]
+mod car_readers;
 #[path = "support/car_writer.rs"]
 mod car_writer;
 
@@ -19,13 +21,12 @@ use backlinks::ingest::car::{
     read_repo_bytes,
 };
 use backlinks::model::syntax::LinkTarget;
+use car_readers::{RepoResult, agree};
 use car_writer::{encode_car, fake_cid, frame, map, mst_node};
 use ipld_core::cid::Cid;
 use ipld_core::ipld::Ipld;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-
-type RepoResult = Result<(RepoCommit, Vec<RepoRecord>, RepoStats), CarError>;
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/car");
 const JETSTREAM_REPO: &str = "jetstream/repo.car";
@@ -42,18 +43,7 @@ fn read_async(bytes: &[u8], limits: &CarLimits) -> RepoResult {
 
 /// Reads through both readers and checks they agree: same value, or the same error variant.
 fn read_both(bytes: &[u8], limits: &CarLimits) -> RepoResult {
-    let from_slice = read_repo_bytes(bytes, limits);
-    let from_stream = read_async(bytes, limits);
-    match (&from_slice, &from_stream) {
-        (Ok(slice), Ok(stream)) => assert_eq!(slice, stream, "readers disagree"),
-        (Err(slice), Err(stream)) => assert_eq!(
-            std::mem::discriminant(slice),
-            std::mem::discriminant(stream),
-            "readers fail differently: {slice} vs {stream}"
-        ),
-        _ => panic!("one reader failed: slice {from_slice:?}, stream {from_stream:?}"),
-    }
-    from_slice
+    agree(read_repo_bytes(bytes, limits), read_async(bytes, limits))
 }
 
 fn read_fixture(path: &str) -> (RepoCommit, Vec<RepoRecord>, RepoStats) {

@@ -13,12 +13,11 @@ use backlinks::query::{Cursor, ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use serde_json::json;
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::path::Path;
-use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+use support::Server;
 use support::jetstream_server::{Faults, JetstreamServer};
 use support::model::{Model, RecordKey};
 
@@ -359,49 +358,6 @@ fn hundred_thousand_events_with_disconnects_and_a_switch_match_the_model() {
     assert_matches_model(&runtime, &index, &model);
 }
 
-/// The real binary, `serve` with live ingest from one instance.
-struct Writer {
-    child: Child,
-    addr: String,
-}
-
-impl Writer {
-    fn start(data_dir: &Path, config: &Path, jetstream: &str) -> Self {
-        let mut command = Command::new(support::BIN);
-        command
-            .args(["serve", "--listen", "127.0.0.1:0", "--jetstream", jetstream, "--config"])
-            .arg(config)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .env("RUST_LOG", "warn");
-        let (child, addr) = support::spawn_listening(&mut command);
-        Writer { addr, child }
-    }
-
-    /// The in-memory ingest cursor, from `/xrpc/_health`.
-    fn cursor(&self) -> Option<i64> {
-        let mut stream = std::net::TcpStream::connect(&self.addr).ok()?;
-        write!(stream, "GET /xrpc/_health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr).ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).ok()?;
-        let body: serde_json::Value = serde_json::from_str(response.split_once("\r\n\r\n")?.1).ok()?;
-        body["cursor"].as_i64()
-    }
-
-    fn kill(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
-    }
-
-    /// SIGTERM: a clean stop (flush, publish) and exit 0.
-    fn terminate(mut self) {
-        let pid = self.child.id().to_string();
-        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
-        let status = self.child.wait().unwrap();
-        assert!(status.success(), "serve exited with {status}");
-    }
-}
-
 #[test]
 fn sigkill_at_random_moments_loses_and_resurrects_nothing() {
     const KILLS: usize = 22;
@@ -419,7 +375,7 @@ fn sigkill_at_random_moments_loses_and_resurrects_nothing() {
     let mut replays = Vec::new();
     for _ in 0..KILLS {
         let started = Instant::now();
-        let writer = Writer::start(&data_dir, &config, &server.v2_url());
+        let writer = Server::start_live(&data_dir, &config, &server.v2_url());
         let uptime = Duration::from_millis(300 + splitmix64(&mut seed) % 2_500);
         let mut replayed = None;
         while started.elapsed() < uptime {
@@ -436,7 +392,7 @@ fn sigkill_at_random_moments_loses_and_resurrects_nothing() {
     let last = last_time_us(&lines);
     let during_ingest = progress[1..].iter().filter(|c| **c < last).count();
     assert!(during_ingest >= 20, "only {during_ingest} kills hit a running ingest: pace the server slower");
-    let writer = Writer::start(&data_dir, &config, &server.v2_url());
+    let writer = Server::start_live(&data_dir, &config, &server.v2_url());
     let started = Instant::now();
     while writer.cursor() != Some(last) {
         assert!(started.elapsed() < Duration::from_secs(300), "stalled at {:?}", writer.cursor());

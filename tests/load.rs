@@ -15,11 +15,10 @@ mod support;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::Path;
-use std::process::{Child, Command};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+use support::Server;
 use support::jetstream_server::{Faults, JetstreamServer};
 
 const CLIENTS: usize = 200;
@@ -61,40 +60,6 @@ fn events(count: usize) -> Vec<String> {
             serde_json::json!({"did": author, "time_us": time_us, "kind": "commit", "commit": commit}).to_string()
         })
         .collect()
-}
-
-/// `backlinks serve` following `jetstream`, killed when dropped.
-struct Serve {
-    child: Child,
-    addr: String,
-}
-
-impl Serve {
-    fn start(data_dir: &Path, config: &Path, jetstream: &str) -> Self {
-        let mut command = Command::new(support::BIN);
-        command
-            .args(["serve", "--listen", "127.0.0.1:0", "--jetstream", jetstream, "--config"])
-            .arg(config)
-            .arg("--data-dir")
-            .arg(data_dir)
-            .env("RUST_LOG", "warn");
-        let (child, addr) = support::spawn_listening(&mut command);
-        Serve { child, addr }
-    }
-
-    /// Peak resident memory of the server process, from /proc (Linux), in KiB.
-    fn peak_rss_kib(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-        line.split_whitespace().nth(1)?.parse().ok()
-    }
-}
-
-impl Drop for Serve {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// One keep-alive HTTP/1.1 connection; reconnects when the server closes it.
@@ -230,12 +195,6 @@ fn run_client(addr: String, seed: u64, stop: Arc<AtomicBool>) -> ClientResult {
 }
 
 /// The server's ingest cursor, from `/xrpc/_health`.
-fn cursor(addr: &str) -> Option<i64> {
-    let (status, body) = Client::new(addr).get("/xrpc/_health").ok()?;
-    let body: serde_json::Value = serde_json::from_slice(&body).ok()?;
-    (status == 200).then(|| body["cursor"].as_i64()).flatten()
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize]
 }
@@ -254,15 +213,15 @@ fn two_hundred_clients_get_answers_while_the_server_ingests() {
     let settings = "max_concurrent_queries = 256\nmemtable_bytes = 1048576\nmax_unflushed_secs = 1\n\
                     publish_interval_secs = 2\ncompaction_fan_in = 4\n";
     std::fs::write(&config, settings).unwrap();
-    let server = Serve::start(&dir.path().join("data"), &config, &jetstream.v2_url());
+    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
 
     // Warm up until some events are in, so queries have something to find.
     let warm = Instant::now();
-    while cursor(&server.addr).is_none_or(|c| c < FIRST_TIME_US + 2_000 * 100) {
+    while server.cursor().is_none_or(|c| c < FIRST_TIME_US + 2_000 * 100) {
         assert!(warm.elapsed() < Duration::from_secs(30), "ingest did not start");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let cursor_before = cursor(&server.addr).unwrap();
+    let cursor_before = server.cursor().unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let started = Instant::now();
     let clients: Vec<_> = (0..CLIENTS)
@@ -275,7 +234,7 @@ fn two_hundred_clients_get_answers_while_the_server_ingests() {
     stop.store(true, Ordering::Relaxed);
     let results: Vec<ClientResult> = clients.into_iter().map(|c| c.join().unwrap()).collect();
     let elapsed = started.elapsed();
-    let cursor_after = cursor(&server.addr).unwrap();
+    let cursor_after = server.cursor().unwrap();
 
     let mut latencies: Vec<Duration> = results.iter().flat_map(|r| r.latencies.iter().copied()).collect();
     latencies.sort_unstable();

@@ -8,7 +8,7 @@
 //!   each record an object; the stats count them exactly; no limit is exceeded.
 #![no_main]
 
-use backlinks::ingest::car::{CarError, CarLimits, RepoCommit, RepoRecord, RepoStats, read_repo, read_repo_bytes};
+use backlinks::ingest::car::{CarLimits, RepoCommit, RepoRecord, RepoStats, read_repo, read_repo_bytes};
 use libfuzzer_sys::fuzz_target;
 
 thread_local! {
@@ -16,7 +16,9 @@ thread_local! {
         tokio::runtime::Builder::new_current_thread().build().expect("a current-thread runtime");
 }
 
-type RepoResult = Result<(RepoCommit, Vec<RepoRecord>, RepoStats), CarError>;
+#[path = "../../tests/support/car_readers.rs"]
+mod car_readers;
+use car_readers::{RepoResult, agree};
 
 /// Limits small enough that fuzzed inputs reach every "too many" and "too deep" path.
 fn tight_limits() -> CarLimits {
@@ -43,16 +45,7 @@ fn read_both(bytes: &[u8], limits: &CarLimits) -> RepoResult {
     // A small buffer makes the async reader cross many partial reads.
     let reader = tokio::io::BufReader::with_capacity(61, bytes);
     let from_stream = RUNTIME.with(|runtime| runtime.block_on(read_repo(reader, limits)));
-    match (&from_slice, &from_stream) {
-        (Ok(slice), Ok(stream)) => assert_eq!(slice, stream, "readers disagree"),
-        (Err(slice), Err(stream)) => assert_eq!(
-            std::mem::discriminant(slice),
-            std::mem::discriminant(stream),
-            "readers fail differently: {slice} vs {stream}"
-        ),
-        _ => panic!("one reader failed: slice {from_slice:?}, stream {from_stream:?}"),
-    }
-    from_slice
+    agree(from_slice, from_stream)
 }
 
 fn check_repo(commit: &RepoCommit, records: &[RepoRecord], stats: &RepoStats, limits: &CarLimits) {

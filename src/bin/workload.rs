@@ -751,20 +751,12 @@ fn tid(micros: u64, clock: u64) -> u64 {
     ((micros << 10) | (clock & 0x3ff)) & !backlinks::model::tid::TID_TOP_BIT
 }
 
-/// `YYYY-MM-DDTHH:MM:SS.mmmZ` of a Unix time in microseconds (days to civil date after
-/// Howard Hinnant's algorithm, for the proleptic Gregorian calendar).
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` of a Unix time in microseconds, written digit by digit (no
+/// allocation: the generator writes millions of them).
 fn format_datetime(micros: u64) -> [u8; 24] {
     let millis = micros / 1_000;
     let (days, ms_of_day) = (millis / 86_400_000, millis % 86_400_000);
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = backlinks::ingest::frames::civil_from_days(days as i64);
     let fields = [
         (year as u64, 4),
         (month as u64, 2),

@@ -391,7 +391,9 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + day_of_era - UNIX_EPOCH_DAYS
 }
 
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
+/// (year, month, day) of a day counted from 1970-01-01, proleptic Gregorian (Howard Hinnant's
+/// algorithm): the inverse of `days_from_civil`.
+pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
     let days = days + UNIX_EPOCH_DAYS;
     let era = days.div_euclid(146_097);
     let day_of_era = days - era * 146_097;

@@ -63,6 +63,52 @@ impl Server {
     }
 }
 
+/// `backlinks serve` following a Jetstream (live ingest), with a config file.
+impl Server {
+    pub fn start_live(data_dir: &Path, config: &Path, jetstream: &str) -> Self {
+        let mut command = Command::new(BIN);
+        command
+            .args(["serve", "--listen", "127.0.0.1:0", "--jetstream", jetstream, "--config"])
+            .arg(config)
+            .arg("--data-dir")
+            .arg(data_dir)
+            .env("RUST_LOG", "warn");
+        let (child, addr) = spawn_listening(&mut command);
+        Server { child, addr }
+    }
+
+    /// The in-memory ingest cursor, from `/xrpc/_health` (`None` while it does not answer).
+    pub fn cursor(&self) -> Option<i64> {
+        let mut stream = TcpStream::connect(&self.addr).ok()?;
+        write!(stream, "GET /xrpc/_health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr).ok()?;
+        let mut response = String::new();
+        stream.read_to_string(&mut response).ok()?;
+        let body: serde_json::Value = serde_json::from_str(response.split_once("\r\n\r\n")?.1).ok()?;
+        body["cursor"].as_i64()
+    }
+
+    /// Peak resident memory of the server process, from /proc (Linux), in KiB.
+    pub fn peak_rss_kib(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        line.split_whitespace().nth(1)?.parse().ok()
+    }
+
+    /// SIGKILL, and wait for it.
+    pub fn kill(mut self) {
+        self.child.kill().unwrap();
+        self.child.wait().unwrap();
+    }
+
+    /// SIGTERM: a clean stop (flush, publish) and exit 0.
+    pub fn terminate(mut self) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "serve exited with {status}");
+    }
+}
+
 impl Drop for Server {
     fn drop(&mut self) {
         let _ = self.child.kill();
