@@ -637,21 +637,26 @@ impl Index {
         Ok(name)
     }
 
-    /// Uploads the outline rows stored after `after`, one object per kind that has any.
+    /// Uploads the outline rows stored after `after`: per kind that has any, one object per chunk
+    /// of at most `range::CHUNK_ROWS` rows or `range::CHUNK_BYTES` bytes, so that a publish after
+    /// a long import holds one chunk in memory at a time. A range ends at its last row's sequence
+    /// number; the kind that stored the newest row reaches `through`, which is what the next
+    /// publish starts after.
     async fn upload_outline_ranges(&self, after: i64) -> Result<Vec<OutlineRange>, IndexError> {
+        use crate::outline::range::{CHUNK_BYTES, CHUNK_ROWS, encode};
         let through = self.outlines.max_seq()?;
         let mut ranges = Vec::new();
-        if through <= after {
-            return Ok(ranges);
-        }
         for kind in OutlineKind::ALL {
-            let rows = self.outlines.rows_between(kind, after, through)?;
-            if rows.is_empty() {
-                continue;
+            let mut from = after;
+            while from < through {
+                let rows = self.outlines.rows_between(kind, from, through, CHUNK_ROWS, CHUNK_BYTES)?;
+                let Some(&(last_seq, _, _)) = rows.last() else { break };
+                let range = OutlineRange { kind: kind.name().to_string(), after: from, through: last_seq };
+                let body = encode(kind, rows.iter().map(|(_, id, value)| (*id, value.as_str())));
+                self.store.put(&range.key(), body.into()).await?;
+                from = range.through;
+                ranges.push(range);
             }
-            let range = OutlineRange { kind: kind.name().to_string(), after, through };
-            self.store.put(&range.key(), crate::outline::range::encode(kind, &rows).into()).await?;
-            ranges.push(range);
         }
         Ok(ranges)
     }

@@ -10,13 +10,15 @@
 //! - An exhausted counter is an error, never a wraparound.
 //! - A string has at most one id per kind and an id at most one string: every transition of a
 //!   string (absent -> pending -> stored) happens under the allocator lock, and `intern` looks in
-//!   the pending map and in SQLite under that same lock before it allocates.
-//! - New strings stay in the pending map, never evicted, until `persist` writes all of them and the
-//!   advanced counters in one transaction. Only then may the bounded cache forget them (a miss
-//!   falls back to SQLite).
+//!   the cache (which holds the pending strings) and in SQLite under that same lock before it
+//!   allocates.
+//! - New strings are pinned in their kind's cache (listed in `Allocator::pending`), never evicted,
+//!   until `persist` writes all of them and the advanced counters in one transaction. Only then
+//!   are they unpinned and may the bounded cache forget them (a miss falls back to SQLite).
 //! - Caches are bounded: did and rkey by `OutlineOptions::cache_entries` each, collection and
 //!   location (a few thousand strings on the real network) by `SMALL_KIND_CACHE_ENTRIES`, which
-//!   in practice holds all of them; they are loaded at open.
+//!   in practice holds all of them; they are loaded at open. Pinned strings come on top (at most
+//!   `MAX_PENDING`), and a persist evicts back to the bound.
 //! - Lock order: allocator, then SQLite connection, then a cache. Cache locks are never held while
 //!   taking another lock.
 //! - A cache is *complete* while it holds every stored string of its kind: from an open that found
@@ -31,14 +33,15 @@
 //! a crash may give it a different id than before the crash, which is fine for the same reason.
 
 use crate::model::ids::OUTLINED_BIT;
+use cache::Cache;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use rusqlite_migration::{M, Migrations};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+mod cache;
 
 /// Cache capacity of the collection and location kinds: large enough to hold every one of them.
 pub const SMALL_KIND_CACHE_ENTRIES: usize = 1 << 20;
@@ -189,140 +192,16 @@ pub enum OutlineError {
     Poisoned,
 }
 
-/// One cached (id, string) pair and its clock bit.
-#[derive(Debug)]
-struct Slot {
-    id: u64,
-    value: Arc<str>,
-    referenced: AtomicBool,
-}
-
-/// Hashes outline ids with one multiplication instead of SipHash. Ids come from our own
-/// sequences, never from the network, so nobody can choose them to flood a bucket; the product's
-/// high half is folded in so that both hashbrown's bucket bits (low) and tag bits (high) vary.
-#[derive(Debug, Default, Clone, Copy)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &byte in bytes {
-            self.write_u64(u64::from(byte));
-        }
-    }
-
-    fn write_u64(&mut self, id: u64) {
-        let product = (self.0 ^ id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        self.0 = product ^ (product >> 29);
-    }
-}
-
-/// A bounded two-way map with clock (second chance) eviction: a hit sets the slot's bit under
-/// the read lock; eviction sweeps the hand forward, clearing set bits, to the first clear one.
-#[derive(Debug)]
-struct Cache {
-    capacity: usize,
-    slots: Vec<Slot>,
-    by_value: HashMap<Arc<str>, usize>,
-    by_id: HashMap<u64, usize, BuildHasherDefault<IdHasher>>,
-    hand: usize,
-    /// Holds every string of its kind that outlines.db stores (see the module invariants).
-    complete: bool,
-}
-
-impl Cache {
-    fn new(capacity: usize) -> Self {
-        let (by_value, by_id) = (HashMap::new(), HashMap::default());
-        Self { capacity, slots: Vec::new(), by_value, by_id, hand: 0, complete: false }
-    }
-
-    fn id_of(&self, value: &str) -> Option<u64> {
-        let slot = &self.slots[*self.by_value.get(value)?];
-        slot.referenced.store(true, Ordering::Relaxed);
-        Some(slot.id)
-    }
-
-    fn value_of(&self, id: u64) -> Option<Arc<str>> {
-        let slot = &self.slots[*self.by_id.get(&id)?];
-        slot.referenced.store(true, Ordering::Relaxed);
-        Some(slot.value.clone())
-    }
-
-    fn insert(&mut self, id: u64, value: Arc<str>) {
-        if self.capacity == 0 || self.by_id.contains_key(&id) {
-            return;
-        }
-        let index =
-            if self.slots.len() < self.capacity { self.push_slot(id, &value) } else { self.reuse_slot(id, &value) };
-        self.by_value.insert(value, index);
-        self.by_id.insert(id, index);
-        debug_assert_eq!(self.by_value.len(), self.slots.len());
-        debug_assert_eq!(self.by_id.len(), self.slots.len());
-    }
-
-    fn push_slot(&mut self, id: u64, value: &Arc<str>) -> usize {
-        self.slots.push(Slot { id, value: value.clone(), referenced: AtomicBool::new(false) });
-        self.slots.len() - 1
-    }
-
-    /// Evicts the clock's victim and puts the new pair in its slot. Each step of the sweep clears
-    /// a bit, so it ends within one turn of the clock (amortized O(1)).
-    fn reuse_slot(&mut self, id: u64, value: &Arc<str>) -> usize {
-        self.complete = false;
-        while self.slots[self.hand].referenced.swap(false, Ordering::Relaxed) {
-            self.hand = (self.hand + 1) % self.slots.len();
-        }
-        let victim = self.hand;
-        self.hand = (self.hand + 1) % self.slots.len();
-        let old = std::mem::replace(
-            &mut self.slots[victim],
-            Slot { id, value: value.clone(), referenced: AtomicBool::new(false) },
-        );
-        self.by_value.remove(&old.value);
-        self.by_id.remove(&old.id);
-        victim
-    }
-}
-
-/// Everything `intern` and `persist` change: the new strings and the sequences' next counters.
+/// Everything `intern` and `persist` change: which strings are new and the sequences' next
+/// counters. The new strings themselves are pinned in their kind's cache.
 #[derive(Debug, Default)]
 struct Allocator {
     /// New strings in allocation order: their insertion order in `outlines.db`.
-    pending: Vec<(OutlineKind, u64, Arc<str>)>,
-    pending_ids: [HashMap<Arc<str>, u64>; 4],
-    pending_values: [HashMap<u64, Arc<str>>; 4],
+    pending: Vec<(OutlineKind, u64)>,
     /// Next counter of each (kind, shard) used since open (at most 4 * 2^16 entries).
     next_counter: HashMap<(OutlineKind, u16), u64>,
     /// Next counters of the sequences advanced since the last persist: what persist writes.
     advanced: BTreeMap<(OutlineKind, u16), u64>,
-}
-
-impl Allocator {
-    fn pending_id(&self, kind: OutlineKind, value: &str) -> Option<u64> {
-        self.pending_ids[kind.index()].get(value).copied()
-    }
-
-    fn pending_value(&self, kind: OutlineKind, id: u64) -> Option<Arc<str>> {
-        self.pending_values[kind.index()].get(&id).cloned()
-    }
-
-    fn add_pending(&mut self, kind: OutlineKind, id: u64, value: Arc<str>) {
-        self.pending_ids[kind.index()].insert(value.clone(), id);
-        let previous = self.pending_values[kind.index()].insert(id, value.clone());
-        assert!(previous.is_none(), "{kind} id {id:#x} allocated twice");
-        self.pending.push((kind, id, value));
-    }
-
-    /// Forgets the pending strings (now stored) and returns them.
-    fn take_pending(&mut self) -> Vec<(OutlineKind, u64, Arc<str>)> {
-        self.pending_ids.iter_mut().for_each(HashMap::clear);
-        self.pending_values.iter_mut().for_each(HashMap::clear);
-        self.advanced.clear();
-        std::mem::take(&mut self.pending)
-    }
 }
 
 /// The outline tables: a SQLite file, a bounded cache per kind, and the pending new strings.
@@ -360,15 +239,11 @@ impl Outlines {
             return Ok(None); // a string that could never be interned has no id
         }
         if let Some(id) = self.cached_id(kind, value)? {
-            return Ok(Some(id));
+            return Ok(Some(id)); // stored and cached, or new and pinned
         }
-        if let Some(id) = self.lock_allocator()?.pending_id(kind, value) {
-            return Ok(Some(id));
-        }
-        // Checked after the pending map: a string persisted meanwhile is in SQLite by now.
         let stored = self.stored_id(kind, value)?;
         if let Some(id) = stored {
-            self.remember(kind, id, Arc::from(value))?;
+            self.remember(kind, id, value)?;
         }
         Ok(stored)
     }
@@ -381,19 +256,21 @@ impl Outlines {
             return Ok(id);
         }
         let mut allocator = self.lock_allocator()?;
-        if let Some(id) = allocator.pending_id(kind, value) {
+        // Again under the allocator lock: another writer may have just pinned it.
+        if let Some(id) = self.cached_id(kind, value)? {
             return Ok(id);
         }
         // Still under the allocator lock: nobody can allocate or persist `value` meanwhile.
         if let Some(id) = self.stored_id_unless_complete(kind, value)? {
-            self.remember(kind, id, Arc::from(value))?;
+            self.remember(kind, id, value)?;
             return Ok(id);
         }
         if allocator.pending.len() >= MAX_PENDING {
             return Err(OutlineError::TooManyPending { limit: MAX_PENDING });
         }
         let id = self.allocate(&mut allocator, kind, shard)?;
-        allocator.add_pending(kind, id, Arc::from(value));
+        write(&self.caches[kind.index()])?.insert_pinned(id, value);
+        allocator.pending.push((kind, id));
         Ok(id)
     }
 
@@ -403,14 +280,11 @@ impl Outlines {
             return Ok(None);
         }
         if let Some(value) = read(&self.caches[kind.index()])?.value_of(id) {
-            return Ok(Some(value));
-        }
-        if let Some(value) = self.lock_allocator()?.pending_value(kind, id) {
-            return Ok(Some(value));
+            return Ok(Some(value)); // stored and cached, or new and pinned
         }
         let stored = self.stored_value(kind, id)?;
         if let Some(value) = &stored {
-            self.remember(kind, id, value.clone())?;
+            self.remember(kind, id, value)?;
         }
         Ok(stored)
     }
@@ -423,9 +297,12 @@ impl Outlines {
             return Ok(0);
         }
         self.write_pending(&allocator)?;
-        let stored = allocator.take_pending();
-        for (kind, id, value) in &stored {
-            self.remember(*kind, *id, value.clone())?;
+        allocator.advanced.clear();
+        let stored = std::mem::take(&mut allocator.pending);
+        for kind in OutlineKind::ALL {
+            let mut cache = write(&self.caches[kind.index()])?;
+            stored.iter().filter(|(k, _)| *k == kind).for_each(|(_, id)| cache.unpin(*id));
+            cache.shrink_to_capacity();
         }
         Ok(stored.len())
     }
@@ -436,20 +313,33 @@ impl Outlines {
         Ok(db.query_row("SELECT coalesce(max(seq), 0) FROM outlines", [], |row| row.get(0))?)
     }
 
-    /// Stored (id, value) rows of `kind` with `after < seq <= through`, in insertion order: the
-    /// contents of one published outline range.
+    /// Stored rows of `kind` with `after < seq <= through`, in insertion order, as
+    /// `(seq, id, value)`: at most `max_rows`, and no more after the encoded size of the ones
+    /// taken passes `max_bytes` (at least one row is taken). A published outline range is one
+    /// such chunk, so publishing any number of new strings needs bounded memory.
     pub fn rows_between(
         &self,
         kind: OutlineKind,
         after: i64,
         through: i64,
-    ) -> Result<Vec<(u64, String)>, OutlineError> {
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(i64, u64, String)>, OutlineError> {
         let db = self.lock_db()?;
-        let mut query = db
-            .prepare_cached("SELECT id, value FROM outlines WHERE kind = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq")?;
-        let rows = query
-            .query_map(params![kind.code(), after, through], |row| Ok((row.get::<_, i64>(0)? as u64, row.get(1)?)))?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let mut query = db.prepare_cached(
+            "SELECT seq, id, value FROM outlines WHERE kind = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4",
+        )?;
+        let mut rows = query.query(params![kind.code(), after, through, max_rows as i64])?;
+        let (mut chunk, mut bytes) = (Vec::new(), 0usize);
+        while let Some(row) = rows.next()? {
+            let value: String = row.get(2)?;
+            bytes += range::ROW_OVERHEAD + value.len();
+            chunk.push((row.get::<_, i64>(0)?, row.get::<_, i64>(1)? as u64, value));
+            if bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok(chunk)
     }
 
     /// Adds rows another machine published (a restore, a replica), keeping their ids and moving
@@ -526,8 +416,10 @@ impl Outlines {
         let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
         {
             let mut insert = tx.prepare_cached("INSERT INTO outlines (kind, id, value) VALUES (?1, ?2, ?3)")?;
-            for (kind, id, value) in &allocator.pending {
-                insert.execute(params![kind.code(), *id as i64, value.as_ref()])?;
+            for (kind, id) in &allocator.pending {
+                let cache = read(&self.caches[kind.index()])?;
+                let value = cache.pinned_value(*id).expect("a pending string is pinned in its cache");
+                insert.execute(params![kind.code(), *id as i64, value])?;
             }
             let mut advance = tx.prepare_cached(
                 "INSERT INTO sequences (kind, shard, next) VALUES (?1, ?2, ?3)
@@ -583,12 +475,12 @@ impl Outlines {
         let mut cache = write(&self.caches[kind.index()])?;
         let db = self.lock_db()?;
         let mut query = db.prepare("SELECT id, value FROM outlines WHERE kind = ?1 ORDER BY seq LIMIT ?2")?;
-        let rows = query.query_map(params![kind.code(), cache.capacity as i64], |row| {
+        let rows = query.query_map(params![kind.code(), cache.capacity() as i64], |row| {
             Ok((row.get::<_, i64>(0)? as u64, row.get::<_, String>(1)?))
         })?;
         for row in rows {
             let (id, value) = row?;
-            cache.insert(id, Arc::from(value));
+            cache.insert(id, &value);
         }
         Ok(())
     }
@@ -601,7 +493,7 @@ impl Outlines {
             |row| row.get(0),
         )?;
         let mut cache = write(&self.caches[kind.index()])?;
-        cache.complete = !any && cache.slots.is_empty();
+        cache.complete = !any && cache.len() == 0;
         Ok(())
     }
 
@@ -621,7 +513,7 @@ impl Outlines {
         Ok(read(&self.caches[kind.index()])?.id_of(value))
     }
 
-    fn remember(&self, kind: OutlineKind, id: u64, value: Arc<str>) -> Result<(), OutlineError> {
+    fn remember(&self, kind: OutlineKind, id: u64, value: &str) -> Result<(), OutlineError> {
         write(&self.caches[kind.index()])?.insert(id, value);
         Ok(())
     }
@@ -750,19 +642,6 @@ mod tests {
     }
 
     #[test]
-    fn id_hashes_spread_sequential_ids_over_buckets_and_tags() {
-        use std::hash::BuildHasher;
-        let hash = |id: u64| BuildHasherDefault::<IdHasher>::default().hash_one(id);
-        let ids: Vec<u64> = (1..=4096u64).map(|counter| OUTLINED_BIT | counter).collect();
-        let buckets: HashSet<u64> = ids.iter().map(|id| hash(*id) & 4095).collect();
-        let tags: HashSet<u64> = ids.iter().map(|id| hash(*id) >> 57).collect();
-        // A random function fills 1 - 1/e of them (2,589); a degenerate hash far fewer.
-        assert!(buckets.len() > 2_400, "{} of 4096 buckets used", buckets.len());
-        assert_eq!(tags.len(), 128, "every 7-bit tag occurs");
-        assert_eq!(hash(5), hash(5));
-    }
-
-    #[test]
     fn a_complete_cache_answers_misses_until_it_evicts_or_imports() {
         let dir = tempfile::tempdir().unwrap();
         let outlines = open(&dir, 2);
@@ -805,7 +684,10 @@ mod tests {
         outlines.intern(DID, "did:plc:new", 0).unwrap();
         outlines.persist().unwrap();
         assert_eq!(outlines.max_seq().unwrap(), 8);
-        assert_eq!(outlines.rows_between(DID, 7, 8).unwrap(), [(OUTLINED_BIT | 4, "did:plc:new".to_string())]);
+        assert_eq!(
+            outlines.rows_between(DID, 7, 8, 10, 1 << 20).unwrap(),
+            [(8, OUTLINED_BIT | 4, "did:plc:new".to_string())]
+        );
         let fresh = tempfile::tempdir().unwrap();
         let empty = open(&fresh, 16);
         empty.reserve_seq_through(4).unwrap(); // before any row exists
@@ -928,24 +810,9 @@ mod tests {
         check(&outlines); // all pending: never evicted
         assert_eq!(outlines.persist().unwrap(), 500);
         check(&outlines); // stored: the cache holds 3, the rest come from SQLite
-        assert_eq!(read(&outlines.caches[DID.index()]).unwrap().slots.len(), 3);
+        assert_eq!(read(&outlines.caches[DID.index()]).unwrap().len(), 3);
         assert_eq!(outlines.intern(DID, &names[0], 2).unwrap(), ids[0]);
         assert_eq!(outlines.pending(), 0);
-    }
-
-    #[test]
-    fn clock_gives_referenced_entries_a_second_chance() {
-        let mut cache = Cache::new(2);
-        cache.insert(1, Arc::from("one"));
-        cache.insert(2, Arc::from("two"));
-        assert_eq!(cache.id_of("one"), Some(1));
-        cache.insert(3, Arc::from("three")); // evicts "two": "one" was referenced
-        assert_eq!(cache.id_of("two"), None);
-        assert_eq!(cache.value_of(1).as_deref(), Some("one"));
-        assert_eq!(cache.value_of(3).as_deref(), Some("three"));
-        let mut none = Cache::new(0);
-        none.insert(1, Arc::from("one"));
-        assert_eq!(none.id_of("one"), None);
     }
 
     #[test]
@@ -996,15 +863,25 @@ pub mod range {
 
     const MAGIC: &[u8; 4] = b"BLOR";
     const VERSION: u16 = 1;
-    /// Largest decompressed range accepted (a range holds one publish interval's new strings).
+    /// Largest decompressed range accepted. Writers cut ranges at `CHUNK_BYTES`; older writers
+    /// wrote a whole publish interval in one range, which this still reads.
     pub const MAX_RANGE_BYTES: usize = 256 << 20;
+    /// Encoded bytes of a row besides its value: the id and the length.
+    pub const ROW_OVERHEAD: usize = 10;
+    /// Most rows a writer puts in one range.
+    pub const CHUNK_ROWS: usize = 1 << 17;
+    /// A writer ends a range once its rows' encoded size reaches this (the largest row is 2 KiB,
+    /// so a range stays far below `MAX_RANGE_BYTES`).
+    pub const CHUNK_BYTES: usize = 8 << 20;
 
-    pub fn encode(kind: OutlineKind, rows: &[(u64, String)]) -> Vec<u8> {
-        let mut raw = Vec::with_capacity(16 + rows.iter().map(|(_, v)| 10 + v.len()).sum::<usize>());
+    /// Encodes `(id, value)` rows as one range object (compressed, checksummed).
+    pub fn encode<'a>(kind: OutlineKind, rows: impl ExactSizeIterator<Item = (u64, &'a str)> + Clone) -> Vec<u8> {
+        let count = u32::try_from(rows.len()).expect("a range holds fewer than 2^32 rows");
+        let mut raw = Vec::with_capacity(19 + rows.clone().map(|(_, v)| ROW_OVERHEAD + v.len()).sum::<usize>());
         raw.extend_from_slice(MAGIC);
         raw.extend_from_slice(&VERSION.to_le_bytes());
         raw.push(kind.code());
-        raw.extend_from_slice(&(rows.len() as u32).to_le_bytes());
+        raw.extend_from_slice(&count.to_le_bytes());
         for (id, value) in rows {
             assert!(value.len() <= u16::MAX as usize, "outline values are at most 2048 bytes");
             raw.extend_from_slice(&id.to_le_bytes());
@@ -1056,7 +933,7 @@ pub mod range {
         fn round_trips_and_detects_corruption() {
             let rows =
                 vec![(1u64 << 63 | 1, "did:plc:abc".to_string()), (1u64 << 63 | 2, "did:web:x.example".to_string())];
-            let bytes = encode(OutlineKind::Did, &rows);
+            let bytes = encode(OutlineKind::Did, rows.iter().map(|(id, value)| (*id, value.as_str())));
             assert_eq!(decode(OutlineKind::Did, &bytes).unwrap(), rows);
             assert!(decode(OutlineKind::Rkey, &bytes).is_err(), "kind is checked");
             let raw = zstd::bulk::decompress(&bytes, MAX_RANGE_BYTES).unwrap();

@@ -159,3 +159,41 @@ async fn restore_and_follow(bucket: Arc<dyn Store>, root: &Path) {
     assert_eq!(answers(&replica).await, expected, "replica answers changed after GC");
     assert_eq!(answers(&writer).await, expected, "writer answers changed after GC");
 }
+
+/// A publish that carries more new strings than one outline range may hold (8 MiB of rows here:
+/// 5,000 DIDs of 1,900 bytes) cuts them into several ranges, and a restore reads every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_new_strings_are_published_in_bounded_ranges() {
+    let root = tempfile::tempdir().unwrap();
+    let bucket: Arc<dyn Store> = Arc::new(DirStore::new(root.path().join("bucket")));
+    let long_did = |i: usize| format!("did:web:{}", format!("{i:06}.").repeat(270).trim_end_matches('.'));
+    assert!(long_did(1).len() > 1_850 && long_did(1).len() <= 2_048);
+    let mut lines = String::new();
+    for i in 0..5_000 {
+        let rkey = backlinks::model::tid::format_tid(1_700_000_000_000_000 + i as u64);
+        lines.push_str(&format!(
+            r#"{{"did":"did:plc:follower{:016}","time_us":{},"kind":"commit","commit":{{"operation":"create","collection":"app.bsky.graph.follow","rkey":"{rkey}","record":{{"subject":"{}"}}}}}}"#,
+            i % 3,
+            i + 1,
+            long_did(i)
+        ));
+        lines.push('\n');
+    }
+    let writer = Arc::new(open(&root.path().join("writer"), bucket.clone()));
+    let (w, handle) = (writer.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || ingest(&w, &lines, &handle)).await.unwrap();
+    writer.publish_manifest().await.unwrap();
+    let did_ranges = bucket.list("outlines/did/").await.unwrap();
+    assert!(did_ranges.len() >= 2, "5,000 long DIDs fill more than one range: {did_ranges:?}");
+    assert!(did_ranges.iter().all(|range| range.size < 4 << 20), "each range is a bounded chunk");
+
+    let restored = open(&root.path().join("restored"), bucket.clone());
+    assert!(restored.restore_if_empty(2).await.unwrap());
+    for i in [0, 2_500, 4_999] {
+        let params = ListParams::new(long_did(i));
+        let (want, got) =
+            (list_backlinks(&writer, &params).await.unwrap(), list_backlinks(&restored, &params).await.unwrap());
+        assert_eq!(got.items.len(), 1, "DID {i} has its follower after the restore");
+        assert_eq!(got.items, want.items);
+    }
+}

@@ -327,7 +327,7 @@ impl<E: Entry> Tree<E> {
         let mut memtable_entries = Vec::new();
         for memtable in std::iter::once(&state.active).chain(state.frozen.iter().map(|m| m.as_ref())) {
             for (lo, hi) in ranges {
-                memtable_entries.extend(memtable.range(lo, hi).copied());
+                memtable_entries.extend(memtable.range(*lo, *hi).copied());
             }
         }
         Snapshot { memtable_entries, runs: state.runs.clone() }

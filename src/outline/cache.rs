@@ -1,0 +1,463 @@
+//! The bounded two-way cache of one outline kind (id <-> string), compact enough to hold the
+//! network's accounts: about `56 + len` bytes per pair instead of ~145 with an `Arc<str>` per
+//! string and two `HashMap`s.
+//!
+//! The cache also holds the kind's new strings until they are persisted ("pinned": never evicted),
+//! so a new string is stored in memory once, not in a pending map and again in the cache.
+//!
+//! Invariants:
+//! - At most `capacity` pairs, except while more than that are pinned: pinned pairs are added
+//!   even to a full cache, and `shrink_to_capacity` (after they are unpinned) evicts back down.
+//!   Every pair has one slot, one bucket in `by_value` and one in `by_id`; every occupied bucket
+//!   names a live slot whose value (or id) hashes to it. `pinned` counts the pinned slots.
+//! - Values live back to back in `arena`. An evicted value stays there as garbage until the arena
+//!   is rewritten, which happens as soon as garbage passes half the live bytes, so the arena holds
+//!   at most 1.5 times the live bytes (plus one value).
+//! - Both indexes are linear-probing tables of a power-of-two size, grown before they pass 3/4
+//!   full, with deletion by backward shift (no tombstones): a probe ends at the first empty bucket.
+//!   A bucket is `tag << 32 | (slot + 1)`, 0 when empty; the tag (high half of the hash) lets a
+//!   probe skip other keys without touching their slots.
+//! - Eviction is clock (second chance) over unpinned slots: a hit sets the slot's bit under the
+//!   read lock; an insert into a full cache sweeps the hand forward past pinned slots, clearing set
+//!   bits, to the first clear unpinned one. It only sweeps when an unpinned slot exists, and each
+//!   step clears a bit or passes a pinned slot, so it ends within two turns.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use xxhash_rust::xxh3::xxh3_64;
+
+/// Slots are numbered in 32 bits (the bucket's low half, minus the empty marker).
+const MAX_CAPACITY: usize = u32::MAX as usize - 1;
+/// Smallest index table: grown by doubling from here.
+const MIN_BUCKETS: usize = 16;
+
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    /// The value is `arena[start..start + len]`.
+    start: usize,
+    len: u32,
+    referenced: AtomicBool,
+    /// Not yet persisted: never evicted.
+    pinned: bool,
+}
+
+#[derive(Debug)]
+pub(super) struct Cache {
+    capacity: usize,
+    slots: Vec<Slot>,
+    arena: Vec<u8>,
+    /// Bytes of `arena` no slot points at.
+    garbage: usize,
+    by_value: Buckets,
+    by_id: Buckets,
+    hand: usize,
+    pinned: usize,
+    /// Holds every string of its kind that outlines.db stores (see the outline invariants).
+    pub complete: bool,
+}
+
+impl Cache {
+    pub fn new(capacity: usize) -> Self {
+        assert!(capacity <= MAX_CAPACITY, "outline cache capacity {capacity} over the slot numbering");
+        Self {
+            capacity,
+            slots: Vec::new(),
+            arena: Vec::new(),
+            garbage: 0,
+            by_value: Buckets::new(),
+            by_id: Buckets::new(),
+            hand: 0,
+            pinned: 0,
+            complete: false,
+        }
+    }
+
+    pub fn capacity(&self) -> usize {
+        self.capacity
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn id_of(&self, value: &str) -> Option<u64> {
+        let slot = &self.slots[self.by_value.find(hash_value(value), |slot| self.value(slot) == value)?];
+        slot.referenced.store(true, Ordering::Relaxed);
+        Some(slot.id)
+    }
+
+    pub fn value_of(&self, id: u64) -> Option<Arc<str>> {
+        let slot = &self.slots[self.slot_of_id(id)?];
+        slot.referenced.store(true, Ordering::Relaxed);
+        Some(Arc::from(self.value_of_slot(slot)))
+    }
+
+    /// Adds the pair unless its id is cached already (ids and strings are one-to-one, so a cached
+    /// id always comes with the same string), evicting the clock's victim when full.
+    pub fn insert(&mut self, id: u64, value: &str) {
+        if self.capacity > 0 && self.slot_of_id(id).is_none() {
+            self.add(id, value, false);
+        }
+    }
+
+    /// Adds a new, not yet persisted pair that stays until `unpin`, whatever the capacity.
+    pub fn insert_pinned(&mut self, id: u64, value: &str) {
+        assert!(self.slot_of_id(id).is_none(), "a new id is not cached yet");
+        self.add(id, value, true);
+        self.pinned += 1;
+    }
+
+    /// The value of a pinned pair (`persist` writes it).
+    pub fn pinned_value(&self, id: u64) -> Option<&str> {
+        self.slot_of_id(id).filter(|&slot| self.slots[slot].pinned).map(|slot| self.value(slot))
+    }
+
+    /// Makes a pinned pair an ordinary cached one (it is persisted now).
+    pub fn unpin(&mut self, id: u64) {
+        let slot = self.slot_of_id(id).expect("a pinned id is cached");
+        assert!(self.slots[slot].pinned, "unpin of a pair that is not pinned");
+        self.slots[slot].pinned = false;
+        self.pinned -= 1;
+    }
+
+    /// Evicts down to `capacity` once nothing is pinned (after more pairs than that were pinned
+    /// at once): keeps the last `capacity` slots, rebuilding the arena and both indexes.
+    pub fn shrink_to_capacity(&mut self) {
+        if self.slots.len() <= self.capacity || self.pinned > 0 {
+            return;
+        }
+        let mut shrunk = Cache::new(self.capacity);
+        let first_kept = self.slots.len() - self.capacity;
+        for slot in first_kept..self.slots.len() {
+            shrunk.add(self.slots[slot].id, self.value(slot), false);
+        }
+        shrunk.complete = false;
+        *self = shrunk;
+    }
+
+    fn slot_of_id(&self, id: u64) -> Option<usize> {
+        self.by_id.find(hash_id(id), |slot| self.slots[slot].id == id)
+    }
+
+    fn add(&mut self, id: u64, value: &str, pinned: bool) {
+        let full = self.slots.len() >= self.capacity && self.slots.len() > self.pinned;
+        let slot = if full { self.reuse_slot(id, value, pinned) } else { self.push_slot(id, value, pinned) };
+        self.index_slot(slot);
+        debug_assert_eq!(self.by_value.len, self.slots.len());
+        debug_assert_eq!(self.by_id.len, self.slots.len());
+    }
+
+    fn push_slot(&mut self, id: u64, value: &str, pinned: bool) -> usize {
+        let start = self.append(value);
+        let len = value.len() as u32;
+        self.slots.push(Slot { id, start, len, referenced: AtomicBool::new(false), pinned });
+        self.slots.len() - 1
+    }
+
+    fn reuse_slot(&mut self, id: u64, value: &str, pinned: bool) -> usize {
+        self.complete = false;
+        while self.slots[self.hand].pinned || self.slots[self.hand].referenced.swap(false, Ordering::Relaxed) {
+            self.hand = (self.hand + 1) % self.slots.len();
+        }
+        let victim = self.hand;
+        self.hand = (self.hand + 1) % self.slots.len();
+        self.unindex_slot(victim);
+        self.garbage += self.slots[victim].len as usize;
+        let start = self.append(value);
+        let len = value.len() as u32;
+        self.slots[victim] = Slot { id, start, len, referenced: AtomicBool::new(false), pinned };
+        self.compact_arena_if_wasteful();
+        victim
+    }
+
+    fn index_slot(&mut self, slot: usize) {
+        let (value_hash, id_hash) = (hash_value(self.value(slot)), hash_id(self.slots[slot].id));
+        let slots = &self.slots;
+        let arena = &self.arena;
+        let value_of = |i: usize| value_hash_of(arena, &slots[i]);
+        self.by_value.insert(value_hash, slot, value_of);
+        self.by_id.insert(id_hash, slot, |i| hash_id(slots[i].id));
+    }
+
+    fn unindex_slot(&mut self, slot: usize) {
+        let (value_hash, id_hash) = (hash_value(self.value(slot)), hash_id(self.slots[slot].id));
+        let slots = &self.slots;
+        let arena = &self.arena;
+        self.by_value.remove(value_hash, slot, |i| value_hash_of(arena, &slots[i]));
+        self.by_id.remove(id_hash, slot, |i| hash_id(slots[i].id));
+    }
+
+    fn append(&mut self, value: &str) -> usize {
+        let start = self.arena.len();
+        self.arena.extend_from_slice(value.as_bytes());
+        start
+    }
+
+    /// Rewrites the arena with only the live values once garbage passes half of them. The
+    /// indexes hold slot numbers, not offsets, so only the slots change.
+    fn compact_arena_if_wasteful(&mut self) {
+        let live = self.arena.len() - self.garbage;
+        if self.garbage <= live / 2 {
+            return;
+        }
+        let mut arena = Vec::with_capacity(live + live / 4);
+        for slot in &mut self.slots {
+            let old = slot.start;
+            slot.start = arena.len();
+            arena.extend_from_slice(&self.arena[old..old + slot.len as usize]);
+        }
+        assert_eq!(arena.len(), live, "every live byte copied once");
+        self.garbage = 0;
+        self.arena = arena;
+    }
+
+    fn value(&self, slot: usize) -> &str {
+        self.value_of_slot(&self.slots[slot])
+    }
+
+    fn value_of_slot(&self, slot: &Slot) -> &str {
+        let bytes = &self.arena[slot.start..slot.start + slot.len as usize];
+        std::str::from_utf8(bytes).expect("the arena holds whole UTF-8 strings")
+    }
+}
+
+fn value_hash_of(arena: &[u8], slot: &Slot) -> u64 {
+    xxh3_64(&arena[slot.start..slot.start + slot.len as usize])
+}
+
+fn hash_value(value: &str) -> u64 {
+    xxh3_64(value.as_bytes())
+}
+
+/// Ids come from our own sequences (never from the network), so a multiply-and-fold mixes them
+/// well enough and nobody can choose them to crowd one run of buckets.
+fn hash_id(id: u64) -> u64 {
+    let product = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    product ^ (product >> 29)
+}
+
+/// A linear-probing table of slot numbers (see the module invariants).
+#[derive(Debug)]
+struct Buckets {
+    buckets: Vec<u64>,
+    len: usize,
+}
+
+impl Buckets {
+    fn new() -> Self {
+        Self { buckets: vec![0; MIN_BUCKETS], len: 0 }
+    }
+
+    fn mask(&self) -> usize {
+        self.buckets.len() - 1
+    }
+
+    fn home(&self, hash: u64) -> usize {
+        hash as usize & self.mask()
+    }
+
+    fn tag(hash: u64) -> u64 {
+        hash >> 32
+    }
+
+    /// The slot whose key hashes to `hash` and satisfies `is_key`.
+    fn find(&self, hash: u64, is_key: impl Fn(usize) -> bool) -> Option<usize> {
+        let mut at = self.home(hash);
+        loop {
+            let bucket = self.buckets[at];
+            if bucket == 0 {
+                return None;
+            }
+            let slot = (bucket as u32 - 1) as usize;
+            if bucket >> 32 == Self::tag(hash) && is_key(slot) {
+                return Some(slot);
+            }
+            at = (at + 1) & self.mask();
+        }
+    }
+
+    fn insert(&mut self, hash: u64, slot: usize, hash_of: impl Fn(usize) -> u64) {
+        if (self.len + 1) * 4 > self.buckets.len() * 3 {
+            self.grow(&hash_of);
+        }
+        self.place(hash, slot);
+        self.len += 1;
+    }
+
+    fn place(&mut self, hash: u64, slot: usize) {
+        let mut at = self.home(hash);
+        while self.buckets[at] != 0 {
+            at = (at + 1) & self.mask();
+        }
+        self.buckets[at] = Self::tag(hash) << 32 | (slot as u64 + 1);
+    }
+
+    fn grow(&mut self, hash_of: &impl Fn(usize) -> u64) {
+        let doubled = vec![0; self.buckets.len() * 2];
+        let old = std::mem::replace(&mut self.buckets, doubled);
+        for bucket in old.into_iter().filter(|&bucket| bucket != 0) {
+            let slot = (bucket as u32 - 1) as usize;
+            self.place(hash_of(slot), slot);
+        }
+    }
+
+    /// Removes `slot` (which hashes to `hash`), then shifts later members of its run back so
+    /// that every remaining key is still reachable from its home without crossing an empty bucket.
+    fn remove(&mut self, hash: u64, slot: usize, hash_of: impl Fn(usize) -> u64) {
+        let mut hole = self.home(hash);
+        while self.buckets[hole] != Self::tag(hash) << 32 | (slot as u64 + 1) {
+            assert_ne!(self.buckets[hole], 0, "an indexed slot is in its run");
+            hole = (hole + 1) & self.mask();
+        }
+        let mut at = hole;
+        loop {
+            at = (at + 1) & self.mask();
+            let bucket = self.buckets[at];
+            if bucket == 0 {
+                break;
+            }
+            let home = self.home(hash_of((bucket as u32 - 1) as usize));
+            // The member at `at` may move into the hole unless its home lies cyclically in (hole, at].
+            if (at.wrapping_sub(home) & self.mask()) >= (at.wrapping_sub(hole) & self.mask()) {
+                self.buckets[hole] = bucket;
+                hole = at;
+            }
+        }
+        self.buckets[hole] = 0;
+        self.len -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::HashMap;
+
+    #[test]
+    fn clock_gives_referenced_entries_a_second_chance() {
+        let mut cache = Cache::new(2);
+        cache.insert(1, "one");
+        cache.insert(2, "two");
+        assert_eq!(cache.id_of("one"), Some(1));
+        cache.insert(3, "three"); // evicts "two": "one" was referenced
+        assert_eq!(cache.id_of("two"), None);
+        assert_eq!(cache.value_of(2), None);
+        assert_eq!(cache.value_of(1).as_deref(), Some("one"));
+        assert_eq!(cache.value_of(3).as_deref(), Some("three"));
+        let mut none = Cache::new(0);
+        none.insert(1, "one");
+        assert_eq!(none.id_of("one"), None);
+    }
+
+    #[test]
+    fn the_arena_stays_within_one_and_a_half_times_the_live_bytes() {
+        let mut cache = Cache::new(1_000);
+        for id in 0..50_000u64 {
+            cache.insert(id + 1, &format!("did:plc:{id:024}"));
+            let live: usize = cache.slots.iter().map(|slot| slot.len as usize).sum();
+            assert_eq!(cache.arena.len() - cache.garbage, live, "garbage is counted exactly");
+            assert!(cache.arena.len() <= live + live / 2 + 64, "arena {} for {live} live", cache.arena.len());
+        }
+        assert_eq!(cache.len(), 1_000);
+        assert_eq!(cache.id_of(&format!("did:plc:{:024}", 49_999)), Some(50_000));
+    }
+
+    #[test]
+    fn id_hashes_spread_sequential_ids_over_homes_and_tags() {
+        let ids: Vec<u64> = (1..=4096u64).map(|counter| crate::model::ids::OUTLINED_BIT | counter).collect();
+        let homes: std::collections::HashSet<u64> = ids.iter().map(|id| hash_id(*id) & 4095).collect();
+        let tags: std::collections::HashSet<u64> = ids.iter().map(|id| hash_id(*id) >> 52).collect();
+        // A random function fills 1 - 1/e of them (2,589); a degenerate hash far fewer.
+        assert!(homes.len() > 2_400, "{} of 4096 homes used", homes.len());
+        assert!(tags.len() > 2_400, "{} of 4096 12-bit tag prefixes used", tags.len());
+    }
+
+    #[test]
+    fn pinned_pairs_outlive_the_capacity_until_unpinned() {
+        let mut cache = Cache::new(2);
+        for id in 1..=5u64 {
+            cache.insert_pinned(id, &format!("did:plc:{id}"));
+        }
+        cache.insert(9, "did:plc:nine"); // evicts nothing pinned: none is unpinned
+        for id in 1..=5u64 {
+            assert_eq!(cache.pinned_value(id), Some(format!("did:plc:{id}").as_str()));
+            assert_eq!(cache.id_of(&format!("did:plc:{id}")), Some(id));
+        }
+        assert_eq!(cache.pinned_value(9), None, "not pinned");
+        for id in 1..=5u64 {
+            cache.unpin(id);
+        }
+        cache.shrink_to_capacity();
+        assert_eq!(cache.len(), 2);
+        assert_eq!((1..=9u64).filter(|id| cache.value_of(*id).is_some()).count(), 2);
+    }
+
+    proptest! {
+        /// Pinned pairs are never lost, whatever else is inserted, and a cache shrinks back to
+        /// its capacity once they are unpinned.
+        #[test]
+        fn pinned_pairs_are_never_evicted(
+            capacity in 0usize..8,
+            rounds in prop::collection::vec(prop::collection::vec((any::<bool>(), 0u64..1_000), 0..30), 1..6),
+        ) {
+            let mut cache = Cache::new(capacity);
+            let mut next_id = 1_000u64;
+            for round in rounds {
+                let mut pinned = Vec::new();
+                for (pin, id) in round {
+                    if pin {
+                        next_id += 1;
+                        cache.insert_pinned(next_id, &format!("new{next_id}"));
+                        pinned.push(next_id);
+                    } else {
+                        cache.insert(id, &format!("old{id}"));
+                    }
+                    for id in &pinned {
+                        let value = format!("new{id}");
+                        prop_assert_eq!(cache.pinned_value(*id), Some(value.as_str()));
+                        prop_assert_eq!(cache.id_of(&value), Some(*id));
+                    }
+                    prop_assert!(cache.len() <= capacity.max(pinned.len() + capacity));
+                }
+                pinned.iter().for_each(|id| cache.unpin(*id));
+                cache.shrink_to_capacity();
+                prop_assert!(cache.len() <= capacity);
+            }
+        }
+
+
+        /// Against a plain map of the pairs ever inserted: every answer is right or "not cached",
+        /// the newest pair is always cached, and the cache never holds more than its capacity.
+        #[test]
+        fn answers_agree_with_a_plain_map(
+            capacity in 0usize..40,
+            operations in prop::collection::vec((0u64..120, any::<bool>(), 0usize..3), 1..600),
+        ) {
+            let mut cache = Cache::new(capacity);
+            let mut truth: HashMap<u64, String> = HashMap::new();
+            for (id, lookup, width) in operations {
+                let value = format!("{}{id}", "x".repeat(width * 7));
+                let value = truth.entry(id).or_insert(value).clone();
+                if lookup {
+                    if let Some(found) = cache.id_of(&value) { prop_assert_eq!(found, id); }
+                    if let Some(found) = cache.value_of(id) { prop_assert_eq!(&*found, value.as_str()); }
+                } else {
+                    cache.insert(id, &value);
+                    if capacity > 0 {
+                        prop_assert_eq!(cache.id_of(&value), Some(id));
+                        let found = cache.value_of(id);
+                        prop_assert_eq!(found.as_deref(), Some(value.as_str()));
+                    }
+                }
+                prop_assert!(cache.len() <= capacity);
+                prop_assert_eq!(cache.by_value.len, cache.len());
+                prop_assert_eq!(cache.by_id.len, cache.len());
+            }
+            for (id, value) in &truth {
+                prop_assert_eq!(cache.id_of(value).is_some(), cache.value_of(*id).is_some());
+            }
+        }
+    }
+}
