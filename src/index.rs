@@ -170,6 +170,8 @@ pub struct Index {
     writer: Mutex<WriterState>,
     /// Held by the one compaction running at a time.
     compacting: Mutex<()>,
+    /// Entered by the one flush running at a time, from `begin_flush` to the end of its job.
+    flushing: FlushGate,
     /// The newest manifest this process published or followed (loaded from the bucket on first
     /// use): GC never deletes a table it names, and publishing extends its outline ranges.
     published: Mutex<Option<Published>>,
@@ -192,6 +194,78 @@ fn table_record<E: Entry>(id: String, memtable: &Memtable<E>, summary: crate::ls
         uploaded: false,
         min_stamp,
         max_stamp,
+    }
+}
+
+/// The rest of a flush begun by `Index::begin_flush`: outlines persisted, tables written,
+/// catalog committed, tables installed in place of the frozen memtables. Holds the flush gate
+/// until it is done (or dropped).
+pub struct FlushJob<'a> {
+    index: &'a Index,
+    _ticket: FlushTicket<'a>,
+    started: std::time::Instant,
+    links: Option<(Arc<Memtable<Backlink>>, String)>,
+    thresholds: Option<(Arc<Memtable<Revocation>>, String)>,
+    position: IngestPosition,
+    accounts: Vec<(u64, AccountState)>,
+}
+
+impl FlushJob<'_> {
+    /// Returns how many tables it wrote. The outlines are persisted first: no committed table
+    /// may refer to an id that a crash could forget.
+    pub fn finish(self) -> Result<usize, IndexError> {
+        let index = self.index;
+        index.outlines.persist()?;
+        let mut records = Vec::new();
+        if let Some((memtable, id)) = &self.links {
+            records.push(index.write_table(&index.links, memtable, id)?);
+        }
+        if let Some((memtable, id)) = &self.thresholds {
+            records.push(index.write_table(&index.thresholds, memtable, id)?);
+        }
+        let flush = FlushRecord { tables: records.clone(), position: self.position, accounts: self.accounts };
+        index.catalog.commit_flush(&flush)?;
+        for record in records {
+            if record.tree == Backlink::TREE {
+                index.links.install(index.links.open_table(record)?, self.links.as_ref().map(|(m, _)| m));
+            } else {
+                index
+                    .thresholds
+                    .install(index.thresholds.open_table(record)?, self.thresholds.as_ref().map(|(m, _)| m));
+            }
+        }
+        index.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
+        index.counters.flush_bytes.fetch_add(written, Ordering::Relaxed);
+        add_elapsed(&index.counters.flush_micros, self.started);
+        Ok(flush.tables.len())
+    }
+}
+
+/// Lets one flush run at a time: `enter` waits until no ticket is out.
+#[derive(Debug, Default)]
+struct FlushGate {
+    busy: Mutex<bool>,
+    idle: std::sync::Condvar,
+}
+
+impl FlushGate {
+    fn enter(&self) -> FlushTicket<'_> {
+        let mut busy = self.busy.lock().expect("flush gate poisoned");
+        while *busy {
+            busy = self.idle.wait(busy).expect("flush gate poisoned");
+        }
+        *busy = true;
+        FlushTicket(self)
+    }
+}
+
+struct FlushTicket<'a>(&'a FlushGate);
+
+impl Drop for FlushTicket<'_> {
+    fn drop(&mut self) {
+        *self.0.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+        self.0.idle.notify_one();
     }
 }
 
@@ -232,6 +306,7 @@ impl Index {
             hidden: RwLock::new(hidden),
             writer: Mutex::new(writer),
             compacting: Mutex::new(()),
+            flushing: FlushGate::default(),
             published: Mutex::new(None),
             _lock: lock,
         };
@@ -380,51 +455,44 @@ impl Index {
             || self.thresholds.memtable_bytes() >= self.options.memtable_bytes
     }
 
-    /// Writes both memtables out as delta runs and commits them with the position. Returns the
-    /// number of tables written.
+    /// Writes both memtables out as tables, durably (see the module invariants); returns how many
+    /// tables it wrote.
     pub fn flush(&self) -> Result<usize, IndexError> {
+        self.begin_flush()?.finish()
+    }
+
+    /// The part of a flush that needs the writer: both memtables frozen at one position (they stay
+    /// visible to readers), and that position and the account changes up to it taken. The job
+    /// does the rest without the writer, so writes go on into fresh memtables meanwhile. Waits
+    /// while an earlier job runs: one flush at a time keeps the catalog's positions in order and
+    /// at most one frozen memtable per tree in memory.
+    pub fn begin_flush(&self) -> Result<FlushJob<'_>, IndexError> {
         assert!(!self.options.read_only, "flush of a read-only index");
+        let ticket = self.flushing.enter();
         let started = std::time::Instant::now();
         let mut writer = self.writer.lock().expect("writer lock poisoned");
-        let frozen_links = self.links.freeze();
-        let frozen_thresholds = self.thresholds.freeze();
-        self.outlines.persist()?;
-        let mut records = Vec::new();
-        if let Some(memtable) = &frozen_links {
-            records.push(self.write_table(&self.links, memtable, &mut writer)?);
-        }
-        if let Some(memtable) = &frozen_thresholds {
-            records.push(self.write_table(&self.thresholds, memtable, &mut writer)?);
-        }
-        let flush = FlushRecord {
-            tables: records.clone(),
+        let links = self.links.freeze().map(|m| self.new_table_id(&mut writer).map(|id| (m, id))).transpose()?;
+        let thresholds =
+            self.thresholds.freeze().map(|m| self.new_table_id(&mut writer).map(|id| (m, id))).transpose()?;
+        Ok(FlushJob {
+            index: self,
+            _ticket: ticket,
+            started,
+            links,
+            thresholds,
             position: writer.position.clone(),
             accounts: std::mem::take(&mut writer.pending_accounts),
-        };
-        self.catalog.commit_flush(&flush)?;
-        for record in records {
-            if record.tree == Backlink::TREE {
-                self.links.install(self.links.open_table(record)?, frozen_links.as_ref());
-            } else {
-                self.thresholds.install(self.thresholds.open_table(record)?, frozen_thresholds.as_ref());
-            }
-        }
-        self.counters.flushes.fetch_add(1, Ordering::Relaxed);
-        let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
-        self.counters.flush_bytes.fetch_add(written, Ordering::Relaxed);
-        add_elapsed(&self.counters.flush_micros, started);
-        Ok(flush.tables.len())
+        })
     }
 
     fn write_table<E: Entry>(
         &self,
         tree: &Tree<E>,
         memtable: &Memtable<E>,
-        writer: &mut WriterState,
+        id: &str,
     ) -> Result<TableRecord, IndexError> {
-        let id = self.new_table_id(writer)?;
-        let summary = tree.write_table(memtable, &id).map_err(io_err(tree.dir()))?;
-        Ok(table_record(id, memtable, summary))
+        let summary = tree.write_table(memtable, id).map_err(io_err(tree.dir()))?;
+        Ok(table_record(id.to_string(), memtable, summary))
     }
 
     /// A fresh table (or run) id: the catalog's durable sequence and 32 injected random bits.

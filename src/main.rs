@@ -466,12 +466,19 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         "malformed": report.malformed,
         "tooLong": report.too_long,
         "flushes": report.flushes,
+        "flushSeconds": seconds(&index.counters.flush_micros),
         "compactions": merges,
+        "compactionSeconds": seconds(&index.counters.compaction_micros),
         "clock": index.position().clock,
         "manifest": manifest,
     });
     println!("{summary}");
     Ok(())
+}
+
+/// A microsecond counter in seconds, to the millisecond.
+fn seconds(micros: &std::sync::atomic::AtomicU64) -> f64 {
+    (micros.load(std::sync::atomic::Ordering::Relaxed) / 1_000) as f64 / 1_000.0
 }
 
 /// The backfill command's settings: flags over the config file (and `BACKLINKS_*` variables).

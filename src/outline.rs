@@ -19,7 +19,7 @@
 //!   location (a few thousand strings on the real network) by `SMALL_KIND_CACHE_ENTRIES`, which
 //!   in practice holds all of them; they are loaded at open. Pinned strings come on top (at most
 //!   `MAX_PENDING`), and a persist evicts back to the bound.
-//! - Lock order: allocator, then SQLite connection, then a cache. Cache locks are never held while
+//! - Lock order: persisting, then allocator, then SQLite connection, then a cache. Cache locks are never held while
 //!   taking another lock.
 //! - A cache is *complete* while it holds every stored string of its kind: from an open that found
 //!   none stored (or loaded them all) until its first eviction or `import_rows` of its kind. A
@@ -38,6 +38,7 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use rusqlite_migration::{M, Migrations};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
@@ -45,6 +46,9 @@ mod cache;
 
 /// Cache capacity of the collection and location kinds: large enough to hold every one of them.
 pub const SMALL_KIND_CACHE_ENTRIES: usize = 1 << 20;
+/// Rows `persist` handles per cache lock (copying values out, unpinning), so that a persist of
+/// many strings never keeps `intern` waiting long.
+const LOCKED_ROWS: usize = 4096;
 /// Most new strings that may wait for `persist`; beyond it `intern` fails until persist runs.
 pub const MAX_PENDING: usize = 1 << 22;
 
@@ -204,10 +208,25 @@ struct Allocator {
     advanced: BTreeMap<(OutlineKind, u16), u64>,
 }
 
+impl Allocator {
+    /// Returns what a failed persist took: its strings go before any interned meanwhile (the
+    /// insertion order stays the allocation order), and each sequence keeps its larger counter.
+    fn put_back(&mut self, mut pending: Vec<(OutlineKind, u64)>, advanced: BTreeMap<(OutlineKind, u16), u64>) {
+        pending.append(&mut self.pending);
+        self.pending = pending;
+        for (sequence, next) in advanced {
+            let counter = self.advanced.entry(sequence).or_insert(next);
+            *counter = (*counter).max(next);
+        }
+    }
+}
+
 /// The outline tables: a SQLite file, a bounded cache per kind, and the pending new strings.
 #[derive(Debug)]
 pub struct Outlines {
     db: Mutex<Connection>,
+    /// Held by the one `persist` or `import_rows` running at a time (taken before the others).
+    persisting: Mutex<()>,
     allocator: Mutex<Allocator>,
     caches: [RwLock<Cache>; 4],
 }
@@ -225,7 +244,7 @@ impl Outlines {
             let large = matches!(kind, OutlineKind::Did | OutlineKind::Rkey);
             RwLock::new(Cache::new(if large { opts.cache_entries } else { SMALL_KIND_CACHE_ENTRIES }))
         });
-        let outlines = Self { db: Mutex::new(conn), allocator: Mutex::default(), caches };
+        let outlines = Self { db: Mutex::new(conn), persisting: Mutex::new(()), allocator: Mutex::default(), caches };
         outlines.preload(OutlineKind::Collection)?;
         outlines.preload(OutlineKind::Location)?;
         outlines.mark_complete_if_empty(OutlineKind::Did)?;
@@ -290,21 +309,47 @@ impl Outlines {
     }
 
     /// Writes every pending string and the advanced counters in one transaction; returns how many
-    /// strings it wrote. On error nothing is written and everything stays pending.
+    /// strings it wrote. On error nothing is written and everything stays pending. The strings
+    /// stay pinned in the cache while they are written, so `intern` goes on meanwhile (finding
+    /// them there); only taking the list and unpinning need the allocator.
     pub fn persist(&self) -> Result<usize, OutlineError> {
-        let mut allocator = self.lock_allocator()?;
-        if allocator.pending.is_empty() && allocator.advanced.is_empty() {
+        let _one_at_a_time = self.persisting.lock().map_err(|_| OutlineError::Poisoned)?;
+        let (pending, advanced) = {
+            let mut allocator = self.lock_allocator()?;
+            (std::mem::take(&mut allocator.pending), std::mem::take(&mut allocator.advanced))
+        };
+        if pending.is_empty() && advanced.is_empty() {
             return Ok(0);
         }
-        self.write_pending(&allocator)?;
-        allocator.advanced.clear();
-        let stored = std::mem::take(&mut allocator.pending);
-        for kind in OutlineKind::ALL {
-            let mut cache = write(&self.caches[kind.index()])?;
-            stored.iter().filter(|(k, _)| *k == kind).for_each(|(_, id)| cache.unpin(*id));
-            cache.shrink_to_capacity();
+        if let Err(error) = self.write_pending(&pending, &advanced) {
+            self.lock_allocator()?.put_back(pending, advanced);
+            return Err(error);
         }
-        Ok(stored.len())
+        for chunk in pending.chunks(LOCKED_ROWS) {
+            for kind in OutlineKind::ALL {
+                let mut cache = write(&self.caches[kind.index()])?;
+                chunk.iter().filter(|(k, _)| *k == kind).for_each(|(_, id)| cache.unpin(*id));
+            }
+        }
+        for cache in &self.caches {
+            write(cache)?.shrink_to_capacity();
+        }
+        Ok(pending.len())
+    }
+
+    /// The values of pinned strings, copied out under one read lock per kind (not one per row,
+    /// and not for the whole persist: `intern` write-locks the cache for every new string).
+    fn copy_pinned(&self, rows: &[(OutlineKind, u64)]) -> Result<(String, Vec<Range<usize>>), OutlineError> {
+        let (mut text, mut spans) = (String::new(), vec![0..0; rows.len()]);
+        for kind in OutlineKind::ALL {
+            let cache = read(&self.caches[kind.index()])?;
+            for (span, (_, id)) in spans.iter_mut().zip(rows).filter(|(_, (k, _))| *k == kind) {
+                let start = text.len();
+                text.push_str(cache.pinned_value(*id).expect("a pending string is pinned in its cache"));
+                *span = start..text.len();
+            }
+        }
+        Ok((text, spans))
     }
 
     /// The largest insertion sequence number stored (0 when empty).
@@ -355,6 +400,7 @@ impl Outlines {
             let entry = next.entry(shard).or_insert(1);
             *entry = (*entry).max(counter + 1);
         }
+        let _one_at_a_time = self.persisting.lock().map_err(|_| OutlineError::Poisoned)?;
         let mut allocator = self.lock_allocator()?; // no interning while counters move
         write(&self.caches[kind.index()])?.complete = false; // the rows go to SQLite only
         allocator.next_counter.retain(|(k, _), _| *k != kind);
@@ -411,21 +457,26 @@ impl Outlines {
         self.allocator.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pending.len()
     }
 
-    fn write_pending(&self, allocator: &Allocator) -> Result<(), OutlineError> {
+    fn write_pending(
+        &self,
+        pending: &[(OutlineKind, u64)],
+        advanced: &BTreeMap<(OutlineKind, u16), u64>,
+    ) -> Result<(), OutlineError> {
         let mut db = self.lock_db()?;
         let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
         {
             let mut insert = tx.prepare_cached("INSERT INTO outlines (kind, id, value) VALUES (?1, ?2, ?3)")?;
-            for (kind, id) in &allocator.pending {
-                let cache = read(&self.caches[kind.index()])?;
-                let value = cache.pinned_value(*id).expect("a pending string is pinned in its cache");
-                insert.execute(params![kind.code(), *id as i64, value])?;
+            for chunk in pending.chunks(LOCKED_ROWS) {
+                let (text, spans) = self.copy_pinned(chunk)?;
+                for ((kind, id), span) in chunk.iter().zip(spans) {
+                    insert.execute(params![kind.code(), *id as i64, &text[span]])?;
+                }
             }
             let mut advance = tx.prepare_cached(
                 "INSERT INTO sequences (kind, shard, next) VALUES (?1, ?2, ?3)
                  ON CONFLICT (kind, shard) DO UPDATE SET next = excluded.next",
             )?;
-            for ((kind, shard), next) in &allocator.advanced {
+            for ((kind, shard), next) in advanced {
                 advance.execute(params![kind.code(), shard, *next as i64])?;
             }
         }

@@ -13,7 +13,7 @@ pub mod jetstream;
 pub mod live;
 
 use crate::index::{Index, IndexError};
-use std::io::BufRead;
+use std::io::{BufRead, Read};
 
 /// Longest accepted line; Jetstream events are a few KiB (records are capped at 1 MiB upstream).
 pub const MAX_LINE_BYTES: usize = 4 << 20;
@@ -50,34 +50,32 @@ enum LineRead {
 /// Reads one line into `buf` (without the newline), refusing to buffer more than `max` bytes.
 fn read_bounded_line(reader: &mut impl BufRead, buf: &mut Vec<u8>, max: usize) -> std::io::Result<LineRead> {
     buf.clear();
-    let mut too_long = false;
-    let mut read_any = false;
+    // `read_until` finds the newline with the standard library's vectorized search; `take`
+    // keeps a line without one from growing the buffer past the limit.
+    let read = (&mut *reader).take(max as u64 + 1).read_until(b'\n', buf)?;
+    if read == 0 {
+        return Ok(LineRead::Eof);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+        return Ok(LineRead::Line);
+    }
+    if buf.len() <= max {
+        return Ok(LineRead::Line); // the last line, without a newline
+    }
+    // Too long: skip to its end in bounded pieces.
     loop {
-        let available = reader.fill_buf()?;
-        if available.is_empty() {
-            return Ok(match (read_any, too_long) {
-                (false, _) => LineRead::Eof,
-                (true, true) => LineRead::TooLong,
-                (true, false) => LineRead::Line,
-            });
-        }
-        read_any = true;
-        let (chunk, consumed, done) = match available.iter().position(|&b| b == b'\n') {
-            Some(i) => (&available[..i], i + 1, true),
-            None => (available, available.len(), false),
-        };
-        if !too_long && buf.len() + chunk.len() <= max {
-            buf.extend_from_slice(chunk);
-        } else {
-            too_long = true;
+        buf.clear();
+        let read = (&mut *reader).take(SKIP_PIECE_BYTES).read_until(b'\n', buf)?;
+        if read == 0 || buf.last() == Some(&b'\n') {
             buf.clear();
-        }
-        reader.consume(consumed);
-        if done {
-            return Ok(if too_long { LineRead::TooLong } else { LineRead::Line });
+            return Ok(LineRead::TooLong);
         }
     }
 }
+
+/// How much of an overlong line is read (and dropped) at a time.
+const SKIP_PIECE_BYTES: u64 = 64 << 10;
 
 /// Applies every event of a Jetstream v1 JSON-lines stream in order, flushing when a memtable is
 /// full and once at the end.
@@ -85,7 +83,9 @@ pub fn import_lines(index: &Index, reader: impl BufRead) -> Result<ImportReport,
     import_lines_with(index, reader, &mut |_| Ok(()))
 }
 
-/// `import_lines`, calling `after_flush` after every flush (to compact, say).
+/// `import_lines`, calling `after_flush` after every flush (to compact, say). Each flush but the
+/// last runs on a thread of its own while the next lines are parsed and applied (the two cores
+/// then share parsing and writing tables); the next flush waits for it, so at most one runs.
 pub fn import_lines_with(
     index: &Index,
     mut reader: impl BufRead,
@@ -93,31 +93,48 @@ pub fn import_lines_with(
 ) -> Result<ImportReport, IndexError> {
     let mut report = ImportReport::default();
     let mut buf = Vec::with_capacity(64 << 10);
-    loop {
-        match read_bounded_line(&mut reader, &mut buf, MAX_LINE_BYTES)
-            .map_err(|source| IndexError::Io { path: "<input>".into(), source })?
-        {
-            LineRead::Eof => break,
-            LineRead::TooLong => {
-                report.lines += 1;
-                report.too_long += 1;
-                report.malformed(report.lines, format!("line longer than {MAX_LINE_BYTES} bytes"));
+    std::thread::scope(|scope| {
+        let mut flushing: Option<std::thread::ScopedJoinHandle<'_, Result<usize, IndexError>>> = None;
+        loop {
+            match read_bounded_line(&mut reader, &mut buf, MAX_LINE_BYTES)
+                .map_err(|source| IndexError::Io { path: "<input>".into(), source })?
+            {
+                LineRead::Eof => break,
+                LineRead::TooLong => {
+                    report.lines += 1;
+                    report.too_long += 1;
+                    report.malformed(report.lines, format!("line longer than {MAX_LINE_BYTES} bytes"));
+                }
+                LineRead::Line => {
+                    report.lines += 1;
+                    apply_line(index, &buf, &mut report)?;
+                }
             }
-            LineRead::Line => {
-                report.lines += 1;
-                apply_line(index, &buf, &mut report)?;
+            if index.wants_flush() {
+                finish_flush(flushing.take(), index, &mut report, after_flush)?;
+                let job = index.begin_flush()?;
+                flushing = Some(scope.spawn(move || job.finish()));
             }
         }
-        if index.wants_flush() {
-            index.flush()?;
-            report.flushes += 1;
-            after_flush(index)?;
-        }
-    }
-    index.flush()?;
-    report.flushes += 1;
-    after_flush(index)?;
+        finish_flush(flushing.take(), index, &mut report, after_flush)?;
+        index.flush()?;
+        report.flushes += 1;
+        after_flush(index)
+    })?;
     Ok(report)
+}
+
+/// Waits for a background flush (if any) and counts it.
+fn finish_flush(
+    job: Option<std::thread::ScopedJoinHandle<'_, Result<usize, IndexError>>>,
+    index: &Index,
+    report: &mut ImportReport,
+    after_flush: &mut dyn FnMut(&Index) -> Result<(), IndexError>,
+) -> Result<(), IndexError> {
+    let Some(job) = job else { return Ok(()) };
+    job.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
+    report.flushes += 1;
+    after_flush(index)
 }
 
 fn apply_line(index: &Index, line: &[u8], report: &mut ImportReport) -> Result<(), IndexError> {
@@ -159,5 +176,8 @@ mod tests {
         assert_eq!(lines(b"", 5), vec![]);
         assert_eq!(lines(b"\n\n", 5), vec![Ok(vec![]), Ok(vec![])]);
         assert_eq!(lines(b"0123456789", 5), vec![Err(())]);
+        assert_eq!(lines(b"12345\n123456\n12345", 5), vec![Ok(b"12345".to_vec()), Err(()), Ok(b"12345".to_vec())]);
+        let long = [vec![b'x'; 200_000], b"\nok\n".to_vec()].concat();
+        assert_eq!(lines(&long, 5), vec![Err(()), Ok(b"ok".to_vec())], "skipped in pieces");
     }
 }

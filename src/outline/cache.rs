@@ -7,7 +7,8 @@
 //!
 //! Invariants:
 //! - At most `capacity` pairs, except while more than that are pinned: pinned pairs are added
-//!   even to a full cache, and `shrink_to_capacity` (after they are unpinned) evicts back down.
+//!   even to a full cache (evicting unpinned ones while there are any), and `shrink_to_capacity`
+//!   evicts back down to `max(capacity, pinned)`.
 //!   Every pair has one slot, one bucket in `by_value` and one in `by_id`; every occupied bucket
 //!   names a live slot whose value (or id) hashes to it. `pinned` counts the pinned slots.
 //! - Values live back to back in `arena`. An evicted value stays there as garbage until the arena
@@ -82,7 +83,9 @@ impl Cache {
     }
 
     pub fn id_of(&self, value: &str) -> Option<u64> {
-        let slot = &self.slots[self.by_value.find(hash_value(value), |slot| self.value(slot) == value)?];
+        let wanted = value.as_bytes();
+        let slot =
+            &self.slots[self.by_value.find(hash_value(value), |slot| self.bytes(&self.slots[slot]) == wanted)?];
         slot.referenced.store(true, Ordering::Relaxed);
         Some(slot.id)
     }
@@ -121,18 +124,21 @@ impl Cache {
         self.pinned -= 1;
     }
 
-    /// Evicts down to `capacity` once nothing is pinned (after more pairs than that were pinned
-    /// at once): keeps the last `capacity` slots, rebuilding the arena and both indexes.
+    /// Evicts down to `capacity` pairs, or to the pinned ones if more than that are pinned (after
+    /// more were pinned at once than the cache holds): keeps every pinned pair and the last
+    /// unpinned slots, rebuilding the arena and both indexes. Cheap when nothing is over.
     pub fn shrink_to_capacity(&mut self) {
-        if self.slots.len() <= self.capacity || self.pinned > 0 {
+        if self.slots.len() <= self.capacity.max(self.pinned) {
             return;
         }
         let mut shrunk = Cache::new(self.capacity);
-        let first_kept = self.slots.len() - self.capacity;
-        for slot in first_kept..self.slots.len() {
+        for slot in (0..self.slots.len()).filter(|&slot| self.slots[slot].pinned) {
+            shrunk.insert_pinned(self.slots[slot].id, self.value(slot));
+        }
+        let room = self.capacity.saturating_sub(self.pinned);
+        for slot in (0..self.slots.len()).rev().filter(|&slot| !self.slots[slot].pinned).take(room) {
             shrunk.add(self.slots[slot].id, self.value(slot), false);
         }
-        shrunk.complete = false;
         *self = shrunk;
     }
 
@@ -172,7 +178,7 @@ impl Cache {
     }
 
     fn index_slot(&mut self, slot: usize) {
-        let (value_hash, id_hash) = (hash_value(self.value(slot)), hash_id(self.slots[slot].id));
+        let (value_hash, id_hash) = (value_hash_of(&self.arena, &self.slots[slot]), hash_id(self.slots[slot].id));
         let slots = &self.slots;
         let arena = &self.arena;
         let value_of = |i: usize| value_hash_of(arena, &slots[i]);
@@ -181,7 +187,7 @@ impl Cache {
     }
 
     fn unindex_slot(&mut self, slot: usize) {
-        let (value_hash, id_hash) = (hash_value(self.value(slot)), hash_id(self.slots[slot].id));
+        let (value_hash, id_hash) = (value_hash_of(&self.arena, &self.slots[slot]), hash_id(self.slots[slot].id));
         let slots = &self.slots;
         let arena = &self.arena;
         self.by_value.remove(value_hash, slot, |i| value_hash_of(arena, &slots[i]));
@@ -217,8 +223,12 @@ impl Cache {
     }
 
     fn value_of_slot(&self, slot: &Slot) -> &str {
-        let bytes = &self.arena[slot.start..slot.start + slot.len as usize];
-        std::str::from_utf8(bytes).expect("the arena holds whole UTF-8 strings")
+        std::str::from_utf8(self.bytes(slot)).expect("the arena holds whole UTF-8 strings")
+    }
+
+    /// The value's bytes: lookups compare these, skipping the UTF-8 check a `&str` needs.
+    fn bytes(&self, slot: &Slot) -> &[u8] {
+        &self.arena[slot.start..slot.start + slot.len as usize]
     }
 }
 
