@@ -156,9 +156,20 @@ impl ServerOptions {
     }
 }
 
-/// What every handler shares.
+/// What every handler shares, behind one `Arc`: axum clones the state for every middleware and
+/// handler of every request, and one reference count is cheaper than five.
 #[derive(Clone)]
-pub struct AppState {
+pub struct AppState(Arc<Shared>);
+
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+pub struct Shared {
     pub index: Arc<Index>,
     pub options: Arc<ServerOptions>,
     pub metrics: Arc<Metrics>,
@@ -177,7 +188,7 @@ pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> 
     let permits = Arc::new(Semaphore::new(options.max_concurrent_queries.max(1)));
     let max_age = options.cache_max_age.as_secs();
     let cache_control = HeaderValue::from_str(&format!("public, max-age={max_age}")).expect("ASCII header value");
-    let state = AppState { index, options: Arc::new(options), metrics, permits, cache_control };
+    let state = AppState(Arc::new(Shared { index, options: Arc::new(options), metrics, permits, cache_control }));
     let queries = Router::new()
         .route(LIST_BACKLINKS, get(list_handler))
         .route(COUNT_BACKLINKS, get(count_handler))
@@ -489,32 +500,44 @@ impl axum::serve::Listener for GuardedListener {
 
 /// One accepted connection: holds its place under the connection limit, and fails its reads and
 /// writes with `TimedOut` once it has been idle for `idle_timeout`.
+///
+/// Moving bytes only records the time; the timer is moved when it fires early (bytes moved since
+/// it was set), so a busy connection touches the timer wheel once per `idle_timeout`, not on
+/// every read and write.
 pub struct GuardedStream {
     inner: tokio::net::TcpStream,
     idle: Pin<Box<tokio::time::Sleep>>,
     idle_timeout: Duration,
+    last_active: tokio::time::Instant,
     _permit: OwnedSemaphorePermit,
 }
 
 impl GuardedStream {
     fn new(inner: tokio::net::TcpStream, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> Self {
         let idle = Box::pin(tokio::time::sleep(idle_timeout));
-        GuardedStream { inner, idle, idle_timeout, _permit: permit }
+        GuardedStream { inner, idle, idle_timeout, last_active: tokio::time::Instant::now(), _permit: permit }
     }
 
     /// Bytes moved: the connection is not idle.
     fn touch(&mut self) {
-        let deadline = tokio::time::Instant::now() + self.idle_timeout;
-        self.idle.as_mut().reset(deadline);
+        self.last_active = tokio::time::Instant::now();
     }
 
-    /// Called when the socket has nothing to do: an error once the idle deadline has passed.
+    /// Called when the socket has nothing to do: an error once `idle_timeout` has passed since
+    /// bytes last moved.
     fn idle_expired<T>(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<T>> {
-        match Future::poll(self.idle.as_mut(), cx) {
-            Poll::Ready(()) => {
-                Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "connection idle for too long")))
+        loop {
+            if Future::poll(self.idle.as_mut(), cx).is_pending() {
+                return Poll::Pending;
             }
-            Poll::Pending => Poll::Pending,
+            let deadline = self.last_active + self.idle_timeout;
+            if deadline <= tokio::time::Instant::now() {
+                return Poll::Ready(Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "connection idle for too long",
+                )));
+            }
+            self.idle.as_mut().reset(deadline); // active since it was set: wait for the rest
         }
     }
 }
