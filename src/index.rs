@@ -8,6 +8,9 @@
 //!   cursor and account states in one catalog transaction. So a durable table never names an id
 //!   that a crash could forget, and after a crash the catalog's position says exactly what the
 //!   tables hold: replaying from it re-derives the rest.
+//! - A flush freezes both memtables and takes the position under the writer lock, in one step;
+//!   the rest (`FlushJob::finish`) runs without it, one flush at a time (`FlushGate`), so writes
+//!   made meanwhile go to fresh memtables and the catalog's positions only move forward.
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
 
 use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, ManifestSync, RunKind, TableRecord};
@@ -596,8 +599,12 @@ impl Index {
 
     /// Uploads every table not yet in the bucket (data before meta), marking each uploaded.
     pub async fn upload_pending(&self) -> Result<usize, IndexError> {
-        let pending = self.catalog.pending_uploads()?;
-        for record in &pending {
+        self.upload_tables(&self.catalog.pending_uploads()?).await
+    }
+
+    /// Uploads the data and meta of each table (checked first) and records it as uploaded.
+    async fn upload_tables(&self, records: &[TableRecord]) -> Result<usize, IndexError> {
+        for record in records {
             let dir = if record.tree == Backlink::TREE { self.links.dir() } else { self.thresholds.dir() };
             let read = |ext: &str| {
                 let path = dir.join(format!("{}.{ext}", record.id));
@@ -614,7 +621,7 @@ impl Index {
             self.catalog.mark_uploaded(&record.id)?;
             self.mark_handle_uploaded(record);
         }
-        Ok(pending.len())
+        Ok(records.len())
     }
 
     /// Tells the open table that the bucket has it (a corrupt local copy may then be dropped).
@@ -684,19 +691,21 @@ impl Index {
 
     /// Writes the next manifest after `previous` and points CURRENT at it.
     async fn publish_after(&self, previous: Published) -> Result<String, IndexError> {
+        // The catalog first (position before tables: tables may hold more than the position
+        // says, never less), while flushes and merges may go on committing. Every id its tables
+        // use was persisted before they were committed, so the outline rows read after it cover
+        // them; its tables not uploaded yet are uploaded before the manifest names them.
+        let (position, tables, hidden) =
+            (self.catalog.position()?, self.catalog.tables()?, self.catalog.hidden_accounts()?);
+        let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
+        self.upload_tables(&not_uploaded).await?;
         let mut outlines = previous.outlines.clone();
         outlines.extend(self.upload_outline_ranges(previous.outline_through()).await?);
         // Past both the catalog's record and CURRENT's: a crash (or a lost answer) between
         // writing CURRENT and recording it leaves the catalog one generation behind.
         let recorded = self.catalog.last_manifest()?.map_or(0, |(generation, _)| generation);
         let generation = recorded.max(previous.generation) + 1;
-        let manifest = Manifest::new(
-            generation,
-            self.catalog.position()?,
-            self.catalog.tables()?,
-            self.catalog.hidden_accounts()?,
-            outlines,
-        );
+        let manifest = Manifest::new(generation, position, tables, hidden, outlines);
         let (name, body) = manifest.encode();
         self.store.put(&format!("manifests/{name}"), body.into()).await?;
         self.store.put("CURRENT", name.clone().into_bytes().into()).await?;

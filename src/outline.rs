@@ -8,10 +8,11 @@
 //!   - collection, location: `shard << 48 | counter`, counter < 2^48 (collection 0 is `<self>`,
 //!     location 0 is unused; neither is ever allocated because counters start at 1).
 //! - An exhausted counter is an error, never a wraparound.
-//! - A string has at most one id per kind and an id at most one string: every transition of a
-//!   string (absent -> pending -> stored) happens under the allocator lock, and `intern` looks in
-//!   the cache (which holds the pending strings) and in SQLite under that same lock before it
-//!   allocates.
+//! - A string has at most one id per kind and an id at most one string: a string becomes pending
+//!   (pinned in the cache) under the allocator lock, after `intern` looked in the cache and in
+//!   SQLite under that same lock; it stays pinned until after the transaction that stores it, so
+//!   at every instant it is in the cache, in SQLite, or both (`persist` writes without the
+//!   allocator lock; `persisting` keeps persists and imports one at a time).
 //! - New strings are pinned in their kind's cache (listed in `Allocator::pending`), never evicted,
 //!   until `persist` writes all of them and the advanced counters in one transaction. Only then
 //!   are they unpinned and may the bounded cache forget them (a miss falls back to SQLite).
@@ -549,7 +550,9 @@ impl Outlines {
     }
 
     /// The stored id of `value`: from a complete cache (a miss there means none), else SQLite.
-    /// Called under the allocator lock, so no persist or import runs meanwhile.
+    /// Called under the allocator lock after a cache miss: a string a persist is writing is still
+    /// pinned (a hit), and an import cannot run meanwhile (it takes the allocator lock). While a
+    /// persist writes, the SQLite lookup waits for its transaction.
     fn stored_id_unless_complete(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
         {
             let cache = read(&self.caches[kind.index()])?;
