@@ -597,13 +597,8 @@ impl Index {
         Ok(())
     }
 
-    /// Uploads every table not yet in the bucket (data before meta), marking each uploaded.
-    pub async fn upload_pending(&self) -> Result<usize, IndexError> {
-        self.upload_tables(&self.catalog.pending_uploads()?).await
-    }
-
-    /// Uploads the data and meta of each table (checked first) and records it as uploaded.
-    async fn upload_tables(&self, records: &[TableRecord]) -> Result<usize, IndexError> {
+    /// Uploads each table (checked first; data before meta) and records it as uploaded.
+    async fn upload_tables(&self, records: &[TableRecord]) -> Result<(), IndexError> {
         for record in records {
             let dir = if record.tree == Backlink::TREE { self.links.dir() } else { self.thresholds.dir() };
             let read = |ext: &str| {
@@ -621,7 +616,7 @@ impl Index {
             self.catalog.mark_uploaded(&record.id)?;
             self.mark_handle_uploaded(record);
         }
-        Ok(records.len())
+        Ok(())
     }
 
     /// Tells the open table that the bucket has it (a corrupt local copy may then be dropped).
@@ -678,7 +673,6 @@ impl Index {
     }
 
     async fn publish_uploaded(&self) -> Result<String, IndexError> {
-        self.upload_pending().await?;
         let result = self.publish_after(self.published().await?).await;
         if result.is_err() {
             // CURRENT may have moved even though the call failed (the answer to the PUT was lost,

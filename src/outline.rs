@@ -276,13 +276,7 @@ impl Outlines {
             return Ok(id);
         }
         let mut allocator = self.lock_allocator()?;
-        // Again under the allocator lock: another writer may have just pinned it.
-        if let Some(id) = self.cached_id(kind, value)? {
-            return Ok(id);
-        }
-        // Still under the allocator lock: nobody can allocate or persist `value` meanwhile.
-        if let Some(id) = self.stored_id_unless_complete(kind, value)? {
-            self.remember(kind, id, value)?;
+        if let Some(id) = self.known_id(kind, value)? {
             return Ok(id);
         }
         if allocator.pending.len() >= MAX_PENDING {
@@ -549,18 +543,26 @@ impl Outlines {
         Ok(())
     }
 
-    /// The stored id of `value`: from a complete cache (a miss there means none), else SQLite.
-    /// Called under the allocator lock after a cache miss: a string a persist is writing is still
-    /// pinned (a hit), and an import cannot run meanwhile (it takes the allocator lock). While a
-    /// persist writes, the SQLite lookup waits for its transaction.
-    fn stored_id_unless_complete(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+    /// The id `value` already has, looked up under the allocator lock after a cache miss: the
+    /// cache again (another writer may have just pinned it; a miss in a complete cache means
+    /// none), else SQLite, remembering what it finds. Nobody can allocate `value` meanwhile, a
+    /// string a persist is writing is still pinned, and an import cannot run (it takes the
+    /// allocator lock). While a persist writes, the SQLite lookup waits for its transaction.
+    fn known_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
         {
             let cache = read(&self.caches[kind.index()])?;
+            if let Some(id) = cache.id_of(value) {
+                return Ok(Some(id));
+            }
             if cache.complete {
-                return Ok(cache.id_of(value));
+                return Ok(None);
             }
         }
-        self.stored_id(kind, value)
+        let stored = self.stored_id(kind, value)?;
+        if let Some(id) = stored {
+            self.remember(kind, id, value)?;
+        }
+        Ok(stored)
     }
 
     fn cached_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
@@ -961,17 +963,18 @@ pub mod range {
             return Err(corrupt("unknown version or wrong kind"));
         }
         let count = u32::from_le_bytes(body[7..11].try_into().expect("4 bytes")) as usize;
-        let mut rows = Vec::with_capacity(count.min(body.len() / 10));
+        let mut rows = Vec::with_capacity(count.min(body.len() / ROW_OVERHEAD));
         let mut at = 11;
         for _ in 0..count {
-            let header = body.get(at..at + 10).ok_or_else(|| corrupt("truncated row"))?;
+            let header = body.get(at..at + ROW_OVERHEAD).ok_or_else(|| corrupt("truncated row"))?;
             let id = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
             let len = u16::from_le_bytes([header[8], header[9]]) as usize;
-            let value = body.get(at + 10..at + 10 + len).ok_or_else(|| corrupt("truncated value"))?;
+            let value =
+                body.get(at + ROW_OVERHEAD..at + ROW_OVERHEAD + len).ok_or_else(|| corrupt("truncated value"))?;
             let value = std::str::from_utf8(value).map_err(|_| corrupt("value is not UTF-8"))?.to_string();
             check_value(kind, &value)?;
             rows.push((id, value));
-            at += 10 + len;
+            at += ROW_OVERHEAD + len;
         }
         if at != body.len() {
             return Err(corrupt("trailing bytes"));

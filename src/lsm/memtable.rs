@@ -2,7 +2,7 @@
 //!
 //! Writes go to a small B-tree (`recent`, at most `RECENT_ENTRIES`, so it stays in the CPU's
 //! caches); when it is full it is merged into one sorted vector (`sorted`) in place, from the
-//! back, needing no room beyond the merged entries. A B-tree of all the entries would use about
+//! back: the vector only grows by the merged entries. A B-tree of all the entries would use about
 //! 1.5 bytes per entry byte (nodes two-thirds full) and miss the cache on every level of every
 //! insert; the vector uses one byte per byte.
 //!
@@ -86,23 +86,24 @@ impl<E: Entry> Memtable<E> {
         Union::new(self.sorted.iter(), self.recent.iter())
     }
 
-    /// Moves `recent` into `sorted`: grows the vector by the new entries, then merges from the
-    /// back, so each entry moves once and nothing else is allocated. Equal entries end up next
-    /// to each other, and are then removed (only a replay makes any).
+    /// Moves `recent` into `sorted`: grows the vector by its length (the only new memory; the
+    /// vector may move when it grows), then merges from the back, taking `recent` largest first,
+    /// so each entry moves once. Equal entries end up next to each other, and are then removed
+    /// (only a replay makes any).
     fn merge_recent(&mut self) {
-        let recent: Vec<E> = std::mem::take(&mut self.recent).into_iter().collect();
         let old_len = self.sorted.len();
-        self.sorted.extend_from_slice(&recent);
-        let (mut i, mut j, mut duplicates) = (old_len, recent.len(), 0usize);
-        while j > 0 {
-            let k = i + j - 1;
-            if i > 0 && self.sorted[i - 1] > recent[j - 1] {
+        self.sorted.extend(self.recent.iter().copied()); // room, overwritten below
+        let mut recent = std::mem::take(&mut self.recent).into_iter().rev().peekable();
+        let (mut i, mut k, mut duplicates) = (old_len, self.sorted.len(), 0usize);
+        while let Some(&next) = recent.peek() {
+            k -= 1;
+            if i > 0 && self.sorted[i - 1] > next {
                 self.sorted[k] = self.sorted[i - 1];
                 i -= 1;
             } else {
-                duplicates += usize::from(i > 0 && self.sorted[i - 1] == recent[j - 1]);
-                self.sorted[k] = recent[j - 1];
-                j -= 1;
+                duplicates += usize::from(i > 0 && self.sorted[i - 1] == next);
+                self.sorted[k] = next;
+                recent.next();
             }
         }
         if duplicates > 0 {
