@@ -25,6 +25,7 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use xxhash_rust::xxh3::xxh3_64;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct CompactionOptions {
@@ -91,34 +92,68 @@ pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
 }
 
 /// Revocation thresholds (newest per source) from the revocation tree's tables, for dropping
-/// killed backlinks. `None` when there are more than `limit` of them. A sorted vector rather than
-/// a hash map: half the memory (32 bytes per revocation, no table overhead), and a merge asks it
-/// twice per backlink, where a binary search beats hashing a 24-byte key.
-#[derive(Debug, Default)]
+/// killed backlinks. `None` when there are more than `limit` of them. A merge asks it twice per
+/// backlink, in target order, so the sources come at random: a binary search missed the cache
+/// at every step (by profile, 60 % of a 10 M-link import's merge), so an open-addressing index
+/// of positions (4 bytes per slot, at most two-thirds full) finds a source, or its absence, in one or
+/// two cache misses. The revocations themselves stay in one sorted vector, 32 bytes each.
+#[derive(Debug)]
 pub struct Thresholds {
     /// Sorted by source, one per source: its newest revocation.
     newest: Vec<Revocation>,
+    /// Positions in `newest`, at the slot of the source's hash or after it (linear probing);
+    /// `EMPTY_SLOT` where there is none. Its length is a power of two at least 1.5 times `newest`'s.
+    slots: Vec<u32>,
 }
+
+const EMPTY_SLOT: u32 = u32::MAX;
 
 impl Thresholds {
     /// Keeps the newest revocation of each source from `revocations` (any order).
     fn from_revocations(mut revocations: Vec<Revocation>) -> Self {
+        assert!(revocations.len() < EMPTY_SLOT as usize, "positions must fit below the empty marker");
         revocations.sort_unstable();
         // Sorted by (source, rev): the last of each source's run is its newest.
         revocations.reverse();
         revocations.dedup_by_key(|r| r.source);
         revocations.reverse();
-        Thresholds { newest: revocations }
+        let mask = (revocations.len() + revocations.len() / 2 + 1).next_power_of_two() - 1;
+        let mut slots = vec![EMPTY_SLOT; mask + 1];
+        for (position, revocation) in revocations.iter().enumerate() {
+            let mut slot = source_hash(&revocation.source) & mask;
+            while slots[slot] != EMPTY_SLOT {
+                slot = (slot + 1) & mask;
+            }
+            slots[slot] = position as u32;
+        }
+        Thresholds { newest: revocations, slots }
     }
 
     fn threshold(&self, source: &RecordId) -> u64 {
-        self.newest.binary_search_by(|r| r.source.cmp(source)).map_or(0, |i| self.newest[i].rev)
+        let mask = self.slots.len() - 1;
+        let mut slot = source_hash(source) & mask;
+        // At most two-thirds of the slots are taken, so an empty one ends every probe.
+        loop {
+            let position = self.slots[slot];
+            if position == EMPTY_SLOT {
+                return 0;
+            }
+            let revocation = &self.newest[position as usize];
+            if revocation.source == *source {
+                return revocation.rev;
+            }
+            slot = (slot + 1) & mask;
+        }
     }
 
     /// True when a durable revocation kills `link`.
     pub fn kills(&self, link: &Backlink) -> bool {
         !link.survives(|key| self.threshold(key))
     }
+}
+
+fn source_hash(source: &RecordId) -> usize {
+    xxh3_64(&source.to_bytes()) as usize
 }
 
 /// Reads every revocation in `runs`, or gives up (`None`) past `limit` entries.
@@ -301,6 +336,31 @@ mod tests {
         assert_eq!(tier(63_999, &options), 1);
         assert_eq!(tier(64_000, &options), 2);
         assert_eq!(tier(u64::MAX, &options), 18);
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// The hash index never hides a revocation: every source answers
+        /// what a map of newest revocations says (0 when never revoked).
+        #[test]
+        fn thresholds_answer_like_a_map_of_newest_revocations(
+            revocations in proptest::collection::vec((0u64..3, 0u64..400, 1u64..1_000), 0..2_000),
+            probes in proptest::collection::vec((0u64..3, 0u64..400), 1..500),
+        ) {
+            let source = |(rkey, did): (u64, u64)| RecordId { rkey, collection: u64::from(rkey != 0), did };
+            let mut model = std::collections::HashMap::new();
+            for &(rkey, did, rev) in &revocations {
+                let newest = model.entry(source((rkey, did))).or_insert(0);
+                *newest = rev.max(*newest);
+            }
+            let list = revocations.iter().map(|&(rkey, did, rev)| Revocation { source: source((rkey, did)), rev });
+            let thresholds = Thresholds::from_revocations(list.collect());
+            for probe in probes.into_iter().chain(revocations.iter().map(|&(rkey, did, _)| (rkey, did))) {
+                let key = source(probe);
+                proptest::prop_assert_eq!(thresholds.threshold(&key), model.get(&key).copied().unwrap_or(0));
+            }
+        }
     }
 
     #[test]
