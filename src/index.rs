@@ -14,7 +14,7 @@
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
 
 use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, ManifestSync, RunKind, TableRecord};
-use crate::extract::{ExtractLimits, extract_links};
+use crate::extract::{ExtractLimits, ExtractStats, extract_links};
 use crate::ingest::jetstream::{Operation, RecordRef};
 use crate::lsm::compaction::{self, CompactionOptions};
 use crate::lsm::entry::Entry;
@@ -69,6 +69,29 @@ impl Default for IndexOptions {
         }
     }
 }
+
+/// One operation with its record's links already found, as the writer takes it: `apply` finds
+/// them first; the importer finds them on its parsing thread (`ingest::prepare`).
+pub enum Change<'r, L> {
+    Create(&'r RecordRef<'r>, FoundLinks<L>),
+    /// A revocation of the record, then its new links, at one stamp.
+    Update(&'r RecordRef<'r>, FoundLinks<L>),
+    Delete(&'r RecordRef<'r>),
+    Account {
+        did: &'r str,
+        active: bool,
+        status: Option<&'r str>,
+    },
+}
+
+/// A record's links (target, location) and what extraction counted but did not return.
+pub struct FoundLinks<L> {
+    pub links: L,
+    pub stats: ExtractStats,
+}
+
+/// The link iterator of changes that carry none.
+pub type NoLinks<'l> = std::iter::Empty<(LinkTarget<'l>, &'l str)>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum IndexError {
@@ -328,29 +351,50 @@ impl Index {
 
     /// Applies one operation at the next stamp; `cursor` is the event's stream position.
     pub fn apply(&self, operation: &Operation<'_>, cursor: Option<i64>) -> Result<(), IndexError> {
-        assert!(!self.options.read_only, "write to a read-only index");
-        if *operation == Operation::Skip {
-            return Ok(());
+        let no_links = |change: Change<'_, NoLinks<'_>>| self.apply_extracted(change, cursor);
+        match operation {
+            Operation::Create(op) | Operation::Update(op) => {
+                let extraction = extract_links(&op.record, &self.options.extract);
+                let links = extraction.links.iter().map(|link| (link.target, link.location.as_str()));
+                let found = FoundLinks { links, stats: extraction.stats.clone() };
+                let change = match operation {
+                    Operation::Create(_) => Change::Create(&op.record_ref, found),
+                    _ => Change::Update(&op.record_ref, found),
+                };
+                self.apply_extracted(change, cursor)
+            }
+            Operation::Delete(record_ref) => no_links(Change::Delete(record_ref)),
+            Operation::Account { did, active, status } => {
+                no_links(Change::Account { did: did.as_ref(), active: *active, status: status.as_deref() })
+            }
+            Operation::Skip => Ok(()),
         }
+    }
+
+    /// Applies one operation whose links were already found: `apply` after its extraction, or
+    /// the importer's writing thread with links found on its parsing thread.
+    pub fn apply_extracted<'l, L>(&self, change: Change<'_, L>, cursor: Option<i64>) -> Result<(), IndexError>
+    where
+        L: Iterator<Item = (LinkTarget<'l>, &'l str)>,
+    {
+        assert!(!self.options.read_only, "write to a read-only index");
         let mut writer = self.writer.lock().expect("writer lock poisoned");
         let stamp = writer.position.clock + 1;
-        match operation {
-            Operation::Create(op) => self.write_backlinks(&op.record_ref, &op.record, stamp)?,
-            Operation::Update(op) => {
-                self.write_revocation(self.source_id(&op.record_ref)?, stamp);
-                self.write_backlinks(&op.record_ref, &op.record, stamp)?;
+        match change {
+            Change::Create(record_ref, found) => self.write_backlinks(record_ref, found, stamp)?,
+            Change::Update(record_ref, found) => {
+                self.write_revocation(self.source_id(record_ref)?, stamp);
+                self.write_backlinks(record_ref, found, stamp)?;
             }
-            Operation::Delete(record_ref) => self.write_revocation(self.source_id(record_ref)?, stamp),
-            Operation::Account { did, active, status } => {
+            Change::Delete(record_ref) => self.write_revocation(self.source_id(record_ref)?, stamp),
+            Change::Account { did, active, status } => {
                 let did = self.outlines.intern(OutlineKind::Did, did, WRITER_SHARD)?;
-                let state =
-                    if *active { AccountState::Active } else { AccountState::parse(status.as_deref().unwrap_or("")) };
+                let state = if active { AccountState::Active } else { AccountState::parse(status.unwrap_or("")) };
                 if state == AccountState::Deleted {
                     self.write_revocation(RecordId::repo(did), stamp);
                 }
                 self.set_account_state(&mut writer, did, state);
             }
-            Operation::Skip => unreachable!("skipped above"),
         }
         writer.position.clock = stamp;
         if cursor.is_some() {
@@ -358,6 +402,11 @@ impl Index {
         }
         self.counters.operations.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// How records' links are found (the importer's parsing thread uses it too).
+    pub fn extract_limits(&self) -> &ExtractLimits {
+        &self.options.extract
     }
 
     /// The account's state when it is not active (hidden or deleted), by DID string.
@@ -383,7 +432,9 @@ impl Index {
         let before = self.counters.backlinks.load(Ordering::Relaxed);
         for (record_ref, record) in records {
             assert_eq!(record_ref.did, did, "a snapshot holds one repository");
-            self.write_backlinks(&record_ref, record, stamp)?;
+            let extraction = extract_links(record, &self.options.extract);
+            let links = extraction.links.iter().map(|link| (link.target, link.location.as_str()));
+            self.write_backlinks(&record_ref, FoundLinks { links, stats: extraction.stats }, stamp)?;
         }
         writer.position.clock = stamp;
         self.counters.operations.fetch_add(1, Ordering::Relaxed);
@@ -406,21 +457,20 @@ impl Index {
         self.counters.revocations.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn write_backlinks(
+    fn write_backlinks<'l>(
         &self,
         record_ref: &RecordRef<'_>,
-        record: &serde_json::Value,
+        found: FoundLinks<impl Iterator<Item = (LinkTarget<'l>, &'l str)>>,
         stamp: u64,
     ) -> Result<(), IndexError> {
         let source = self.source_id(record_ref)?;
-        let extraction = extract_links(record, &self.options.extract);
-        let mut entries = Vec::with_capacity(extraction.links.len());
-        for link in &extraction.links {
-            let target = self.target_id(&link.target)?;
-            let location = self.outlines.intern(OutlineKind::Location, &link.location, WRITER_SHARD)?;
+        let FoundLinks { links, stats } = found;
+        let mut entries = Vec::with_capacity(links.size_hint().0);
+        for (target, location) in links {
+            let target = self.target_id(&target)?;
+            let location = self.outlines.intern(OutlineKind::Location, location, WRITER_SHARD)?;
             entries.push(Backlink { target, source, location, source_rev: stamp });
         }
-        let stats = &extraction.stats;
         self.counters.links_collection_only.fetch_add(stats.collection_only as u64, Ordering::Relaxed);
         self.counters.links_handle_authority.fetch_add(stats.handle_authority as u64, Ordering::Relaxed);
         self.counters.links_over_limit.fetch_add(stats.over_link_limit as u64, Ordering::Relaxed);

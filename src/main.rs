@@ -9,6 +9,7 @@ use backlinks::ingest::backfill::progress::BackfillProgress;
 use backlinks::ingest::backfill::{self as backfills, Backfill, Source};
 use backlinks::ingest::import_lines_with;
 use backlinks::ingest::live::{Instance, LiveIngest, LiveOptions};
+use backlinks::ingest::read_ahead::ReadAhead;
 use backlinks::lease::WriterLease;
 use backlinks::metrics::{MeteredStore, Metrics};
 use backlinks::query::list_backlinks;
@@ -413,6 +414,8 @@ async fn shutdown_signal(notifier: Option<Arc<Notifier>>) {
 /// writer waits before reading its lease back (see `backlinks::lease`).
 const LEASE_TTL_MS: u64 = 60_000;
 const LEASE_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
+/// Bytes the import reads at a time, on its reading thread (four such chunks in flight).
+const IMPORT_CHUNK_BYTES: usize = 256 << 10;
 
 /// How often a replica (`serve --read-only`) checks the bucket's CURRENT.
 const REPLICA_POLL: std::time::Duration = std::time::Duration::from_secs(5);
@@ -448,7 +451,9 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
             compactor.nudge();
             runtime.block_on(lease.renew(unix_ms())).map_err(|e| IndexError::Lease(e.to_string()))
         };
-        let report = import_lines_with(&writer, std::io::BufReader::with_capacity(1 << 20, file), &mut after_flush);
+        let input = ReadAhead::spawn(file, IMPORT_CHUNK_BYTES)
+            .map_err(|source| IndexError::Io { path: "<input>".into(), source })?;
+        let report = import_lines_with(&writer, input, &mut after_flush);
         let merges = compactor.finish();
         report.and_then(|report| Ok((report, lease, merges?)))
     })

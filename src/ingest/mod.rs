@@ -11,9 +11,12 @@ pub mod frames;
 pub mod http;
 pub mod jetstream;
 pub mod live;
+pub mod prepare;
+pub mod read_ahead;
 
 use crate::index::{Index, IndexError};
 use std::io::{BufRead, Read};
+use std::sync::mpsc::sync_channel;
 
 /// Longest accepted line; Jetstream events are a few KiB (records are capped at 1 MiB upstream).
 pub const MAX_LINE_BYTES: usize = 4 << 20;
@@ -79,77 +82,72 @@ const SKIP_PIECE_BYTES: u64 = 64 << 10;
 
 /// Applies every event of a Jetstream v1 JSON-lines stream in order, flushing when a memtable is
 /// full and once at the end.
-pub fn import_lines(index: &Index, reader: impl BufRead) -> Result<ImportReport, IndexError> {
+pub fn import_lines(index: &Index, reader: impl BufRead + Send) -> Result<ImportReport, IndexError> {
     import_lines_with(index, reader, &mut |_| Ok(()))
 }
 
-/// `import_lines`, calling `after_flush` after every flush (to compact, say). Each flush but the
-/// last runs on a thread of its own while the next lines are parsed and applied (the two cores
-/// then share parsing and writing tables); the next flush waits for it, so at most one runs.
+/// `import_lines`, calling `after_flush` after every flush (to compact, say). Two threads share
+/// the work: one reads, parses and finds links (`prepare`), this one writes them. Each flush but
+/// the last runs on a third thread while writing goes on; the next flush waits for it, so at
+/// most one runs.
 pub fn import_lines_with(
     index: &Index,
-    mut reader: impl BufRead,
+    reader: impl BufRead + Send,
     after_flush: &mut dyn FnMut(&Index) -> Result<(), IndexError>,
 ) -> Result<ImportReport, IndexError> {
-    let mut report = ImportReport::default();
-    let mut buf = Vec::with_capacity(64 << 10);
+    let limits = index.extract_limits().clone();
     std::thread::scope(|scope| {
+        // Made inside the scope: returning early (on an error) drops this thread's ends, which
+        // stops the parser at its next hand-over, before the scope waits for it.
+        let (filled_tx, filled) = sync_channel(prepare::BATCHES);
+        let (emptied, emptied_rx) = sync_channel(prepare::BATCHES);
+        for _ in 0..prepare::BATCHES {
+            emptied.send(prepare::Batch::default()).expect("the receiver is alive and the channel has room");
+        }
+        let parser = std::thread::Builder::new()
+            .name("import-parse".into())
+            .spawn_scoped(scope, move || prepare::prepare_lines(reader, &limits, &emptied_rx, &filled_tx))
+            .map_err(|source| IndexError::Io { path: "<parsing thread>".into(), source })?;
+        let mut flushes = 0;
+        let mut applied = 0;
         let mut flushing: Option<std::thread::ScopedJoinHandle<'_, Result<usize, IndexError>>> = None;
-        loop {
-            match read_bounded_line(&mut reader, &mut buf, MAX_LINE_BYTES)
-                .map_err(|source| IndexError::Io { path: "<input>".into(), source })?
-            {
-                LineRead::Eof => break,
-                LineRead::TooLong => {
-                    report.lines += 1;
-                    report.too_long += 1;
-                    report.malformed(report.lines, format!("line longer than {MAX_LINE_BYTES} bytes"));
-                }
-                LineRead::Line => {
-                    report.lines += 1;
-                    apply_line(index, &buf, &mut report)?;
-                }
-            }
+        let mut flush_if_full = || -> Result<(), IndexError> {
             if index.wants_flush() {
-                finish_flush(flushing.take(), index, &mut report, after_flush)?;
+                flushes += finish_flush(flushing.take(), index, after_flush)?;
                 let job = index.begin_flush()?;
                 flushing = Some(scope.spawn(move || job.finish()));
             }
+            Ok(())
+        };
+        for batch in &filled {
+            batch.apply(index, &mut flush_if_full)?;
+            applied += batch.len() as u64;
+            // The parser is gone only when it is done or failed: no batch is needed then.
+            let _ = emptied.send(batch);
         }
-        finish_flush(flushing.take(), index, &mut report, after_flush)?;
+        flushes += finish_flush(flushing.take(), index, after_flush)?;
+        let mut report = parser
+            .join()
+            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            .map_err(|source| IndexError::Io { path: "<input>".into(), source })?;
         index.flush()?;
-        report.flushes += 1;
-        after_flush(index)
-    })?;
-    Ok(report)
+        after_flush(index)?;
+        report.applied = applied;
+        report.flushes = flushes + 1;
+        Ok(report)
+    })
 }
 
-/// Waits for a background flush (if any) and counts it.
+/// Waits for a background flush (if any); returns how many it was (0 or 1).
 fn finish_flush(
     job: Option<std::thread::ScopedJoinHandle<'_, Result<usize, IndexError>>>,
     index: &Index,
-    report: &mut ImportReport,
     after_flush: &mut dyn FnMut(&Index) -> Result<(), IndexError>,
-) -> Result<(), IndexError> {
-    let Some(job) = job else { return Ok(()) };
+) -> Result<u64, IndexError> {
+    let Some(job) = job else { return Ok(0) };
     job.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
-    report.flushes += 1;
-    after_flush(index)
-}
-
-fn apply_line(index: &Index, line: &[u8], report: &mut ImportReport) -> Result<(), IndexError> {
-    if line.iter().all(u8::is_ascii_whitespace) {
-        return Ok(());
-    }
-    match jetstream::parse_event(line) {
-        Ok(event) if event.operation == jetstream::Operation::Skip => report.skipped += 1,
-        Ok(event) => {
-            index.apply(&event.operation, Some(event.time_us))?;
-            report.applied += 1;
-        }
-        Err(e) => report.malformed(report.lines, e.to_string()),
-    }
-    Ok(())
+    after_flush(index)?;
+    Ok(1)
 }
 
 #[cfg(test)]
@@ -167,6 +165,33 @@ mod tests {
                 LineRead::TooLong => out.push(Err(())),
             }
         }
+    }
+
+    /// A writer-side failure (here the after-flush hook) ends the import with that error while
+    /// the parser still has lines and full queues: the parser is stopped, nothing waits forever.
+    #[test]
+    fn a_failure_while_writing_stops_the_parser_and_returns_the_error() {
+        use crate::index::IndexOptions;
+        use crate::store::dir::DirStore;
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(DirStore::new(dir.path().join("bucket")));
+        let options = IndexOptions { memtable_bytes: 64 * 200, ..IndexOptions::default() };
+        let index = Index::open(&dir.path().join("data"), store, options, 7).unwrap();
+        let line = |i: usize| {
+            format!(
+                r#"{{"did":"did:plc:{i:024}","time_us":{i},"kind":"commit","commit":{{"rev":"3mmoojp7vgo2g","operation":"create","collection":"app.bsky.feed.like","rkey":"3mmoojp7etg2g","record":{{"subject":{{"uri":"at://did:plc:{:024}/app.bsky.feed.post/3mmoojp4cd223","cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"}}}}}}}}"#,
+                i % 7
+            )
+        };
+        let text: Vec<String> = (0..50_000).map(line).collect();
+        let mut flushes = 0;
+        let result = import_lines_with(&index, text.join("\n").as_bytes(), &mut |_| {
+            flushes += 1;
+            Err(IndexError::Lease("lost the lease".into()))
+        });
+        assert!(matches!(result, Err(IndexError::Lease(reason)) if reason == "lost the lease"));
+        assert_eq!(flushes, 1, "stopped at the first failure");
+        assert!(index.position().clock < 10_000, "stopped early, at {}", index.position().clock);
     }
 
     #[test]
