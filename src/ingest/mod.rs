@@ -16,6 +16,7 @@ pub mod read_ahead;
 
 use crate::index::{Index, IndexError};
 use std::io::{BufRead, Read};
+use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::sync_channel;
 
 /// Longest accepted line; Jetstream events are a few KiB (records are capped at 1 MiB upstream).
@@ -87,16 +88,19 @@ pub fn import_lines(index: &Index, reader: impl BufRead + Send) -> Result<Import
 }
 
 /// `import_lines`, calling `after_flush` after every flush (to compact, say). Two threads share
-/// the work: one reads, parses and finds links (`prepare`), this one writes them. Each flush but
-/// the last runs on a third thread while writing goes on; the next flush waits for it, so at
-/// most one runs.
+/// the work: one reads, parses and finds links (`prepare`), this one writes them (the caller
+/// may read ahead on another, `read_ahead`). Each flush but the last runs on a thread of its own
+/// while writing goes on; the next flush waits for it, so at most one runs.
 pub fn import_lines_with(
     index: &Index,
     reader: impl BufRead + Send,
     after_flush: &mut dyn FnMut(&Index) -> Result<(), IndexError>,
 ) -> Result<ImportReport, IndexError> {
     let limits = index.extract_limits().clone();
+    let stop = &AtomicBool::new(false);
     std::thread::scope(|scope| {
+        // However this closure ends (an error, a panic), the parser stops at its next line.
+        let _stop_parser = SetOnDrop(stop);
         // Made inside the scope: returning early (on an error) drops this thread's ends, which
         // stops the parser at its next hand-over, before the scope waits for it.
         let (filled_tx, filled) = sync_channel(prepare::BATCHES);
@@ -106,7 +110,7 @@ pub fn import_lines_with(
         }
         let parser = std::thread::Builder::new()
             .name("import-parse".into())
-            .spawn_scoped(scope, move || prepare::prepare_lines(reader, &limits, &emptied_rx, &filled_tx))
+            .spawn_scoped(scope, move || prepare::prepare_lines(reader, &limits, stop, &emptied_rx, &filled_tx))
             .map_err(|source| IndexError::Io { path: "<parsing thread>".into(), source })?;
         let mut flushes = 0;
         let mut applied = 0;
@@ -136,6 +140,15 @@ pub fn import_lines_with(
         report.flushes = flushes + 1;
         Ok(report)
     })
+}
+
+/// Sets its flag when dropped.
+struct SetOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for SetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 /// Waits for a background flush (if any); returns how many it was (0 or 1).
@@ -192,6 +205,35 @@ mod tests {
         assert!(matches!(result, Err(IndexError::Lease(reason)) if reason == "lost the lease"));
         assert_eq!(flushes, 1, "stopped at the first failure");
         assert!(index.position().clock < 10_000, "stopped early, at {}", index.position().clock);
+    }
+
+    /// A read error ends the import with that error, after applying every line before it.
+    #[test]
+    fn a_read_error_comes_after_the_lines_before_it() {
+        use crate::index::IndexOptions;
+        use crate::store::dir::DirStore;
+        struct Broken;
+        impl Read for Broken {
+            fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
+                Err(std::io::Error::other("disk on fire"))
+            }
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let store = std::sync::Arc::new(DirStore::new(dir.path().join("bucket")));
+        let index = Index::open(&dir.path().join("data"), store, IndexOptions::default(), 7).unwrap();
+        let line = |i: usize| {
+            format!(
+                r#"{{"did":"did:plc:{i:024}","time_us":{i},"kind":"account","account":{{"active":false,"did":"did:plc:{i:024}","seq":1,"time":"2026-05-25T14:23:28.778Z","status":"deactivated"}}}}"#
+            )
+        };
+        let text = (0..100).map(line).collect::<Vec<_>>().join("\n") + "\n";
+        let input = std::io::BufReader::new(text.as_bytes().chain(Broken));
+        let result = import_lines(&index, input);
+        assert!(
+            matches!(&result, Err(IndexError::Io { source, .. }) if source.to_string() == "disk on fire"),
+            "{result:?}"
+        );
+        assert_eq!(index.position().clock, 100, "every line before the error was applied");
     }
 
     #[test]

@@ -12,9 +12,10 @@
 //! - Memory is bounded: `BATCHES` batches circulate between the threads (filled ones to the
 //!   writer, applied ones back, cleared). A batch closes at `MAX_BATCH_OPERATIONS` operations or
 //!   once its strings pass `MAX_BATCH_TEXT` bytes; one operation's strings are bounded by its line.
-//! - Nothing allocated on one thread is freed on the other: the strings an operation needs are
-//!   copied into its batch's one text buffer, which is reused. (Handing over parsed JSON values
-//!   instead was slower than one thread: see BENCHMARKS.md.)
+//! - While both threads run, nothing allocated on one is freed on the other: the strings an
+//!   operation needs are copied into its batch's one text buffer, which is reused. (Handing over
+//!   parsed JSON values instead was slower than one thread: see BENCHMARKS.md.)
+//! - A writer that fails stops the parser within a line (`stop`), or at its next hand-over.
 
 use super::jetstream::{self, Operation, RecordRef};
 use super::{ImportReport, LineRead, MAX_LINE_BYTES, read_bounded_line};
@@ -24,6 +25,7 @@ use crate::model::syntax::LinkTarget;
 use std::borrow::Cow;
 use std::io::BufRead;
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, SyncSender};
 
 /// Batches in circulation: one being filled, one being applied, the rest queued.
@@ -191,18 +193,27 @@ impl Batch {
 
 /// The parsing thread: reads every line of `reader`, sends filled batches on `filled` (taking
 /// empty ones from `emptied`) and returns its part of the report. Stops early, without error,
-/// when the writer hangs up (it failed and says why itself).
+/// once `stop` is set or the writer hangs up (it failed and says why itself). On a read error
+/// the operations parsed before it are still handed over, then the error is returned.
 pub fn prepare_lines(
     mut reader: impl BufRead,
     limits: &ExtractLimits,
+    stop: &AtomicBool,
     emptied: &Receiver<Batch>,
     filled: &SyncSender<Batch>,
 ) -> std::io::Result<ImportReport> {
     let mut report = ImportReport::default();
     let mut line = Vec::with_capacity(64 << 10);
     let Ok(mut batch) = emptied.recv() else { return Ok(report) };
-    loop {
-        match read_bounded_line(&mut reader, &mut line, MAX_LINE_BYTES)? {
+    while !stop.load(Ordering::Relaxed) {
+        let read = match read_bounded_line(&mut reader, &mut line, MAX_LINE_BYTES) {
+            Ok(read) => read,
+            Err(error) => {
+                let _ = filled.send(batch);
+                return Err(error);
+            }
+        };
+        match read {
             LineRead::Eof => break,
             LineRead::TooLong => {
                 report.lines += 1;

@@ -164,7 +164,8 @@ pub fn load_thresholds(
     options: &CompactionOptions,
 ) -> Result<Option<Thresholds>, ReadError> {
     let total: u64 = runs.iter().map(|r| r.entries()).sum();
-    if total > options.max_thresholds as u64 {
+    // Positions in the index are u32s (below the empty marker), whatever the option says.
+    if total > options.max_thresholds as u64 || total >= u64::from(EMPTY_SLOT) {
         return Ok(None);
     }
     let mut revocations = Vec::with_capacity(total as usize);
