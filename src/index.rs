@@ -351,6 +351,7 @@ impl Index {
 
     /// Applies one operation at the next stamp; `cursor` is the event's stream position.
     pub fn apply(&self, operation: &Operation<'_>, cursor: Option<i64>) -> Result<(), IndexError> {
+        assert!(!self.options.read_only, "write to a read-only index");
         let no_links = |change: Change<'_, NoLinks<'_>>| self.apply_extracted(change, cursor);
         match operation {
             Operation::Create(op) | Operation::Update(op) => {
