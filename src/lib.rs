@@ -8,6 +8,7 @@
 //! `status` (HTML pages), `metrics` (Prometheus), `verify` (corruption reports and checks) and
 //! `config`.
 
+pub mod buckets;
 pub mod catalog;
 pub mod compactor;
 pub mod config;

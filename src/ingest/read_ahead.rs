@@ -195,11 +195,27 @@ mod tests {
 
     #[test]
     fn dropping_it_early_stops_the_reading_thread() {
-        let endless = io::repeat(b'x');
-        let mut reader = ReadAhead::spawn(endless, 1024).unwrap();
+        /// Endless bytes; `alive` is dropped with the source, when the reading thread returns.
+        struct Endless {
+            _alive: std::sync::Arc<()>,
+        }
+        impl Read for Endless {
+            fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
+                out.fill(b'x');
+                Ok(out.len())
+            }
+        }
+        let alive = std::sync::Arc::new(());
+        let mut reader = ReadAhead::spawn(Endless { _alive: alive.clone() }, 1024).unwrap();
         let mut line = Vec::new();
         (&mut reader).take(10_000).read_until(b'\n', &mut line).unwrap();
         assert_eq!(line.len(), 10_000);
-        drop(reader); // the thread's next hand-over fails and it returns; nothing hangs
+        drop(reader);
+        // The thread's next hand-over fails and it returns, dropping the source.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while std::sync::Arc::strong_count(&alive) > 1 {
+            assert!(std::time::Instant::now() < deadline, "the reading thread is still running");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 }

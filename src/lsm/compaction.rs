@@ -15,6 +15,7 @@
 //! - Runs are merged oldest first within a tier, and every input's size is bounded by its tier,
 //!   so one compaction's work is bounded by `fan_in` times its tier's size.
 
+use crate::buckets::Buckets;
 use crate::lsm::entry::Entry;
 use crate::lsm::run::{MAX_SHARDS, Run, shard_of};
 use crate::lsm::table::TableSummary;
@@ -94,56 +95,36 @@ pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
 /// Revocation thresholds (newest per source) from the revocation tree's tables, for dropping
 /// killed backlinks. `None` when there are more than `limit` of them. A merge asks it twice per
 /// backlink, in target order, so the sources come at random: a binary search missed the cache
-/// at every step (by profile, 60 % of a 10 M-link import's merge), so an open-addressing index
-/// of positions (4 bytes per slot, at most two-thirds full) finds a source, or its absence, in one or
-/// two cache misses. The revocations themselves stay in one sorted vector, 32 bytes each.
+/// at every step (by profile, 60 % of a 10 M-link import's merge), so an index of positions
+/// (`crate::buckets`, 8 bytes per bucket, at most 3/4 full) finds a source, or its absence, in
+/// one or two cache misses. The revocations themselves stay in one vector, 32 bytes each.
 #[derive(Debug)]
 pub struct Thresholds {
     /// Sorted by source, one per source: its newest revocation.
     newest: Vec<Revocation>,
-    /// Positions in `newest`, at the slot of the source's hash or after it (linear probing);
-    /// `EMPTY_SLOT` where there is none. Its length is a power of two at least 1.5 times `newest`'s.
-    slots: Vec<u32>,
+    /// Positions in `newest`, by the hash of their source.
+    by_source: Buckets,
 }
-
-const EMPTY_SLOT: u32 = u32::MAX;
 
 impl Thresholds {
     /// Keeps the newest revocation of each source from `revocations` (any order).
     fn from_revocations(mut revocations: Vec<Revocation>) -> Self {
-        assert!(revocations.len() < EMPTY_SLOT as usize, "positions must fit below the empty marker");
         revocations.sort_unstable();
         // Sorted by (source, rev): the last of each source's run is its newest.
         revocations.reverse();
         revocations.dedup_by_key(|r| r.source);
         revocations.reverse();
-        let mask = (revocations.len() + revocations.len() / 2 + 1).next_power_of_two() - 1;
-        let mut slots = vec![EMPTY_SLOT; mask + 1];
-        for (position, revocation) in revocations.iter().enumerate() {
-            let mut slot = source_hash(&revocation.source) & mask;
-            while slots[slot] != EMPTY_SLOT {
-                slot = (slot + 1) & mask;
-            }
-            slots[slot] = position as u32;
+        let mut by_source = Buckets::new();
+        let hash_of = |position: usize| source_hash(&revocations[position].source);
+        for position in 0..revocations.len() {
+            by_source.insert(hash_of(position), position, hash_of);
         }
-        Thresholds { newest: revocations, slots }
+        Thresholds { newest: revocations, by_source }
     }
 
     fn threshold(&self, source: &RecordId) -> u64 {
-        let mask = self.slots.len() - 1;
-        let mut slot = source_hash(source) & mask;
-        // At most two-thirds of the slots are taken, so an empty one ends every probe.
-        loop {
-            let position = self.slots[slot];
-            if position == EMPTY_SLOT {
-                return 0;
-            }
-            let revocation = &self.newest[position as usize];
-            if revocation.source == *source {
-                return revocation.rev;
-            }
-            slot = (slot + 1) & mask;
-        }
+        let found = self.by_source.find(source_hash(source), |position| self.newest[position].source == *source);
+        found.map_or(0, |position| self.newest[position].rev)
     }
 
     /// True when a durable revocation kills `link`.
@@ -152,8 +133,8 @@ impl Thresholds {
     }
 }
 
-fn source_hash(source: &RecordId) -> usize {
-    xxh3_64(&source.to_bytes()) as usize
+fn source_hash(source: &RecordId) -> u64 {
+    xxh3_64(&source.to_bytes())
 }
 
 /// Reads every revocation in `runs`, or gives up (`None`) past `limit` entries.
@@ -164,8 +145,8 @@ pub fn load_thresholds(
     options: &CompactionOptions,
 ) -> Result<Option<Thresholds>, ReadError> {
     let total: u64 = runs.iter().map(|r| r.entries()).sum();
-    // Positions in the index are u32s (below the empty marker), whatever the option says.
-    if total > options.max_thresholds as u64 || total >= u64::from(EMPTY_SLOT) {
+    // Positions in the index are below u32::MAX, whatever the option says.
+    if total > options.max_thresholds as u64 || total >= u64::from(u32::MAX) {
         return Ok(None);
     }
     let mut revocations = Vec::with_capacity(total as usize);

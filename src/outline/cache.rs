@@ -14,15 +14,14 @@
 //! - Values live back to back in `arena`. An evicted value stays there as garbage until the arena
 //!   is rewritten, which happens as soon as garbage passes half the live bytes, so the arena holds
 //!   at most 1.5 times the live bytes (plus one value).
-//! - Both indexes are linear-probing tables of a power-of-two size, grown before they pass 3/4
-//!   full, with deletion by backward shift (no tombstones): a probe ends at the first empty bucket.
-//!   A bucket is `tag << 32 | (slot + 1)`, 0 when empty; the tag (high half of the hash) lets a
-//!   probe skip other keys without touching their slots.
+//! - Both indexes are `crate::buckets` tables of slot numbers (linear probing, at most 3/4 full,
+//!   backward-shift deletion, a hash tag beside each slot).
 //! - Eviction is clock (second chance) over unpinned slots: a hit sets the slot's bit under the
 //!   read lock; an insert into a full cache sweeps the hand forward past pinned slots, clearing set
 //!   bits, to the first clear unpinned one. It only sweeps when an unpinned slot exists, and each
 //!   step clears a bit or passes a pinned slot, so it ends within two turns.
 
+use crate::buckets::Buckets;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use xxhash_rust::xxh3::xxh3_64;
@@ -30,7 +29,6 @@ use xxhash_rust::xxh3::xxh3_64;
 /// Slots are numbered in 32 bits (the bucket's low half, minus the empty marker).
 const MAX_CAPACITY: usize = u32::MAX as usize - 1;
 /// Smallest index table: grown by doubling from here.
-const MIN_BUCKETS: usize = 16;
 
 #[derive(Debug)]
 struct Slot {
@@ -150,8 +148,8 @@ impl Cache {
         let full = self.slots.len() >= self.capacity && self.slots.len() > self.pinned;
         let slot = if full { self.reuse_slot(id, value, pinned) } else { self.push_slot(id, value, pinned) };
         self.index_slot(slot);
-        debug_assert_eq!(self.by_value.len, self.slots.len());
-        debug_assert_eq!(self.by_id.len, self.slots.len());
+        debug_assert_eq!(self.by_value.len(), self.slots.len());
+        debug_assert_eq!(self.by_id.len(), self.slots.len());
     }
 
     fn push_slot(&mut self, id: u64, value: &str, pinned: bool) -> usize {
@@ -245,98 +243,6 @@ fn hash_value(value: &str) -> u64 {
 fn hash_id(id: u64) -> u64 {
     let product = id.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     product ^ (product >> 29)
-}
-
-/// A linear-probing table of slot numbers (see the module invariants).
-#[derive(Debug)]
-struct Buckets {
-    buckets: Vec<u64>,
-    len: usize,
-}
-
-impl Buckets {
-    fn new() -> Self {
-        Self { buckets: vec![0; MIN_BUCKETS], len: 0 }
-    }
-
-    fn mask(&self) -> usize {
-        self.buckets.len() - 1
-    }
-
-    fn home(&self, hash: u64) -> usize {
-        hash as usize & self.mask()
-    }
-
-    fn tag(hash: u64) -> u64 {
-        hash >> 32
-    }
-
-    /// The slot whose key hashes to `hash` and satisfies `is_key`.
-    fn find(&self, hash: u64, is_key: impl Fn(usize) -> bool) -> Option<usize> {
-        let mut at = self.home(hash);
-        loop {
-            let bucket = self.buckets[at];
-            if bucket == 0 {
-                return None;
-            }
-            let slot = (bucket as u32 - 1) as usize;
-            if bucket >> 32 == Self::tag(hash) && is_key(slot) {
-                return Some(slot);
-            }
-            at = (at + 1) & self.mask();
-        }
-    }
-
-    fn insert(&mut self, hash: u64, slot: usize, hash_of: impl Fn(usize) -> u64) {
-        if (self.len + 1) * 4 > self.buckets.len() * 3 {
-            self.grow(&hash_of);
-        }
-        self.place(hash, slot);
-        self.len += 1;
-    }
-
-    fn place(&mut self, hash: u64, slot: usize) {
-        let mut at = self.home(hash);
-        while self.buckets[at] != 0 {
-            at = (at + 1) & self.mask();
-        }
-        self.buckets[at] = Self::tag(hash) << 32 | (slot as u64 + 1);
-    }
-
-    fn grow(&mut self, hash_of: &impl Fn(usize) -> u64) {
-        let doubled = vec![0; self.buckets.len() * 2];
-        let old = std::mem::replace(&mut self.buckets, doubled);
-        for bucket in old.into_iter().filter(|&bucket| bucket != 0) {
-            let slot = (bucket as u32 - 1) as usize;
-            self.place(hash_of(slot), slot);
-        }
-    }
-
-    /// Removes `slot` (which hashes to `hash`), then shifts later members of its run back so
-    /// that every remaining key is still reachable from its home without crossing an empty bucket.
-    fn remove(&mut self, hash: u64, slot: usize, hash_of: impl Fn(usize) -> u64) {
-        let mut hole = self.home(hash);
-        while self.buckets[hole] != Self::tag(hash) << 32 | (slot as u64 + 1) {
-            assert_ne!(self.buckets[hole], 0, "an indexed slot is in its run");
-            hole = (hole + 1) & self.mask();
-        }
-        let mut at = hole;
-        loop {
-            at = (at + 1) & self.mask();
-            let bucket = self.buckets[at];
-            if bucket == 0 {
-                break;
-            }
-            let home = self.home(hash_of((bucket as u32 - 1) as usize));
-            // The member at `at` may move into the hole unless its home lies cyclically in (hole, at].
-            if (at.wrapping_sub(home) & self.mask()) >= (at.wrapping_sub(hole) & self.mask()) {
-                self.buckets[hole] = bucket;
-                hole = at;
-            }
-        }
-        self.buckets[hole] = 0;
-        self.len -= 1;
-    }
 }
 
 #[cfg(test)]
@@ -462,8 +368,8 @@ mod tests {
                     }
                 }
                 prop_assert!(cache.len() <= capacity);
-                prop_assert_eq!(cache.by_value.len, cache.len());
-                prop_assert_eq!(cache.by_id.len, cache.len());
+                prop_assert_eq!(cache.by_value.len(), cache.len());
+                prop_assert_eq!(cache.by_id.len(), cache.len());
             }
             for (id, value) in &truth {
                 prop_assert_eq!(cache.id_of(value).is_some(), cache.value_of(*id).is_some());
