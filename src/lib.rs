@@ -5,8 +5,8 @@
 //! (object storage), `catalog` (local SQLite state), `manifest` (the published view), `index`
 //! (the write path over all of them), `ingest` (events in), `query` (two-round listBacklinks),
 //! `count` (countBacklinks, bounded), `constellation` (compatible endpoints), `server` (HTTP),
-//! `status` (HTML pages), `metrics` (Prometheus), `verify` (corruption reports and checks) and
-//! `config`.
+//! `status` (HTML pages), `metrics` (Prometheus), `verify` (corruption reports and checks),
+//! `buckets` (an index of positions shared by the outline cache and compaction) and `config`.
 
 pub mod buckets;
 pub mod catalog;
