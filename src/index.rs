@@ -12,6 +12,9 @@
 //!   the rest (`FlushJob::finish`) runs without it, one flush at a time (`FlushGate`), so writes
 //!   made meanwhile go to fresh memtables and the catalog's positions only move forward.
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
+//! - `tables_clock` only names a clock whose operations are all in installed tables: it moves
+//!   after a flush installs its tables, and a failed flush stops all later ones (its operations
+//!   are in no table), so merges may lower stamps up to it (`Thresholds::settle`).
 
 use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, ManifestSync, RunKind, TableRecord};
 use crate::extract::{ExtractLimits, ExtractStats, extract_links};
@@ -113,6 +116,8 @@ pub enum IndexError {
     Lease(String),
     #[error("{0}")]
     Background(String),
+    #[error("an earlier flush failed and its operations are not in any table; restart to replay them")]
+    FlushFailed,
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IndexError + '_ {
@@ -196,6 +201,9 @@ pub struct Index {
     writer: Mutex<WriterState>,
     /// Held by the one compaction running at a time.
     compacting: Mutex<()>,
+    /// Every operation stamped at or below this clock is in the trees' installed tables, not only
+    /// in memtables (so a merge knows every revocation up to it; see `Thresholds::settle`).
+    tables_clock: AtomicU64,
     /// Entered by the one flush running at a time, from `begin_flush` to the end of its job.
     flushing: FlushGate,
     /// The newest manifest this process published or followed (loaded from the bucket on first
@@ -260,6 +268,7 @@ impl FlushJob<'_> {
                     .install(index.thresholds.open_table(record)?, self.thresholds.as_ref().map(|(m, _)| m));
             }
         }
+        index.tables_clock.fetch_max(flush.position.clock, Ordering::Release);
         index.counters.flushes.fetch_add(1, Ordering::Relaxed);
         let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
         index.counters.flush_bytes.fetch_add(written, Ordering::Relaxed);
@@ -319,6 +328,8 @@ impl Index {
         }
         let hidden = catalog.hidden_accounts()?.into_iter().collect();
         let position = catalog.position()?;
+        // The catalog commits a flush's tables with its position, so they hold all up to it.
+        let tables_clock = AtomicU64::new(position.clock);
         let writer = WriterState { position, pending_accounts: Vec::new(), entropy: seed };
         let index = Self {
             data_dir: data_dir.to_path_buf(),
@@ -332,6 +343,7 @@ impl Index {
             hidden: RwLock::new(hidden),
             writer: Mutex::new(writer),
             compacting: Mutex::new(()),
+            tables_clock,
             flushing: FlushGate::default(),
             published: Mutex::new(None),
             _lock: lock,
@@ -523,6 +535,11 @@ impl Index {
     pub fn begin_flush(&self) -> Result<FlushJob<'_>, IndexError> {
         assert!(!self.options.read_only, "flush of a read-only index");
         let ticket = self.flushing.enter();
+        // A job that failed left its frozen memtable behind. A later flush would commit a position
+        // past those operations without their tables (and tell merges they are in tables).
+        if self.links.has_frozen() || self.thresholds.has_frozen() {
+            return Err(IndexError::FlushFailed);
+        }
         let started = std::time::Instant::now();
         let mut writer = self.writer.lock().expect("writer lock poisoned");
         let links = self.links.freeze().map(|m| self.new_table_id(&mut writer).map(|id| (m, id))).transpose()?;
@@ -569,15 +586,18 @@ impl Index {
         options: &CompactionOptions,
     ) -> Result<bool, IndexError> {
         let _one_at_a_time = self.compacting.lock().expect("compaction lock poisoned");
+        // Read before the revocation tables: what it promises is installed already.
+        let complete_through = self.tables_clock.load(Ordering::Acquire);
         if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
+            let runs = self.thresholds.runs();
             let thresholds =
-                compaction::load_thresholds(&self.thresholds.runs(), self.store.as_ref(), runtime, options)?;
-            let mut keep = |link: &Backlink| thresholds.as_ref().is_none_or(|t| !t.kills(link));
+                compaction::load_thresholds(&runs, complete_through, self.store.as_ref(), runtime, options)?;
+            let mut keep = |link: Backlink| thresholds.as_ref().map_or(Some(link), |t| t.settle(link));
             self.compact_tree(&self.links, &inputs, runtime, now_ms, options, &mut keep)?;
             return Ok(true);
         }
         if let Some(inputs) = compaction::pick(&self.thresholds.runs(), options) {
-            self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, options, &mut |_| true)?;
+            self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, options, &mut Some)?;
             return Ok(true);
         }
         Ok(false)
@@ -590,7 +610,7 @@ impl Index {
         runtime: &tokio::runtime::Handle,
         now_ms: u64,
         options: &CompactionOptions,
-        keep: &mut dyn FnMut(&E) -> bool,
+        keep: &mut dyn FnMut(E) -> Option<E>,
     ) -> Result<(), IndexError> {
         let started = std::time::Instant::now();
         let bytes_in: u64 = inputs.iter().map(|r| r.data_bytes()).sum();
@@ -881,6 +901,8 @@ impl Index {
         };
         self.catalog.sync_to_manifest(&sync, now_ms)?;
         self.reload_trees()?;
+        // The manifest's tables hold all up to its position (and maybe more).
+        self.tables_clock.store(position.clock, Ordering::Release);
         for table in live.values().filter(|t| !named.contains(t.id.as_str())) {
             self.remove_local_table(table)?;
             self.catalog.forget_table(&table.id)?;

@@ -381,8 +381,76 @@ fn compaction_generations_keep_answers() {
         harness.check(&target(t), 2, false);
         harness.check(&target(t), 50, true);
     }
+    assert_merges_settle_stamps(&harness);
     harness.reopen();
     for t in 0..TARGETS {
         harness.check(&target(t), 3, false);
     }
+}
+
+/// Every table's entries, read through its own checks.
+fn entries_of<E: backlinks::lsm::entry::Entry>(
+    harness: &Harness,
+    tree: &backlinks::lsm::tree::Tree<E>,
+) -> Vec<(bool, E)> {
+    let mut entries = Vec::new();
+    for run in tree.runs().iter() {
+        let compacted = run.kind == backlinks::catalog::RunKind::Compacted;
+        for table in &run.tables {
+            let frames = 0..table.meta.frames.len();
+            let read = harness.runtime.block_on(table.read_frames_with(harness.index.store.as_ref(), frames, false));
+            entries.extend(read.unwrap().into_iter().map(|entry| (compacted, entry)));
+        }
+    }
+    entries
+}
+
+/// In this harness every merge knows every revocation stamped before its inputs (they are all
+/// flushed first), so it stores each live backlink with its stamp lowered to its threshold: 0
+/// when neither its source nor its repository was ever revoked.
+fn assert_merges_settle_stamps(harness: &Harness) {
+    let revoked: std::collections::HashMap<RecordId, u64> =
+        entries_of(harness, &harness.index.thresholds).into_iter().fold(Default::default(), |mut newest, (_, r)| {
+            let rev = newest.entry(r.source).or_insert(0);
+            *rev = r.rev.max(*rev);
+            newest
+        });
+    let (mut settled, mut zero) = (0, 0);
+    for (compacted, link) in entries_of(harness, &harness.index.links) {
+        let threshold = link.threshold(|key| revoked.get(key).copied().unwrap_or(0));
+        if compacted && link.source_rev >= threshold {
+            assert_eq!(link.source_rev, threshold, "a live compacted backlink keeps its write stamp: {link:?}");
+            settled += 1;
+            zero += usize::from(threshold == 0);
+        }
+    }
+    assert!(zero > 0 && settled > zero, "{settled} live compacted backlinks, {zero} of them never revoked");
+}
+
+/// A flush that fails leaves its operations in a frozen memtable, in no table: a later flush must
+/// not commit a position past them (they would be lost for good), so it refuses until a restart.
+#[test]
+fn a_failed_flush_refuses_later_flushes() {
+    let mut harness = Harness::new();
+    let write = |harness: &mut Harness, rkey| {
+        harness.run(&Op::Write { update: false, did: 1, collection: 0, rkey, links: vec![(1, 0)] })
+    };
+    write(&mut harness, 0);
+    harness.run(&Op::Flush);
+    let committed = harness.index.catalog.position().unwrap();
+    write(&mut harness, 1);
+    // The links tree's directory turns into a file: the table cannot be written.
+    let dir = harness.index.links.dir().to_path_buf();
+    let aside = dir.with_extension("aside");
+    std::fs::rename(&dir, &aside).unwrap();
+    std::fs::write(&dir, b"not a directory").unwrap();
+    assert!(harness.index.flush().is_err());
+    std::fs::remove_file(&dir).unwrap();
+    std::fs::rename(&aside, &dir).unwrap();
+    write(&mut harness, 2);
+    let refused = harness.index.flush().unwrap_err();
+    assert!(matches!(refused, backlinks::index::IndexError::FlushFailed), "{refused}");
+    assert_eq!(harness.index.catalog.position().unwrap(), committed);
+    // Readers still see the frozen operations until the process goes.
+    harness.run(&Op::Check { target: 1, limit: 10, reverse: false });
 }

@@ -10,6 +10,12 @@
 //!   dropped (only superseded by newer ones for the same source), so such a backlink is dead
 //!   for every reader forever: dropping it only saves space. Revocations still in a memtable
 //!   are not consulted, so a crash cannot lose the reason a backlink was dropped.
+//! - A surviving backlink stamped at or below `Thresholds::complete_through` is written with its
+//!   stamp lowered to its threshold (0 for a source never revoked), which changes no answer
+//!   (proof at `Thresholds::settle`) and leaves the stamp column of merged tables nearly all
+//!   zeros, which compress to almost nothing.
+//! - `keep` may drop an entry or lower its stamp, never change its identity, so the output stays
+//!   strictly increasing.
 //! - Work is streamed: one batch of frames per input plus one frame per output shard in memory,
 //!   and the merge holds no lock of the tree; the result replaces its inputs in one step.
 //! - Runs are merged oldest first within a tier, and every input's size is bounded by its tier,
@@ -104,11 +110,15 @@ pub struct Thresholds {
     newest: Vec<Revocation>,
     /// Positions in `newest`, by the hash of their source.
     by_source: Buckets,
+    /// Every revocation stamped at or below this is in `newest`: the ingest clock of the last
+    /// flush whose tables were installed before the revocation tables were read.
+    complete_through: u64,
 }
 
 impl Thresholds {
-    /// Keeps the newest revocation of each source from `revocations` (any order).
-    fn from_revocations(mut revocations: Vec<Revocation>) -> Self {
+    /// Keeps the newest revocation of each source from `revocations` (any order), which hold
+    /// every revocation stamped at or below `complete_through`.
+    fn from_revocations(mut revocations: Vec<Revocation>, complete_through: u64) -> Self {
         revocations.sort_unstable();
         // Sorted by (source, rev): the last of each source's run is its newest.
         revocations.reverse();
@@ -119,7 +129,7 @@ impl Thresholds {
         for position in 0..revocations.len() {
             by_source.insert(hash_of(position), position, hash_of);
         }
-        Thresholds { newest: revocations, by_source }
+        Thresholds { newest: revocations, by_source, complete_through }
     }
 
     fn threshold(&self, source: &RecordId) -> u64 {
@@ -127,9 +137,24 @@ impl Thresholds {
         found.map_or(0, |position| self.newest[position].rev)
     }
 
-    /// True when a durable revocation kills `link`.
-    pub fn kills(&self, link: &Backlink) -> bool {
-        !link.survives(|key| self.threshold(key))
+    /// What a merge writes for `link`: nothing when a durable revocation kills it; else `link`,
+    /// its stamp lowered to its threshold when it is at most `complete_through`.
+    ///
+    /// Why that changes no answer. Liveness compares a stamp `s` with the newest revocation `r`
+    /// of the source and of its repository (live iff `s >= r`), and a reader that finds copies
+    /// of one link keeps the largest stamp. With `t` the threshold (`t <= s`, the link
+    /// survives), every revocation of these two sources is either here, so at most `t`, or
+    /// not yet written, so stamped later by the ingest clock, above `complete_through >= s`.
+    /// No revocation is in `(t, s]`, so `s` and `t` compare alike with every revocation, now and
+    /// later. A copy of the link elsewhere with a stamp `c`: if `c > s` it wins either way; if
+    /// `t < c <= s` it now wins instead, and compares alike with every revocation as `s` did.
+    pub fn settle(&self, link: Backlink) -> Option<Backlink> {
+        let threshold = link.threshold(|key| self.threshold(key));
+        if link.source_rev < threshold {
+            return None;
+        }
+        let settled = if link.source_rev <= self.complete_through { threshold } else { link.source_rev };
+        Some(Backlink { source_rev: settled, ..link })
     }
 }
 
@@ -138,8 +163,10 @@ fn source_hash(source: &RecordId) -> u64 {
 }
 
 /// Reads every revocation in `runs`, or gives up (`None`) past `limit` entries.
+/// `complete_through` is a clock every revocation at or below which is in `runs`.
 pub fn load_thresholds(
     runs: &[Arc<Run<Revocation>>],
+    complete_through: u64,
     store: &dyn Store,
     runtime: &tokio::runtime::Handle,
     options: &CompactionOptions,
@@ -156,7 +183,7 @@ pub fn load_thresholds(
             revocations.push(revocation);
         }
     }
-    Ok(Some(Thresholds::from_revocations(revocations)))
+    Ok(Some(Thresholds::from_revocations(revocations, complete_through)))
 }
 
 /// Reads one table in order, a batch of frames at a time.
@@ -230,7 +257,8 @@ struct ShardOut<E: Entry> {
 }
 
 /// Streams the entries of `inputs` into `ids.len()` shard tables of `tree`, keeping the freshest
-/// of each identity and only what `keep` admits. Blocking: run it on a blocking thread.
+/// of each identity and writing what `keep` makes of it: `None` drops it, `Some` is the entry or
+/// the entry with a lower stamp. Blocking: run it on a blocking thread.
 pub fn merge<E: Entry>(
     tree: &Tree<E>,
     inputs: &[Arc<Run<E>>],
@@ -238,7 +266,7 @@ pub fn merge<E: Entry>(
     store: &dyn Store,
     runtime: &tokio::runtime::Handle,
     options: &CompactionOptions,
-    keep: &mut dyn FnMut(&E) -> bool,
+    keep: &mut dyn FnMut(E) -> Option<E>,
 ) -> Result<MergeOutput, ReadError> {
     let shard_count = ids.len() as u32;
     assert!((1..=MAX_SHARDS).contains(&shard_count), "bad shard count {shard_count}");
@@ -292,13 +320,15 @@ pub fn merge<E: Entry>(
 fn emit<E: Entry>(
     outs: &mut [ShardOut<E>],
     entry: E,
-    keep: &mut dyn FnMut(&E) -> bool,
+    keep: &mut dyn FnMut(E) -> Option<E>,
     output: &mut MergeOutput,
 ) -> std::io::Result<()> {
-    if !keep(&entry) {
+    let Some(kept) = keep(entry) else {
         output.killed_dropped += 1;
         return Ok(());
-    }
+    };
+    assert!(kept.same_identity(&entry) && kept.stamp() <= entry.stamp(), "keep changed more than a stamp");
+    let entry = kept;
     let out = &mut outs[shard_of(&entry.key(), outs.len() as u32) as usize];
     out.min_stamp = out.min_stamp.min(entry.stamp());
     out.max_stamp = out.max_stamp.max(entry.stamp());
@@ -337,7 +367,7 @@ mod tests {
                 *newest = rev.max(*newest);
             }
             let list = revocations.iter().map(|&(rkey, did, rev)| Revocation { source: source((rkey, did)), rev });
-            let thresholds = Thresholds::from_revocations(list.collect());
+            let thresholds = Thresholds::from_revocations(list.collect(), 0);
             for probe in probes.into_iter().chain(revocations.iter().map(|&(rkey, did, _)| (rkey, did))) {
                 let key = source(probe);
                 proptest::prop_assert_eq!(thresholds.threshold(&key), model.get(&key).copied().unwrap_or(0));
@@ -349,21 +379,64 @@ mod tests {
     fn thresholds_keep_the_newest_revocation_per_source() {
         let (record, repo) = (RecordId { rkey: 7, collection: 1, did: 3 }, RecordId::repo(3));
         let revocation = |source, rev| Revocation { source, rev };
-        let thresholds = Thresholds::from_revocations(vec![
-            revocation(record, 5),
-            revocation(repo, 2),
-            revocation(record, 9),
-            revocation(record, 1),
-        ]);
+        let revocations =
+            vec![revocation(record, 5), revocation(repo, 2), revocation(record, 9), revocation(record, 1)];
+        let thresholds = Thresholds::from_revocations(revocations, 20);
         assert_eq!(thresholds.newest, vec![revocation(repo, 2), revocation(record, 9)]);
         assert_eq!((thresholds.threshold(&record), thresholds.threshold(&repo)), (9, 2));
         assert_eq!(thresholds.threshold(&RecordId::repo(4)), 0);
         let link = |source_rev| Backlink { target: RecordId::repo(8), source: record, location: 1, source_rev };
-        assert!(thresholds.kills(&link(8)), "older than the record's revocation");
-        assert!(!thresholds.kills(&link(9)), "written with the revocation (an update)");
+        assert_eq!(thresholds.settle(link(8)), None, "older than the record's revocation");
+        assert_eq!(thresholds.settle(link(9)), Some(link(9)), "written with the revocation (an update)");
+        assert_eq!(thresholds.settle(link(15)), Some(link(9)), "lowered to the record's threshold");
+        assert_eq!(thresholds.settle(link(21)), Some(link(21)), "past the complete clock: kept as is");
         let other = Backlink { source: RecordId { rkey: 8, ..record }, ..link(1) };
-        assert!(thresholds.kills(&other), "older than the repo-level revocation");
-        assert!(!thresholds.kills(&Backlink { source_rev: 2, ..other }));
+        assert_eq!(thresholds.settle(other), None, "older than the repo-level revocation");
+        let settled = |source_rev| thresholds.settle(Backlink { source_rev, ..other }).map(|l| l.source_rev);
+        assert_eq!((settled(2), settled(20), settled(30)), (Some(2), Some(2), Some(30)));
+        let stranger = Backlink { source: RecordId { did: 4, ..record }, ..link(12) };
+        assert_eq!(thresholds.settle(stranger), Some(Backlink { source_rev: 0, ..stranger }), "never revoked");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Settling changes no answer, now or later: for any history of one link's copies and its
+        /// sources' revocations, split at a clock `complete` (revocations up to it known, the
+        /// others stamped after it), the copy a reader keeps is live exactly when it was before,
+        /// after every revocation the merge did not see.
+        #[test]
+        fn settled_stamps_answer_like_the_originals(
+            known in proptest::collection::vec((proptest::bool::ANY, 1u64..60), 0..6),
+            complete in 0u64..60,
+            merged in 1u64..80,
+            other_copy in proptest::option::of(1u64..80),
+            later in proptest::collection::vec((proptest::bool::ANY, 1u64..80), 0..4),
+        ) {
+            let record = RecordId { rkey: 7, collection: 1, did: 3 };
+            let source = |repo_level: bool| if repo_level { RecordId::repo(3) } else { record };
+            // What a merge may see: every revocation up to `complete`, and maybe some after it.
+            let known: Vec<Revocation> = known.iter().map(|&(repo, rev)| Revocation { source: source(repo), rev }).collect();
+            let thresholds = Thresholds::from_revocations(known.clone(), complete);
+            let link = Backlink { target: RecordId::repo(8), source: record, location: 1, source_rev: merged };
+            let Some(settled) = thresholds.settle(link) else {
+                proptest::prop_assert!(!link.survives(|key| thresholds.threshold(key)));
+                return Ok(());
+            };
+            // Every revocation the merge did not see is stamped past `complete`, but maybe before
+            // `merged` (a link flushed after `complete` was read can be newer than it).
+            let later = later.into_iter().map(|(repo, step)| Revocation { source: source(repo), rev: complete + step });
+            let mut all = known;
+            for revocation in std::iter::once(None).chain(later.map(Some)) {
+                all.extend(revocation);
+                let newest = |key: &RecordId| all.iter().filter(|r| r.source == *key).map(|r| r.rev).max().unwrap_or(0);
+                let reader = |copy: Backlink| {
+                    let freshest = other_copy.map_or(copy.source_rev, |c| c.max(copy.source_rev));
+                    Backlink { source_rev: freshest, ..copy }.survives(newest)
+                };
+                proptest::prop_assert_eq!(reader(settled), reader(link), "after {:?}", all);
+            }
+        }
     }
 
     #[test]

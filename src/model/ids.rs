@@ -72,7 +72,13 @@ impl Backlink {
     /// The liveness rule: live iff written at or after both the record-level and the repo-level
     /// threshold of its source (`threshold` gives 0 for a source never revoked).
     pub fn survives(&self, threshold: impl Fn(&RecordId) -> u64) -> bool {
-        self.source_rev >= threshold(&self.source).max(threshold(&RecordId::repo(self.source.did)))
+        self.source_rev >= self.threshold(threshold)
+    }
+
+    /// The stamp this backlink must reach to be live: the larger of its source's record-level
+    /// and repo-level thresholds.
+    pub fn threshold(&self, threshold: impl Fn(&RecordId) -> u64) -> u64 {
+        threshold(&self.source).max(threshold(&RecordId::repo(self.source.did)))
     }
 }
 
