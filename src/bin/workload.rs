@@ -370,14 +370,14 @@ impl Generator {
         let mut state = index ^ self.shape.seed.rotate_left(17);
         let author = splitmix64(&mut state) % self.shape.accounts;
         let micros = START_US - (index + 1) * OLD_POST_SPACING_US;
-        (author, tid(micros, splitmix64(&mut state)))
+        (author, record_tid(micros, splitmix64(&mut state)))
     }
 
-    /// A new record key: a TID a little before the event time, with a random clock id.
+    /// A new record key: a TID a little before the event time.
     fn new_rkey(&mut self) -> u64 {
         let lag = self.below(2_000_000);
-        let clock = self.next();
-        tid(self.time_us - lag, clock)
+        let draw = self.next();
+        record_tid(self.time_us - lag, draw)
     }
 
     fn create(&mut self, collection: Collection) -> u64 {
@@ -640,7 +640,8 @@ impl Generator {
     fn commit_head(&mut self, author: u64, operation: &str, collection: &str, rkey: Option<u64>) {
         self.event_head(author, "commit");
         self.push("\"commit\":{\"rev\":\"");
-        let rev = tid(self.time_us, self.next());
+        let draw = self.next();
+        let rev = record_tid(self.time_us, draw);
         self.tid(rev);
         self.push("\",\"operation\":\"");
         self.push(operation);
@@ -744,6 +745,18 @@ impl Generator {
         let text = format_datetime(micros);
         self.line.extend_from_slice(&text);
     }
+}
+
+/// A TID made at `micros` as the real network makes them, from a random draw. The reference PDS
+/// takes a millisecond clock times 1,000 plus a counter of TIDs in that millisecond (nearly
+/// always 0), and one clock id of 32 picked when it starts: of the 377 distinct TIDs in the
+/// at:// links of the real CAR fixtures, 273 have microsecond digits below 10 and 371 a clock id
+/// below 32. So 3 in 4 draws here are whole milliseconds, the rest any microsecond, and 63 in 64
+/// take a clock id below 32, the rest any of the 1,024.
+fn record_tid(micros: u64, draw: u64) -> u64 {
+    let micros = if draw.is_multiple_of(4) { micros } else { micros - micros % 1_000 };
+    let clock = if (draw >> 2).is_multiple_of(64) { draw >> 8 } else { (draw >> 8) & 31 };
+    tid(micros, clock)
 }
 
 /// A TID from a microsecond time and a 10-bit clock id.
@@ -887,6 +900,20 @@ mod tests {
             generator.tid(value);
             assert_eq!(generator.line, backlinks::model::tid::format_tid(value).into_bytes());
         }
+    }
+
+    #[test]
+    fn record_tids_are_spread_like_the_real_ones() {
+        let mut state = 3;
+        let micros = START_US + 123_456;
+        let tids: Vec<u64> = (0..10_000).map(|_| record_tid(micros, splitmix64(&mut state))).collect();
+        let whole_millis = tids.iter().filter(|&&t| (t >> 10) == micros - 456).count();
+        let exact = tids.iter().filter(|&&t| (t >> 10) == micros).count();
+        let small_clock = tids.iter().filter(|&&t| t & 0x3ff < 32).count();
+        assert_eq!(whole_millis + exact, tids.len(), "only these two times");
+        assert!((7_300..7_700).contains(&whole_millis), "{whole_millis} whole milliseconds");
+        assert!((9_780..9_920).contains(&small_clock), "{small_clock} clock ids below 32");
+        assert!(tids.iter().any(|&t| t & 0x3ff >= 512), "the other clock ids are drawn too");
     }
 
     #[test]
