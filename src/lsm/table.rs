@@ -650,6 +650,11 @@ impl<E: Entry> TableMeta<E> {
         self.filter.may_contain(h)
     }
 
+    /// Starts loading what `may_contain(h)` will read (see `Filter::prefetch`).
+    pub fn prefetch(&self, h: KeyHash) {
+        self.filter.prefetch(h)
+    }
+
     /// Frames that may hold entries `e` with `lo <= e <= hi`: every frame that does, plus at
     /// most one extra frame at the start. Empty when the range is empty or misses the table.
     pub fn frames_overlapping(&self, lo: &E, hi: &E) -> Range<usize> {
