@@ -35,7 +35,7 @@ use crate::verify::{ObjectKind, Place, report_corruption};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// The interning shard of the single ingest writer.
@@ -206,6 +206,8 @@ pub struct Index {
     tables_clock: AtomicU64,
     /// Entered by the one flush running at a time, from `begin_flush` to the end of its job.
     flushing: FlushGate,
+    /// Set by a flush job that failed or was dropped unfinished; no flush runs after it.
+    flush_failed: AtomicBool,
     /// The newest manifest this process published or followed (loaded from the bucket on first
     /// use): GC never deletes a table it names, and publishing extends its outline ranges.
     published: Mutex<Option<Published>>,
@@ -237,6 +239,7 @@ fn table_record<E: Entry>(id: String, memtable: &Memtable<E>, summary: crate::ls
 pub struct FlushJob<'a> {
     index: &'a Index,
     _ticket: FlushTicket<'a>,
+    unfinished: Unfinished<'a>,
     started: std::time::Instant,
     links: Option<(Arc<Memtable<Backlink>>, String)>,
     thresholds: Option<(Arc<Memtable<Revocation>>, String)>,
@@ -244,10 +247,28 @@ pub struct FlushJob<'a> {
     accounts: Vec<(u64, AccountState)>,
 }
 
+/// Marks the index's flushes failed when dropped before `disarm`: a job that did not finish took
+/// operations (frozen memtables, account changes) that are now in no table.
+struct Unfinished<'a>(Option<&'a AtomicBool>);
+
+impl Unfinished<'_> {
+    fn disarm(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(failed) = self.0 {
+            failed.store(true, Ordering::Release);
+        }
+    }
+}
+
 impl FlushJob<'_> {
     /// Returns how many tables it wrote. The outlines are persisted first: no committed table
     /// may refer to an id that a crash could forget.
-    pub fn finish(self) -> Result<usize, IndexError> {
+    pub fn finish(mut self) -> Result<usize, IndexError> {
         let index = self.index;
         index.outlines.persist()?;
         let mut records = Vec::new();
@@ -273,6 +294,7 @@ impl FlushJob<'_> {
         let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
         index.counters.flush_bytes.fetch_add(written, Ordering::Relaxed);
         add_elapsed(&index.counters.flush_micros, self.started);
+        self.unfinished.disarm();
         Ok(flush.tables.len())
     }
 }
@@ -345,6 +367,7 @@ impl Index {
             compacting: Mutex::new(()),
             tables_clock,
             flushing: FlushGate::default(),
+            flush_failed: AtomicBool::new(false),
             published: Mutex::new(None),
             _lock: lock,
         };
@@ -535,9 +558,9 @@ impl Index {
     pub fn begin_flush(&self) -> Result<FlushJob<'_>, IndexError> {
         assert!(!self.options.read_only, "flush of a read-only index");
         let ticket = self.flushing.enter();
-        // A job that failed left its frozen memtable behind. A later flush would commit a position
-        // past those operations without their tables (and tell merges they are in tables).
-        if self.links.has_frozen() || self.thresholds.has_frozen() {
+        // A job that failed (or was dropped) took operations that are in no table. A later flush
+        // would commit a position past them (and tell merges they are in tables).
+        if self.flush_failed.load(Ordering::Acquire) {
             return Err(IndexError::FlushFailed);
         }
         let started = std::time::Instant::now();
@@ -548,6 +571,7 @@ impl Index {
         Ok(FlushJob {
             index: self,
             _ticket: ticket,
+            unfinished: Unfinished(Some(&self.flush_failed)),
             started,
             links,
             thresholds,

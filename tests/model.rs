@@ -454,3 +454,17 @@ fn a_failed_flush_refuses_later_flushes() {
     // Readers still see the frozen operations until the process goes.
     harness.run(&Op::Check { target: 1, limit: 10, reverse: false });
 }
+
+/// A flush job dropped unfinished took the account changes made before it (here with empty
+/// memtables, so nothing stays frozen): later flushes refuse too, or they would commit past them.
+#[test]
+fn a_dropped_flush_job_refuses_later_flushes() {
+    let mut harness = Harness::new();
+    harness.run(&Op::Flush);
+    let committed = harness.index.catalog.position().unwrap();
+    harness.run(&Op::Deactivate { did: 2 });
+    drop(harness.index.begin_flush().unwrap());
+    let refused = harness.index.flush().unwrap_err();
+    assert!(matches!(refused, backlinks::index::IndexError::FlushFailed), "{refused}");
+    assert_eq!(harness.index.catalog.position().unwrap(), committed);
+}

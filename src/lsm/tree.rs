@@ -381,11 +381,6 @@ impl<E: Entry> Tree<E> {
         Some(frozen)
     }
 
-    /// True while a frozen memtable waits for its table (during a flush, or after one failed).
-    pub fn has_frozen(&self) -> bool {
-        !self.state.read().expect("tree lock poisoned").frozen.is_empty()
-    }
-
     /// Writes `memtable` as table `id` (data + meta), durable on local disk before returning.
     pub fn write_table(&self, memtable: &Memtable<E>, id: &str) -> std::io::Result<TableSummary> {
         self.write_sorted(id, memtable.len(), memtable.iter().copied())
