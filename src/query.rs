@@ -515,15 +515,11 @@ fn keys_by_table<E: Entry>(
     let mut by_table: Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> = Vec::new();
     // Every key's filter line is requested before any is tested, so the cache misses overlap
     // (this probe loop was 6 % of a warm server's CPU, by profile).
-    let tables: Vec<&Arc<TableHandle<E>>> = hashes
-        .iter()
-        .map(|(hash, shard_hash)| {
-            let table = run.table_for_hash(*shard_hash);
-            table.meta.prefetch(*hash);
-            table
-        })
-        .collect();
-    for ((key, (hash, _)), table) in keys.iter().zip(hashes).zip(tables) {
+    for (hash, shard_hash) in hashes {
+        run.table_for_hash(*shard_hash).meta.prefetch(*hash);
+    }
+    for (key, (hash, shard_hash)) in keys.iter().zip(hashes) {
+        let table = run.table_for_hash(*shard_hash);
         if !table.meta.may_contain(*hash) {
             continue;
         }

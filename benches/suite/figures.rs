@@ -94,11 +94,12 @@ fn absent_key(state: &mut u64) -> RecordId {
     }
 }
 
-/// Lookup time (hash precomputed, and including the xxh3-128 of the key) over every link
-/// table's filter, and the measured false-positive rate against the configured target.
 /// Keys whose filter lines are requested together (a page's sources are about this many).
 const PREFETCH_BATCH: usize = 16;
 
+/// Lookup time (as queries look up: a batch prefetched, then tested; one at a time, hash
+/// precomputed; and including the xxh3-128 of the key) over every link table's filter, and the
+/// measured false-positive rate against the configured target.
 pub fn filter(data_dir: &Path, probes: usize) -> anyhow::Result<serde_json::Value> {
     anyhow::ensure!((1..=MAX_PROBES).contains(&probes), "--probes must be 1..={MAX_PROBES}");
     let (index, _) = open_index(data_dir, true)?;

@@ -80,11 +80,16 @@ impl ReadAhead {
 fn read_chunks(mut source: impl Read, emptied: &Receiver<Vec<u8>>, filled: &SyncSender<io::Result<Chunk>>) {
     while let Ok(mut bytes) = emptied.recv() {
         let (len, error) = fill(&mut source, &mut bytes);
-        if (len > 0 || error.is_none()) && (filled.send(Ok(Chunk { bytes, len })).is_err() || len == 0) {
+        // The bytes before an error go first; an empty chunk without one is the end.
+        let send_chunk = len > 0 || error.is_none();
+        if send_chunk && filled.send(Ok(Chunk { bytes, len })).is_err() {
             return;
         }
         if let Some(error) = error {
             let _ = filled.send(Err(error));
+            return;
+        }
+        if len == 0 {
             return;
         }
     }

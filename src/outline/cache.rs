@@ -28,7 +28,6 @@ use xxhash_rust::xxh3::xxh3_64;
 
 /// Slots are numbered in 32 bits (the bucket's low half, minus the empty marker).
 const MAX_CAPACITY: usize = u32::MAX as usize - 1;
-/// Smallest index table: grown by doubling from here.
 
 #[derive(Debug)]
 struct Slot {
