@@ -236,7 +236,6 @@ mod tests {
     use crate::lsm::table::TableOptions;
     use crate::model::tid::format_tid;
     use crate::query::list_backlinks;
-    use crate::store::dir::DirStore;
     use std::borrow::Cow;
 
     const POST: &str = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/3kaaaaaaaaaaa";
@@ -244,7 +243,7 @@ mod tests {
     fn open(dir: &std::path::Path) -> Index {
         let table = TableOptions { frame_bytes: 4096, ..TableOptions::default() };
         let options = IndexOptions { table, ..IndexOptions::default() };
-        Index::open(&dir.join("data"), Arc::new(DirStore::new(dir.join("bucket"))), options, 7).unwrap()
+        crate::index::open_in_dir(dir, options)
     }
 
     fn did(i: usize) -> String {

@@ -17,7 +17,7 @@
 //!   are in no table), so merges may lower stamps up to it (`Thresholds::settle`).
 
 use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, ManifestSync, RunKind, TableRecord};
-use crate::extract::{ExtractLimits, ExtractStats, extract_links};
+use crate::extract::{ExtractLimits, ExtractStats, Extraction, extract_links};
 use crate::ingest::jetstream::{Operation, RecordRef};
 use crate::lsm::compaction::{self, CompactionOptions};
 use crate::lsm::entry::Entry;
@@ -91,6 +91,12 @@ pub enum Change<'r, L> {
 pub struct FoundLinks<L> {
     pub links: L,
     pub stats: ExtractStats,
+}
+
+/// An extraction's links, borrowed from it, as the writer takes them.
+fn found_links<'l>(extraction: &'l Extraction<'l>) -> FoundLinks<impl Iterator<Item = (LinkTarget<'l>, &'l str)>> {
+    let links = extraction.links.iter().map(|link| (link.target, link.location.as_str()));
+    FoundLinks { links, stats: extraction.stats.clone() }
 }
 
 /// The link iterator of changes that carry none.
@@ -239,7 +245,9 @@ fn table_record<E: Entry>(id: String, memtable: &Memtable<E>, summary: crate::ls
 pub struct FlushJob<'a> {
     index: &'a Index,
     _ticket: FlushTicket<'a>,
-    unfinished: Unfinished<'a>,
+    /// Marks the index's flushes failed unless the job finishes: a job that did not took
+    /// operations (frozen memtables, account changes) that are now in no table.
+    unfinished: SetOnDrop<'a>,
     started: std::time::Instant,
     links: Option<(Arc<Memtable<Backlink>>, String)>,
     thresholds: Option<(Arc<Memtable<Revocation>>, String)>,
@@ -247,20 +255,24 @@ pub struct FlushJob<'a> {
     accounts: Vec<(u64, AccountState)>,
 }
 
-/// Marks the index's flushes failed when dropped before `disarm`: a job that did not finish took
-/// operations (frozen memtables, account changes) that are now in no table.
-struct Unfinished<'a>(Option<&'a AtomicBool>);
+/// Sets its flag when dropped, unless disarmed first: however a scope ends (an error, a panic),
+/// the flag says it did not end well.
+pub(crate) struct SetOnDrop<'a>(Option<&'a AtomicBool>);
 
-impl Unfinished<'_> {
-    fn disarm(&mut self) {
+impl<'a> SetOnDrop<'a> {
+    pub(crate) fn new(flag: &'a AtomicBool) -> Self {
+        SetOnDrop(Some(flag))
+    }
+
+    pub(crate) fn disarm(&mut self) {
         self.0 = None;
     }
 }
 
-impl Drop for Unfinished<'_> {
+impl Drop for SetOnDrop<'_> {
     fn drop(&mut self) {
-        if let Some(failed) = self.0 {
-            failed.store(true, Ordering::Release);
+        if let Some(flag) = self.0 {
+            flag.store(true, Ordering::Release);
         }
     }
 }
@@ -391,8 +403,7 @@ impl Index {
         match operation {
             Operation::Create(op) | Operation::Update(op) => {
                 let extraction = extract_links(&op.record, &self.options.extract);
-                let links = extraction.links.iter().map(|link| (link.target, link.location.as_str()));
-                let found = FoundLinks { links, stats: extraction.stats.clone() };
+                let found = found_links(&extraction);
                 let change = match operation {
                     Operation::Create(_) => Change::Create(&op.record_ref, found),
                     _ => Change::Update(&op.record_ref, found),
@@ -469,8 +480,7 @@ impl Index {
         for (record_ref, record) in records {
             assert_eq!(record_ref.did, did, "a snapshot holds one repository");
             let extraction = extract_links(record, &self.options.extract);
-            let links = extraction.links.iter().map(|link| (link.target, link.location.as_str()));
-            self.write_backlinks(&record_ref, FoundLinks { links, stats: extraction.stats }, stamp)?;
+            self.write_backlinks(&record_ref, found_links(&extraction), stamp)?;
         }
         writer.position.clock = stamp;
         self.counters.operations.fetch_add(1, Ordering::Relaxed);
@@ -571,7 +581,7 @@ impl Index {
         Ok(FlushJob {
             index: self,
             _ticket: ticket,
-            unfinished: Unfinished(Some(&self.flush_failed)),
+            unfinished: SetOnDrop::new(&self.flush_failed),
             started,
             links,
             thresholds,
@@ -1139,6 +1149,13 @@ pub fn splitmix64(state: &mut u64) -> u64 {
 fn next_table_seq_after(manifest: &Manifest) -> u64 {
     let seq_of = |id: &str| u64::from_str_radix(&id[..16], 16).unwrap_or(0);
     manifest.tables.iter().flat_map(|t| [seq_of(&t.id), seq_of(&t.run_id)]).max().unwrap_or(0) + 1
+}
+
+/// An index in `dir/data` over a `DirStore` bucket in `dir/bucket`, for unit tests.
+#[cfg(test)]
+pub(crate) fn open_in_dir(dir: &Path, options: IndexOptions) -> Index {
+    let store = Arc::new(crate::store::dir::DirStore::new(dir.join("bucket")));
+    Index::open(&dir.join("data"), store, options, 7).expect("a fresh test index opens")
 }
 
 #[cfg(test)]

@@ -14,7 +14,7 @@ pub mod live;
 pub mod prepare;
 pub mod read_ahead;
 
-use crate::index::{Index, IndexError};
+use crate::index::{Index, IndexError, SetOnDrop};
 use std::io::{BufRead, Read};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::sync_channel;
@@ -100,7 +100,7 @@ pub fn import_lines_with(
     let stop = &AtomicBool::new(false);
     std::thread::scope(|scope| {
         // However this closure ends (an error, a panic), the parser stops at its next line.
-        let _stop_parser = SetOnDrop(stop);
+        let _stop_parser = SetOnDrop::new(stop);
         // Made inside the scope: returning early (on an error) drops this thread's ends, which
         // stops the parser at its next hand-over, before the scope waits for it.
         let (filled_tx, filled) = sync_channel(prepare::BATCHES);
@@ -142,15 +142,6 @@ pub fn import_lines_with(
     })
 }
 
-/// Sets its flag when dropped.
-struct SetOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for SetOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
-}
-
 /// Waits for a background flush (if any); returns how many it was (0 or 1).
 fn finish_flush(
     job: Option<std::thread::ScopedJoinHandle<'_, Result<usize, IndexError>>>,
@@ -185,11 +176,9 @@ mod tests {
     #[test]
     fn a_failure_while_writing_stops_the_parser_and_returns_the_error() {
         use crate::index::IndexOptions;
-        use crate::store::dir::DirStore;
         let dir = tempfile::tempdir().unwrap();
-        let store = std::sync::Arc::new(DirStore::new(dir.path().join("bucket")));
         let options = IndexOptions { memtable_bytes: 64 * 200, ..IndexOptions::default() };
-        let index = Index::open(&dir.path().join("data"), store, options, 7).unwrap();
+        let index = crate::index::open_in_dir(dir.path(), options);
         let line = |i: usize| {
             format!(
                 r#"{{"did":"did:plc:{i:024}","time_us":{i},"kind":"commit","commit":{{"rev":"3mmoojp7vgo2g","operation":"create","collection":"app.bsky.feed.like","rkey":"3mmoojp7etg2g","record":{{"subject":{{"uri":"at://did:plc:{:024}/app.bsky.feed.post/3mmoojp4cd223","cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"}}}}}}}}"#,
@@ -211,7 +200,6 @@ mod tests {
     #[test]
     fn a_read_error_comes_after_the_lines_before_it() {
         use crate::index::IndexOptions;
-        use crate::store::dir::DirStore;
         struct Broken;
         impl Read for Broken {
             fn read(&mut self, _: &mut [u8]) -> std::io::Result<usize> {
@@ -219,8 +207,7 @@ mod tests {
             }
         }
         let dir = tempfile::tempdir().unwrap();
-        let store = std::sync::Arc::new(DirStore::new(dir.path().join("bucket")));
-        let index = Index::open(&dir.path().join("data"), store, IndexOptions::default(), 7).unwrap();
+        let index = crate::index::open_in_dir(dir.path(), IndexOptions::default());
         let line = |i: usize| {
             format!(
                 r#"{{"did":"did:plc:{i:024}","time_us":{i},"kind":"account","account":{{"active":false,"did":"did:plc:{i:024}","seq":1,"time":"2026-05-25T14:23:28.778Z","status":"deactivated"}}}}"#

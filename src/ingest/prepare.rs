@@ -261,12 +261,6 @@ mod tests {
     use crate::index::IndexOptions;
     use crate::ingest::import_lines;
     use crate::model::ids::{Backlink, Revocation};
-    use crate::store::dir::DirStore;
-    use std::sync::Arc;
-
-    fn open(dir: &std::path::Path) -> Index {
-        Index::open(&dir.join("data"), Arc::new(DirStore::new(dir.join("bucket"))), IndexOptions::default(), 7).unwrap()
-    }
 
     fn did(i: usize) -> String {
         format!("did:plc:{:024}", i % 97)
@@ -336,7 +330,8 @@ mod tests {
     fn the_pipeline_writes_what_applying_each_line_writes() {
         let text = lines();
         let (piped_dir, direct_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let (piped, direct) = (open(piped_dir.path()), open(direct_dir.path()));
+        let open = |dir: &tempfile::TempDir| crate::index::open_in_dir(dir.path(), IndexOptions::default());
+        let (piped, direct) = (open(&piped_dir), open(&direct_dir));
         let report = import_lines(&piped, text.as_bytes()).unwrap();
         let (mut applied, mut skipped, mut malformed) = (0, 0, 0);
         for line in text.lines().filter(|line| line.len() <= MAX_LINE_BYTES && !line.trim().is_empty()) {
