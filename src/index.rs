@@ -393,7 +393,15 @@ impl Index {
 
     /// True when the account is deactivated, suspended or taken down (hidden, not deleted).
     pub fn is_hidden(&self, did: u64) -> bool {
-        self.hidden.read().expect("hidden lock poisoned").get(&did).is_some_and(|s| s.is_hidden())
+        hidden_in(&self.hidden.read().expect("hidden lock poisoned"), did)
+    }
+
+    /// Keeps the links whose source account is not hidden, under one read of the hidden set.
+    pub fn retain_visible(&self, links: &mut Vec<Backlink>) {
+        let hidden = self.hidden.read().expect("hidden lock poisoned");
+        if !hidden.is_empty() {
+            links.retain(|link| !hidden_in(&hidden, link.source.did));
+        }
     }
 
     /// Applies one operation at the next stamp; `cursor` is the event's stream position.
@@ -1036,26 +1044,58 @@ impl Index {
         Ok(removed)
     }
 
-    /// Renders a record id as an `at://` URI (or `at://DID` for the repo form).
-    pub fn render_uri(&self, id: &RecordId) -> Result<Option<String>, IndexError> {
-        let Some(did) = self.outlines.resolve(OutlineKind::Did, id.did)? else { return Ok(None) };
-        if id.is_repo() {
-            return Ok(Some(format!("at://{did}")));
+    /// Renders record ids as `at://` URIs (`at://DID` for the repo form); `None` for an id some
+    /// part of which has no outline string. One pass per outline kind, each under one lock of
+    /// that kind's cache: a page renders up to a thousand of these.
+    pub fn render_uris(&self, ids: &[RecordId]) -> Result<Vec<Option<String>>, IndexError> {
+        let mut uris: Vec<Option<String>> = vec![Some(String::with_capacity(URI_ROOM) + "at://"); ids.len()];
+        let all: Vec<usize> = (0..ids.len()).collect();
+        self.append_outlined(OutlineKind::Did, ids, &all, |id| id.did, &mut uris, |uri, did| uri.push_str(did))?;
+        let records: Vec<usize> = all.into_iter().filter(|&i| !ids[i].is_repo()).collect();
+        let collection = |uri: &mut String, collection: &str| {
+            for part in ["/", collection, "/"] {
+                uri.push_str(part);
+            }
+        };
+        self.append_outlined(OutlineKind::Collection, ids, &records, |id| id.collection, &mut uris, collection)?;
+        let (tids, outlined): (Vec<usize>, Vec<usize>) =
+            records.into_iter().partition(|&i| ids[i].rkey & crate::model::ids::OUTLINED_BIT == 0);
+        for i in tids {
+            if let Some(uri) = &mut uris[i] {
+                push_tid(uri, ids[i].rkey);
+            }
         }
-        let Some(collection) = self.outlines.resolve(OutlineKind::Collection, id.collection)? else { return Ok(None) };
-        // Built with one allocation: a page renders up to a thousand of these.
-        let mut uri = String::with_capacity(7 + did.len() + collection.len() + crate::model::tid::TID_LEN);
-        for part in ["at://", &did, "/", &collection, "/"] {
-            uri.push_str(part);
-        }
-        match id.rkey & crate::model::ids::OUTLINED_BIT {
-            0 => push_tid(&mut uri, id.rkey),
-            _ => match self.outlines.resolve(OutlineKind::Rkey, id.rkey)? {
-                Some(rkey) => uri.push_str(&rkey),
-                None => return Ok(None),
-            },
-        }
-        Ok(Some(uri))
+        self.append_outlined(
+            OutlineKind::Rkey,
+            ids,
+            &outlined,
+            |id| id.rkey,
+            &mut uris,
+            |uri, rkey| uri.push_str(rkey),
+        )?;
+        Ok(uris)
+    }
+
+    /// Appends the `kind` string of `part(ids[i])` to `uris[i]` for each `i` of `members`; a
+    /// missing string makes that URI `None`.
+    fn append_outlined(
+        &self,
+        kind: OutlineKind,
+        ids: &[RecordId],
+        members: &[usize],
+        part: impl Fn(&RecordId) -> u64,
+        uris: &mut [Option<String>],
+        append: impl Fn(&mut String, &str),
+    ) -> Result<(), IndexError> {
+        let parts: Vec<u64> = members.iter().map(|&i| part(&ids[i])).collect();
+        self.outlines.resolve_each(kind, &parts, |j, value| {
+            let uri = &mut uris[members[j]];
+            match (uri.as_mut(), value) {
+                (Some(text), Some(value)) => append(text, value),
+                _ => *uri = None,
+            }
+        })?;
+        Ok(())
     }
 
     /// Looks up a target without allocating ids: `None` when some part was never seen.
@@ -1128,6 +1168,13 @@ fn lock_data_dir(data_dir: &Path) -> Result<File, IndexError> {
 
 /// Appends the TID spelling of `value` (top bit clear): the digits `format_tid` writes, without
 /// the `String` it allocates and fills a `char` at a time (rendering a page spells up to 1,000).
+fn hidden_in(hidden: &HashMap<u64, AccountState>, did: u64) -> bool {
+    hidden.get(&did).is_some_and(|state| state.is_hidden())
+}
+
+/// Room for most URIs without regrowth: `at://`, a did:plc, an NSID and a TID.
+const URI_ROOM: usize = 96;
+
 fn push_tid(out: &mut String, value: u64) {
     let start = out.len();
     let alphabet = crate::model::tid::TID_ALPHABET;
@@ -1161,6 +1208,36 @@ pub(crate) fn open_in_dir(dir: &Path, options: IndexOptions) -> Index {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn uris_render_each_form_and_none_for_an_unknown_part() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open_in_dir(dir.path(), IndexOptions::default());
+        let intern = |kind, value| index.outlines.intern(kind, value, 0).unwrap();
+        let (did, other) = (intern(OutlineKind::Did, "did:plc:abc"), intern(OutlineKind::Did, "did:web:x.test"));
+        let collection = intern(OutlineKind::Collection, "app.bsky.feed.like");
+        let tid = parse_tid("3jzfcijpj2z2a").unwrap();
+        let outlined = intern(OutlineKind::Rkey, "self");
+        let unknown = (did + 1000, intern(OutlineKind::Collection, "app.bsky.feed.post") + 1000);
+        let ids = [
+            RecordId::repo(did),
+            RecordId { did, collection, rkey: tid },
+            RecordId { did: other, collection, rkey: outlined },
+            RecordId { did: unknown.0, collection, rkey: tid },
+            RecordId { did, collection: unknown.1, rkey: tid },
+            RecordId { did: other, collection, rkey: outlined + 1000 },
+        ];
+        let uris = index.render_uris(&ids).unwrap();
+        let expected = [
+            Some("at://did:plc:abc"),
+            Some("at://did:plc:abc/app.bsky.feed.like/3jzfcijpj2z2a"),
+            Some("at://did:web:x.test/app.bsky.feed.like/self"),
+            None,
+            None,
+            None,
+        ];
+        assert_eq!(uris, expected.map(|uri| uri.map(String::from)));
+    }
 
     #[test]
     fn pushed_tids_are_spelled_as_format_tid_spells_them() {

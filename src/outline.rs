@@ -303,6 +303,31 @@ impl Outlines {
         Ok(stored)
     }
 
+    /// `resolve` of many ids of one kind, borrowing the strings: `found(i, value)` once for each
+    /// `ids[i]`, the cached ones under one read lock, then the others (read from the database and
+    /// cached), so a page takes one lock per kind instead of one per link.
+    pub fn resolve_each(
+        &self,
+        kind: OutlineKind,
+        ids: &[u64],
+        mut found: impl FnMut(usize, Option<&str>),
+    ) -> Result<(), OutlineError> {
+        let mut missed = Vec::new();
+        {
+            let cache = read(&self.caches[kind.index()])?;
+            for (i, &id) in ids.iter().enumerate() {
+                match cache.get(id) {
+                    Some(value) => found(i, Some(value)),
+                    None => missed.push(i),
+                }
+            }
+        }
+        for i in missed {
+            found(i, self.resolve(kind, ids[i])?.as_deref());
+        }
+        Ok(())
+    }
+
     /// Writes every pending string and the advanced counters in one transaction; returns how many
     /// strings it wrote. On error nothing is written and everything stays pending. The strings
     /// stay pinned in the cache while they are written, so `intern` goes on meanwhile (finding

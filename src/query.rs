@@ -551,8 +551,9 @@ pub async fn live_only(
     candidates: Vec<Backlink>,
     filters: &Filters,
 ) -> Result<Vec<Backlink>, QueryError> {
-    let candidates: Vec<Backlink> =
-        candidates.into_iter().filter(|c| filters.admits(c) && !index.is_hidden(c.source.did)).collect();
+    let mut candidates = candidates;
+    candidates.retain(|c| filters.admits(c));
+    index.retain_visible(&mut candidates);
     let mut keys: Vec<RecordId> = candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();
     keys.sort_unstable();
     keys.dedup();
@@ -619,13 +620,14 @@ async fn collect_page(
 }
 
 fn render_page(index: &Index, links: &[Backlink], next: Option<Cursor>) -> Result<ListPage, QueryError> {
-    let mut items = Vec::with_capacity(links.len());
+    let sources: Vec<RecordId> = links.iter().map(|link| link.source).collect();
+    let uris = index.render_uris(&sources)?;
     // A page has a handful of distinct locations: resolve each once (bounded by the page size).
     let mut locations: Vec<(u64, Arc<str>)> = Vec::new();
-    for link in links {
-        let uri = index
-            .render_uri(&link.source)?
-            .ok_or_else(|| QueryError::Internal(format!("source id {:?} has no outline entry", link.source)))?;
+    let mut items = Vec::with_capacity(links.len());
+    for (link, uri) in links.iter().zip(uris) {
+        let uri =
+            uri.ok_or_else(|| QueryError::Internal(format!("source id {:?} has no outline entry", link.source)))?;
         let location = match locations.iter().find(|(id, _)| *id == link.location) {
             Some((_, location)) => location.to_string(),
             None => {

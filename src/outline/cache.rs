@@ -83,14 +83,19 @@ impl Cache {
         let wanted = value.as_bytes();
         let slot =
             &self.slots[self.by_value.find(hash_value(value), |slot| self.bytes(&self.slots[slot]) == wanted)?];
-        slot.referenced.store(true, Ordering::Relaxed);
+        mark_referenced(slot);
         Some(slot.id)
     }
 
     pub fn value_of(&self, id: u64) -> Option<Arc<str>> {
+        self.get(id).map(Arc::from)
+    }
+
+    /// The cached string of `id`, borrowed (no copy).
+    pub fn get(&self, id: u64) -> Option<&str> {
         let slot = &self.slots[self.slot_of_id(id)?];
-        slot.referenced.store(true, Ordering::Relaxed);
-        Some(Arc::from(self.value_of_slot(slot)))
+        mark_referenced(slot);
+        Some(self.value_of_slot(slot))
     }
 
     /// Adds the pair unless its id is cached already (ids and strings are one-to-one, so a cached
@@ -226,6 +231,14 @@ impl Cache {
     /// The value's bytes: lookups compare these, skipping the UTF-8 check a `&str` needs.
     fn bytes(&self, slot: &Slot) -> &[u8] {
         &self.arena[slot.start..slot.start + slot.len as usize]
+    }
+}
+
+/// Tells the clock the slot was used. Only the first use writes: readers on other cores keep
+/// their copy of the slot's cache line instead of taking it from each other on every lookup.
+fn mark_referenced(slot: &Slot) {
+    if !slot.referenced.load(Ordering::Relaxed) {
+        slot.referenced.store(true, Ordering::Relaxed);
     }
 }
 
