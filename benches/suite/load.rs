@@ -241,10 +241,11 @@ async fn read_chunked(
 
 async fn fill(stream: &mut tokio::net::TcpStream, buffer: &mut Vec<u8>) -> anyhow::Result<()> {
     anyhow::ensure!(buffer.len() < MAX_RESPONSE_BYTES, "response too long");
-    let mut chunk = [0u8; 16 << 10];
-    let read = stream.read(&mut chunk).await?;
+    // Straight into the buffer's spare room: zeroing and copying a 16 KiB chunk per read was
+    // 4 % of the client's CPU, taken from the cores the server is measured on.
+    buffer.reserve(16 << 10);
+    let read = stream.read_buf(buffer).await?;
     anyhow::ensure!(read > 0, "connection closed");
-    buffer.extend_from_slice(&chunk[..read]);
     Ok(())
 }
 
