@@ -55,6 +55,8 @@ pub struct FileConfig {
     pub request_timeout_ms: Option<u64>,
     /// HTTP connections open at once; more wait in the accept backlog (serve, default 1024).
     pub max_connections: Option<usize>,
+    /// Threads serving HTTP connections (serve, default: one per core).
+    pub http_threads: Option<usize>,
     /// `Cache-Control: max-age` of successful query answers, in seconds (serve).
     pub cache_max_age_secs: Option<u64>,
     /// Entries countBacklinks reads before it answers with an estimate (serve).
@@ -227,6 +229,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("max_concurrent_queries", EnvKind::Scalar),
     ("request_timeout_ms", EnvKind::Scalar),
     ("max_connections", EnvKind::Scalar),
+    ("http_threads", EnvKind::Scalar),
     ("cache_max_age_secs", EnvKind::Scalar),
     ("count_exact_limit", EnvKind::Scalar),
     ("s3_endpoint", EnvKind::Text),

@@ -14,7 +14,7 @@ use backlinks::lease::WriterLease;
 use backlinks::metrics::{MeteredStore, Metrics};
 use backlinks::query::list_backlinks;
 use backlinks::server::systemd::{Notifier, feed_watchdog, watchdog_interval};
-use backlinks::server::{GuardedListener, ServerOptions, app, parse_list_query};
+use backlinks::server::{HttpThreads, ServerOptions, app, parse_list_query};
 use backlinks::status::IngestMode;
 use backlinks::store::dir::DirStore;
 use backlinks::store::object::Store;
@@ -277,11 +277,14 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let options = ServerOptions { ingest, ..ServerOptions::from_config(&config)? };
     let notifier = Notifier::new(std::env::var_os("NOTIFY_SOCKET").as_deref()).context("NOTIFY_SOCKET")?.map(Arc::new);
     let listen = config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-    let listener = tokio::net::TcpListener::bind(&listen).await.with_context(|| format!("binding {listen}"))?;
-    let addr = listener.local_addr()?;
+    let threads = options.http_threads;
+    let http = HttpThreads::start(&listen, threads, app(index.clone(), options.clone(), metrics), &options)
+        .await
+        .with_context(|| format!("binding {listen}"))?;
+    let addr = http.local_addr();
     println!("listening on http://{addr}");
     std::io::stdout().flush()?;
-    tracing::info!(%addr, data_dir = %setup.data_dir.display(), "serving");
+    tracing::info!(%addr, threads, data_dir = %setup.data_dir.display(), "serving");
     if let Some(notifier) = &notifier {
         notify_systemd(notifier, &format!("READY=1\nSTATUS=serving on http://{addr}"));
         start_watchdog(notifier.clone(), index.clone());
@@ -294,9 +297,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             None => shutdown_signal(notifier.clone()).await,
         }
     };
-    // At most max_connections open, each closed once idle (see `GuardedListener`).
-    let listener = GuardedListener::new(listener, &options);
-    axum::serve(listener, app(index, options, metrics)).with_graceful_shutdown(shutdown).await?;
+    http.serve_until(shutdown).await.context("serving HTTP")?;
     if let Some((live, _)) = live {
         tokio::task::spawn_blocking(move || live.stop()).await?.context("live ingest")?;
     }
@@ -376,6 +377,7 @@ fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
     set("max_concurrent_queries", (server.max_concurrent_queries as i64).into());
     set("request_timeout_ms", (server.request_timeout.as_millis() as i64).into());
     set("max_connections", (server.max_connections as i64).into());
+    set("http_threads", (server.http_threads as i64).into());
     set("cache_max_age_secs", (server.cache_max_age.as_secs() as i64).into());
     set("count_exact_limit", (server.count.exact_scan_limit as i64).into());
     backlinks::config::redact_secrets(&mut table);

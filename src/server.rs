@@ -11,7 +11,7 @@
 //! XRPC errors. One middleware rather than a layer per concern: each layer costs every request a
 //! boxed future and a clone of the route.)
 //!
-//! Limits on the public listener (`GuardedListener`, `refusal`): at most `max_connections`
+//! Limits on the public listener (`HttpThreads`, `refusal`): at most `max_connections`
 //! open connections (the next waits in the kernel's accept backlog, costing nothing here); a
 //! connection with no byte read or written for `idle_timeout` (twice the request timeout, so a
 //! running query always answers first) is closed; a request target longer than `MAX_URI_BYTES`
@@ -49,8 +49,11 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tower_http::compression::CompressionLayer;
+
+mod threads;
+pub use threads::{HttpThreads, MAX_HTTP_THREADS};
 
 pub const LIST_BACKLINKS: &str = "/xrpc/blue.cerulea.backlinks.listBacklinks";
 pub const COUNT_BACKLINKS: &str = "/xrpc/blue.cerulea.backlinks.countBacklinks";
@@ -93,6 +96,8 @@ pub struct ServerOptions {
     pub request_timeout: Duration,
     /// Open connections at once; more wait to be accepted.
     pub max_connections: usize,
+    /// Threads serving HTTP connections (see `HttpThreads`).
+    pub http_threads: usize,
     /// `max-age` of successful query answers.
     pub cache_max_age: Duration,
     pub count: CountOptions,
@@ -109,6 +114,7 @@ impl Default for ServerOptions {
             max_concurrent_queries: DEFAULT_MAX_CONCURRENT_QUERIES,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            http_threads: default_http_threads(),
             cache_max_age: DEFAULT_CACHE_MAX_AGE,
             count: CountOptions::default(),
             ingest: IngestMode::ImportOnly,
@@ -140,6 +146,9 @@ impl ServerOptions {
         if let Some(n) = file.max_connections {
             options.max_connections = bounded("max_connections", n as u64, 1, MAX_MAX_CONNECTIONS as u64)? as usize;
         }
+        if let Some(n) = file.http_threads {
+            options.http_threads = bounded("http_threads", n as u64, 1, MAX_HTTP_THREADS as u64)? as usize;
+        }
         if let Some(secs) = file.cache_max_age_secs {
             options.cache_max_age =
                 Duration::from_secs(bounded("cache_max_age_secs", secs, 0, MAX_CACHE_MAX_AGE.as_secs())?);
@@ -150,6 +159,11 @@ impl ServerOptions {
         }
         Ok(options)
     }
+}
+
+/// One serving thread per core the process may use.
+fn default_http_threads() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_HTTP_THREADS)
 }
 
 impl ServerOptions {
@@ -489,38 +503,6 @@ async fn not_found() -> XrpcError {
     XrpcError { status: StatusCode::NOT_FOUND, error: "MethodNotImplemented", message: "no such endpoint".into() }
 }
 
-/// The public listener: at most `max_connections` connections open at once, each closed after
-/// `idle_timeout` without a byte read or written. A connection over the limit is not refused:
-/// it waits in the kernel's accept backlog until one closes.
-pub struct GuardedListener {
-    inner: tokio::net::TcpListener,
-    permits: Arc<Semaphore>,
-    idle_timeout: Duration,
-}
-
-impl GuardedListener {
-    pub fn new(inner: tokio::net::TcpListener, options: &ServerOptions) -> Self {
-        let permits = Arc::new(Semaphore::new(options.max_connections.clamp(1, MAX_MAX_CONNECTIONS)));
-        GuardedListener { inner, permits, idle_timeout: options.idle_timeout() }
-    }
-}
-
-impl axum::serve::Listener for GuardedListener {
-    type Io = GuardedStream;
-    type Addr = std::net::SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let permit = self.permits.clone().acquire_owned().await.expect("the connection semaphore is never closed");
-        // TcpListener's own accept logs and retries errors (such as running out of descriptors).
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        (GuardedStream::new(stream, permit, self.idle_timeout), addr)
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
-
 /// One accepted connection: holds its place under the connection limit, and fails its reads and
 /// writes with `TimedOut` once it has been idle for `idle_timeout`.
 ///
@@ -532,13 +514,13 @@ pub struct GuardedStream {
     idle: Pin<Box<tokio::time::Sleep>>,
     idle_timeout: Duration,
     last_active: tokio::time::Instant,
-    _permit: OwnedSemaphorePermit,
+    _place: threads::Place,
 }
 
 impl GuardedStream {
-    fn new(inner: tokio::net::TcpStream, permit: OwnedSemaphorePermit, idle_timeout: Duration) -> Self {
+    fn new(inner: tokio::net::TcpStream, place: threads::Place, idle_timeout: Duration) -> Self {
         let idle = Box::pin(tokio::time::sleep(idle_timeout));
-        GuardedStream { inner, idle, idle_timeout, last_active: tokio::time::Instant::now(), _permit: permit }
+        GuardedStream { inner, idle, idle_timeout, last_active: tokio::time::Instant::now(), _place: place }
     }
 
     /// Bytes moved: the connection is not idle.

@@ -204,16 +204,24 @@ fn connections_over_the_limit_wait_for_a_free_place() {
 }
 
 #[test]
-fn print_config_shows_the_connection_limit() {
+fn print_config_shows_the_connection_limit_and_threads() {
     let output = std::process::Command::new(BIN)
         .args(["serve", "--print-config"])
         .env("BACKLINKS_MAX_CONNECTIONS", "77")
+        .env("BACKLINKS_HTTP_THREADS", "3")
         .env_remove("BACKLINKS_CONFIG")
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let table: toml::Table = String::from_utf8(output.stdout).unwrap().parse().unwrap();
     assert_eq!(table["max_connections"].as_integer(), Some(77));
+    assert_eq!(table["http_threads"].as_integer(), Some(3));
+    let no_threads = std::process::Command::new(BIN)
+        .args(["serve", "--print-config"])
+        .env("BACKLINKS_HTTP_THREADS", "0")
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&no_threads.stderr).contains("http_threads must be between 1 and 256"));
     let bad = std::process::Command::new(BIN)
         .args(["serve", "--print-config"])
         .env("BACKLINKS_MAX_CONNECTIONS", "0")
