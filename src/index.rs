@@ -1048,7 +1048,9 @@ impl Index {
     /// part of which has no outline string. One pass per outline kind, each under one lock of
     /// that kind's cache: a page renders up to a thousand of these.
     pub fn render_uris(&self, ids: &[RecordId]) -> Result<Vec<Option<String>>, IndexError> {
-        let mut uris: Vec<Option<String>> = vec![Some(String::with_capacity(URI_ROOM) + "at://"); ids.len()];
+        // Each built in place (cloning a String would keep only its length's room).
+        let mut uris: Vec<Option<String>> =
+            ids.iter().map(|_| Some(String::with_capacity(URI_ROOM) + "at://")).collect();
         let all: Vec<usize> = (0..ids.len()).collect();
         self.append_outlined(OutlineKind::Did, ids, &all, |id| id.did, &mut uris, |uri, did| uri.push_str(did))?;
         let records: Vec<usize> = all.into_iter().filter(|&i| !ids[i].is_repo()).collect();
@@ -1087,6 +1089,8 @@ impl Index {
         uris: &mut [Option<String>],
         append: impl Fn(&mut String, &str),
     ) -> Result<(), IndexError> {
+        // URIs already missing a part need no more lookups.
+        let members: Vec<usize> = members.iter().copied().filter(|&i| uris[i].is_some()).collect();
         let parts: Vec<u64> = members.iter().map(|&i| part(&ids[i])).collect();
         self.outlines.resolve_each(kind, &parts, |j, value| {
             let uri = &mut uris[members[j]];
@@ -1166,8 +1170,7 @@ fn lock_data_dir(data_dir: &Path) -> Result<File, IndexError> {
     }
 }
 
-/// Appends the TID spelling of `value` (top bit clear): the digits `format_tid` writes, without
-/// the `String` it allocates and fills a `char` at a time (rendering a page spells up to 1,000).
+/// Whether `did` is hidden (deactivated, suspended or taken down) in the hidden set.
 fn hidden_in(hidden: &HashMap<u64, AccountState>, did: u64) -> bool {
     hidden.get(&did).is_some_and(|state| state.is_hidden())
 }
@@ -1175,6 +1178,8 @@ fn hidden_in(hidden: &HashMap<u64, AccountState>, did: u64) -> bool {
 /// Room for most URIs without regrowth: `at://`, a did:plc, an NSID and a TID.
 const URI_ROOM: usize = 96;
 
+/// Appends the TID spelling of `value` (top bit clear): the digits `format_tid` writes, without
+/// the `String` it allocates and fills a `char` at a time (rendering a page spells up to 1,000).
 fn push_tid(out: &mut String, value: u64) {
     let start = out.len();
     let alphabet = crate::model::tid::TID_ALPHABET;

@@ -18,6 +18,7 @@ use backlinks::server::{HttpThreads, ServerOptions, app, parse_list_query};
 use backlinks::status::IngestMode;
 use backlinks::store::dir::DirStore;
 use backlinks::store::object::Store;
+use backlinks::store::pinned::PinnedStore;
 use clap::{Args, Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
@@ -235,7 +236,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let (read_only, no_ingest) = (config.read_only == Some(true), config.no_ingest == Some(true));
     let ingesting = !no_ingest && !read_only;
     let metrics = Arc::new(Metrics::new());
-    let setup = Setup { store: Arc::new(MeteredStore::new(setup.store.clone(), metrics.clone())), ..setup };
+    // Store requests run on this runtime even when a serving thread asks (see `PinnedStore`).
+    let metered: Arc<dyn Store> = Arc::new(MeteredStore::new(setup.store.clone(), metrics.clone()));
+    let setup = Setup { store: Arc::new(PinnedStore::new(metered, tokio::runtime::Handle::current())), ..setup };
     // A replica writes its own data directory (the manifests it follows), so it takes its lock too.
     let index = open_index(&setup, false)?;
     // A live writer takes the bucket prefix's lease before it touches the bucket (as import does).
@@ -280,7 +283,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let threads = options.http_threads;
     let http = HttpThreads::start(&listen, threads, app(index.clone(), options.clone(), metrics), &options)
         .await
-        .with_context(|| format!("binding {listen}"))?;
+        .with_context(|| format!("starting the HTTP listener on {listen}"))?;
     let addr = http.local_addr();
     println!("listening on http://{addr}");
     std::io::stdout().flush()?;
@@ -297,11 +300,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             None => shutdown_signal(notifier.clone()).await,
         }
     };
-    http.serve_until(shutdown).await.context("serving HTTP")?;
+    // Live ingest stops (and flushes) whatever became of serving; serving's error comes first.
+    let served = http.serve_until(shutdown).await.context("serving HTTP");
     if let Some((live, _)) = live {
-        tokio::task::spawn_blocking(move || live.stop()).await?.context("live ingest")?;
+        let stopped = tokio::task::spawn_blocking(move || live.stop()).await?.context("live ingest");
+        if let (Err(error), Err(_)) = (&stopped, &served) {
+            tracing::error!(error = format!("{error:#}"), "live ingest failed to stop");
+        }
+        return served.and(stopped);
     }
-    Ok(())
+    served
 }
 
 /// Follows the configured Jetstream instances (default: the public ones, v2 first) from the

@@ -283,8 +283,12 @@ pub fn parse_list_query(raw: Option<&str>) -> Result<ListParams, QueryError> {
     ListParams::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))
 }
 
-/// The metric label of a query route; `None` for the other routes.
-fn query_endpoint(path: &str) -> Option<&'static str> {
+/// The metric label of a read (GET, HEAD) of a query route; `None` for anything else (another
+/// method gets its 405 without taking a query's place).
+fn query_endpoint(method: &Method, path: &str) -> Option<&'static str> {
+    if method != Method::GET && method != Method::HEAD {
+        return None;
+    }
     Some(match path {
         LIST_BACKLINKS => "listBacklinks",
         COUNT_BACKLINKS => "countBacklinks",
@@ -298,15 +302,16 @@ fn query_endpoint(path: &str) -> Option<&'static str> {
 
 /// Every request's manners, in one middleware: one boxed future and one clone of the route a
 /// request instead of one per concern (four layers were 5 % of a warm server's CPU). In order:
-/// the request limits, a CORS preflight answered here, the query guard around query routes,
-/// then `Cache-Control` and the CORS header on whatever came back (errors included).
+/// a CORS preflight answered here, the request limits, the query guard around reads of query
+/// routes, then `Cache-Control` and the CORS header on whatever came back (errors included).
+/// With every origin allowed (`*`) the answer does not depend on `Origin`, so no `Vary` is sent.
 async fn manners(State(state): State<AppState>, request: Request, next: Next) -> Response {
     if request.method() == Method::OPTIONS {
         return preflight();
     }
     let mut response = match refusal(&request) {
         Some(refused) => refused.into_response(),
-        None => match query_endpoint(request.uri().path()) {
+        None => match query_endpoint(request.method(), request.uri().path()) {
             Some(endpoint) => guarded_query(&state, endpoint, request, next).await,
             None => next.run(request).await,
         },
@@ -481,9 +486,8 @@ async fn method_not_allowed() -> XrpcError {
     XrpcError { status: StatusCode::METHOD_NOT_ALLOWED, error: "MethodNotAllowed", message }
 }
 
-/// Refuses a request target over `MAX_URI_BYTES` (414) and any request body (413), before routing.
-/// The error for a request over the limits: a request target longer than `MAX_URI_BYTES`, or
-/// any body at all.
+/// The error for a request over the limits, checked before routing: a request target longer than
+/// `MAX_URI_BYTES` (414), or any body at all (413).
 fn refusal(request: &Request) -> Option<XrpcError> {
     let uri_len = request.uri().path_and_query().map_or(0, |p| p.as_str().len());
     if uri_len > MAX_URI_BYTES {
@@ -509,7 +513,7 @@ async fn not_found() -> XrpcError {
 /// Moving bytes only records the time; the timer is moved when it fires early (bytes moved since
 /// it was set), so a busy connection touches the timer wheel once per `idle_timeout`, not on
 /// every read and write.
-pub struct GuardedStream {
+pub(crate) struct GuardedStream {
     inner: tokio::net::TcpStream,
     idle: Pin<Box<tokio::time::Sleep>>,
     idle_timeout: Duration,

@@ -361,6 +361,15 @@ async fn cors_cache_headers_compression_and_no_accept_needed() {
     let response = send(&router, preflight).await;
     assert!(response.status().is_success());
     assert!(response.headers()["access-control-allow-methods"].to_str().unwrap().contains("GET"));
+    assert_eq!(response.headers()["access-control-allow-origin"], "*");
+    assert_eq!(response.headers()["access-control-allow-headers"], "*");
+    assert_eq!(response.headers()["access-control-max-age"], "86400");
+    // Refused before routing, and still readable by a web page.
+    let long = format!("{uri}&x={}", "a".repeat(40_000));
+    let response = send(&router, Request::get(&long).body(Body::empty()).unwrap()).await;
+    assert_eq!(response.status(), StatusCode::URI_TOO_LONG);
+    assert_eq!(response.headers()["access-control-allow-origin"], "*");
+    assert_eq!(response.headers()["cache-control"], "no-store");
     // Errors are never cached, and still carry CORS headers.
     let bad = Request::get(LIST).header("origin", "https://app.example").body(Body::empty()).unwrap();
     let response = send(&router, bad).await;

@@ -221,6 +221,7 @@ fn print_config_shows_the_connection_limit_and_threads() {
         .env("BACKLINKS_HTTP_THREADS", "0")
         .output()
         .unwrap();
+    assert!(!no_threads.status.success());
     assert!(String::from_utf8_lossy(&no_threads.stderr).contains("http_threads must be between 1 and 256"));
     let bad = std::process::Command::new(BIN)
         .args(["serve", "--print-config"])

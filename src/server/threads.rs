@@ -4,8 +4,8 @@
 //! limit - a connection over it waits in the kernel's accept backlog - and hands each to the
 //! serving thread with the fewest open connections. Every serving thread runs a single-threaded
 //! runtime, so a connection lives on one thread from accept to close: no work stealing and no
-//! wake-ups across cores per request. On 2 cores this served 12 % more warm queries a second
-//! than one multi-threaded runtime running the same code (BENCHMARKS.md).
+//! wake-ups across cores per request. On 2 cores this served 27 % more warm queries a second
+//! than one multi-threaded runtime running the same code (BENCHMARKS.md, run 10).
 //!
 //! Invariants:
 //! - At most `max_connections` connections are open at once, over all threads: the acceptor
@@ -30,6 +30,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc, watch};
 pub const MAX_HTTP_THREADS: usize = 256;
 /// Accepted connections waiting for one serving thread to take them.
 const HANDOFF_QUEUE: usize = 64;
+/// Threads for blocking work per serving thread (tokio's default is 512).
+const BLOCKING_THREADS: usize = 32;
 
 /// A connection on its way from the acceptor to a serving thread.
 struct Handoff {
@@ -91,13 +93,15 @@ impl HttpThreads {
     pub async fn serve_until(self, shutdown: impl Future<Output = ()>) -> io::Result<()> {
         let HttpThreads { stop, mut acceptor, .. } = self;
         let (workers, thread_ended) = tokio::select! {
-            () = shutdown => {
-                let _ = stop.send(true);
-                (acceptor.await, false)
-            }
+            // A thread that ended is reported even when the shutdown came at the same time.
+            biased;
             workers = &mut acceptor => {
                 let _ = stop.send(true);
                 (workers, true)
+            }
+            () = shutdown => {
+                let _ = stop.send(true);
+                (acceptor.await, false)
             }
         };
         let workers = workers.map_err(io::Error::other)?;
@@ -177,7 +181,10 @@ async fn accept_until_stopped(
 
 /// A serving thread: its own single-threaded runtime serving the connections it is handed.
 fn serve_handed_over(listener: HandedOver, router: Router, mut stopped: watch::Receiver<bool>) -> io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    // Blocking work (local file reads, an outline missing from the cache) holds up every
+    // connection of the thread while it waits, so it goes to a small pool of its own.
+    let runtime =
+        tokio::runtime::Builder::new_current_thread().max_blocking_threads(BLOCKING_THREADS).enable_all().build()?;
     runtime.block_on(async move {
         let stop = async move {
             let _ = stopped.wait_for(|stop| *stop).await;

@@ -3,4 +3,5 @@
 pub mod dir;
 pub mod faulty;
 pub mod object;
+pub mod pinned;
 pub mod s3;
