@@ -22,6 +22,9 @@ pub trait Entry: Copy + Ord + Eq + Hash + Debug + Send + Sync + 'static {
     const IDENTITY_WIDTH: usize;
     /// Name of the tree, used in paths: `tables/<TREE>/<id>.data`.
     const TREE: &'static str;
+    /// Byte offsets of the encoded record keys (big-endian `u64`s: TIDs, or outlined ids with
+    /// the top bit set), which frames store spread (`tid::spread`, payload encoding 2).
+    const RKEY_OFFSETS: &'static [usize];
 
     fn encode(&self, out: &mut [u8]);
     fn decode(bytes: &[u8]) -> Self;
@@ -39,6 +42,8 @@ impl Entry for Backlink {
     const WIDTH: usize = Backlink::WIDTH;
     const IDENTITY_WIDTH: usize = 56;
     const TREE: &'static str = "links";
+    /// The target's and the source's.
+    const RKEY_OFFSETS: &'static [usize] = &[0, 24];
 
     fn encode(&self, out: &mut [u8]) {
         assert_eq!(out.len(), Self::WIDTH);
@@ -83,6 +88,8 @@ impl Entry for Revocation {
     const WIDTH: usize = Revocation::WIDTH;
     const IDENTITY_WIDTH: usize = 24;
     const TREE: &'static str = "thresholds";
+    /// The revoked source's.
+    const RKEY_OFFSETS: &'static [usize] = &[0];
 
     fn encode(&self, out: &mut [u8]) {
         assert_eq!(out.len(), Self::WIDTH);

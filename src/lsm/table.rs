@@ -23,6 +23,7 @@ use super::entry::Entry;
 pub use super::filter::FormatError;
 use super::filter::{Filter, FilterBuilder, KeyHash, MAX_ENCODED_LEN as MAX_FILTER_LEN, MAX_FPR, MIN_FPR};
 use crate::model::ids::RecordId;
+use crate::model::tid;
 use std::cell::Cell;
 use std::io::{self, Write};
 use std::ops::Range;
@@ -53,8 +54,10 @@ pub const MAX_ZSTD_LEVEL: i32 = 19;
 
 const FRAME_MAGIC: [u8; 4] = *b"BLKF";
 const FRAME_VERSION: u8 = 1;
-/// Payload encoding 1: XOR with the previous entry, byte-transpose, zstd.
+/// Payload encoding 1: XOR with the previous entry, byte-transpose, zstd. Read, no longer written.
 const ENCODING_XOR_TRANSPOSE_ZSTD: u8 = 1;
+/// Payload encoding 2: record keys spread (`tid::spread`), then as encoding 1. Written.
+const ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD: u8 = 2;
 const FRAME_HEADER_LEN: usize = 20;
 const CHECKSUM_LEN: usize = 8;
 
@@ -292,7 +295,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         let Some(start) = self.pending_start.take() else { return Ok(()) };
         let entries = self.pending.len() / E::WIDTH;
         assert!((1..=self.entries_per_frame).contains(&entries));
-        let frame = self.encoder.encode(&self.pending, E::WIDTH)?;
+        let frame = self.encoder.encode(&self.pending, E::WIDTH, E::RKEY_OFFSETS)?;
         self.data_out.write_all(frame)?;
         let len = frame.len() as u32;
         self.frames.push(FrameInfo {
@@ -310,6 +313,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
 
 /// Fixed fields at the start of every frame.
 struct FrameHeader {
+    encoding: u8,
     entry_width: usize,
     entries: usize,
     raw_len: usize,
@@ -321,7 +325,7 @@ impl FrameHeader {
         let start = out.len();
         out.extend_from_slice(&FRAME_MAGIC);
         out.push(FRAME_VERSION);
-        out.push(ENCODING_XOR_TRANSPOSE_ZSTD);
+        out.push(self.encoding);
         out.extend_from_slice(&(self.entry_width as u16).to_le_bytes());
         out.extend_from_slice(&(self.entries as u32).to_le_bytes());
         out.extend_from_slice(&(self.raw_len as u32).to_le_bytes());
@@ -342,7 +346,7 @@ impl FrameHeader {
             return Err(FormatError::Version { what: WHAT, found: version.into() });
         }
         let encoding = reader.u8()?;
-        if encoding != ENCODING_XOR_TRANSPOSE_ZSTD {
+        if ![ENCODING_XOR_TRANSPOSE_ZSTD, ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD].contains(&encoding) {
             return Err(invalid(WHAT, format!("unknown payload encoding {encoding}")));
         }
         let entry_width = reader.u16()? as usize;
@@ -354,7 +358,7 @@ impl FrameHeader {
         check_range(WHAT, "raw length", raw_len as u64, expected_raw as u64, expected_raw as u64)?;
         let payload_len = reader.u32()? as usize;
         check_range(WHAT, "payload length", payload_len as u64, 1, MAX_FRAME_PAYLOAD_BYTES as u64)?;
-        let header = FrameHeader { entry_width, entries, raw_len, payload_len };
+        let header = FrameHeader { encoding, entry_width, entries, raw_len, payload_len };
         let frame_len = FRAME_OVERHEAD + payload_len;
         if frame.len() != frame_len {
             return Err(FormatError::Length { what: WHAT, expected: frame_len as u64, found: frame.len() as u64 });
@@ -366,6 +370,7 @@ impl FrameHeader {
 /// Reusable compressor and buffers for writing frames.
 struct FrameEncoder {
     compressor: zstd::bulk::Compressor<'static>,
+    spread: Vec<u8>,
     shuffled: Vec<u8>,
     payload: Vec<u8>,
     frame: Vec<u8>,
@@ -374,25 +379,42 @@ struct FrameEncoder {
 impl FrameEncoder {
     fn new(zstd_level: i32) -> io::Result<Self> {
         let compressor = zstd::bulk::Compressor::new(zstd_level)?;
-        Ok(FrameEncoder { compressor, shuffled: Vec::new(), payload: Vec::new(), frame: Vec::new() })
+        let (spread, shuffled, payload, frame) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        Ok(FrameEncoder { compressor, spread, shuffled, payload, frame })
     }
 
-    /// Encodes sorted raw entries as one frame and returns its bytes.
-    fn encode(&mut self, raw: &[u8], width: usize) -> io::Result<&[u8]> {
+    /// Encodes sorted raw entries (record keys at `rkey_offsets` of each) as one frame, payload
+    /// encoding 2, and returns its bytes.
+    fn encode(&mut self, raw: &[u8], width: usize, rkey_offsets: &[usize]) -> io::Result<&[u8]> {
         assert!(!raw.is_empty() && raw.len().is_multiple_of(width) && raw.len() <= MAX_FRAME_RAW_BYTES);
-        xor_delta_transpose(raw, width, &mut self.shuffled);
+        self.spread.clear();
+        self.spread.extend_from_slice(raw);
+        map_rkeys(&mut self.spread, width, rkey_offsets, tid::spread);
+        xor_delta_transpose(&self.spread, width, &mut self.shuffled);
         self.payload.clear();
         self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
         let payload_len = self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
         assert!(payload_len == self.payload.len() && payload_len <= MAX_FRAME_PAYLOAD_BYTES);
         self.frame.clear();
-        FrameHeader { entry_width: width, entries: raw.len() / width, raw_len: raw.len(), payload_len }
+        let encoding = ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD;
+        FrameHeader { encoding, entry_width: width, entries: raw.len() / width, raw_len: raw.len(), payload_len }
             .encode(&mut self.frame);
         self.frame.extend_from_slice(&self.payload);
         let checksum = xxh3_64(&self.frame);
         self.frame.extend_from_slice(&checksum.to_le_bytes());
         assert_eq!(self.frame.len(), FRAME_OVERHEAD + payload_len);
         Ok(&self.frame)
+    }
+}
+
+/// Replaces each record key (the big-endian `u64` at each of `offsets` in every entry) by `map`
+/// of it: `tid::spread` before encoding 2's XOR, `tid::gather` after it.
+fn map_rkeys(raw: &mut [u8], width: usize, offsets: &[usize], map: fn(u64) -> u64) {
+    for entry in raw.chunks_exact_mut(width) {
+        for &at in offsets {
+            let field: &mut [u8; 8] = (&mut entry[at..at + 8]).try_into().expect("a record key is 8 bytes");
+            *field = map(u64::from_be_bytes(*field)).to_be_bytes();
+        }
     }
 }
 
@@ -517,6 +539,9 @@ impl FrameDecoder {
         let payload = &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + header.payload_len];
         self.decompress(payload, header.raw_len)?;
         untranspose_xor_undelta(&self.shuffled, header.entry_width, &mut self.raw);
+        if header.encoding == ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD {
+            map_rkeys(&mut self.raw, header.entry_width, E::RKEY_OFFSETS, tid::gather);
+        }
         push_increasing(&self.raw, out)?;
         assert_eq!(self.raw.len(), header.entries * E::WIDTH);
         Ok(())
@@ -1339,11 +1364,15 @@ mod tests {
         };
         let mut encoder = FrameEncoder::new(3).unwrap();
         let mut out = Vec::new();
-        let good = encoder.encode(&raw_of(&[entry(1), entry(2)]), Revocation::WIDTH).unwrap().to_vec();
+        let good = encoder
+            .encode(&raw_of(&[entry(1), entry(2)]), Revocation::WIDTH, Revocation::RKEY_OFFSETS)
+            .unwrap()
+            .to_vec();
         decode_frame::<Revocation>(&good, &mut out).unwrap();
         assert_eq!(out, [entry(1), entry(2)]);
         for entries in [[entry(2), entry(2)], [entry(3), entry(2)]] {
-            let frame = encoder.encode(&raw_of(&entries), Revocation::WIDTH).unwrap().to_vec();
+            let frame =
+                encoder.encode(&raw_of(&entries), Revocation::WIDTH, Revocation::RKEY_OFFSETS).unwrap().to_vec();
             let error = decode_frame::<Revocation>(&frame, &mut out).unwrap_err();
             assert!(error.to_string().contains("not strictly increasing"), "{error}");
         }
@@ -1419,6 +1448,7 @@ mod tests {
             summary.entries, summary.frames
         );
         assert!(per_entry < 20.0, "{per_entry:.2} bytes per entry");
+        assert_eq!(&data[..6], b"BLKF\x01\x02", "new frames are written in payload encoding 2");
         let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
         assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
     }

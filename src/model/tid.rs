@@ -8,6 +8,8 @@
 //! - `parse_tid(format_tid(v)) == Some(v)` for every `v` below [`TID_TOP_BIT`], and
 //!   `format_tid(parse_tid(s)?) == s` for every `s` that parses (there is one spelling per value).
 //! - `parse_tid` never allocates and never panics; it runs once per ingested record key.
+//! - `gather(spread(v)) == v` and `spread(gather(v)) == v` for every `u64` (a bijection that
+//!   keeps the top bit), so a table may store any record key spread.
 
 /// Number of characters in a TID.
 pub const TID_LEN: usize = 13;
@@ -82,10 +84,76 @@ pub fn format_tid(value: u64) -> String {
     text
 }
 
+/// Microseconds whose milliseconds fit in 43 bits; later times use `spread`'s spare codes.
+const SPREAD_PLAIN_TIMES: u64 = 1000 << 43;
+/// Microsecond rests 1000..1024 never occur for plain times: they carry the late ones.
+const SPREAD_SPARE_RESTS: u64 = 1024 - 1000;
+
+/// Splits a TID's time into milliseconds and the microsecond rest, in fields of their own:
+/// `(ms << 20) | (rest << 10) | clock id`. A TID is `(µs << 10) | clock id`, and the network's
+/// are made from a millisecond clock (rest mostly 0..10) with one of 32 clock ids, so spread
+/// values of one table share more high bits and keep the low ones mostly zero: the table's
+/// XOR-delta columns compress better (docs/format.md, payload encoding 2).
+///
+/// A bijection on all of `u64`. Values with the top bit set (outlined record keys) are left as
+/// they are. Times from `1000 << 43` µs on (year 280,000 and later, beyond any TID the network
+/// makes) would need a 44th millisecond bit; they use the rests 1000..1023 instead, so the result
+/// keeps the top bit clear.
+pub fn spread(value: u64) -> u64 {
+    if value & TID_TOP_BIT != 0 {
+        return value;
+    }
+    let (time, clock) = (value >> 10, value & 1023);
+    let (ms, rest) = match time.checked_sub(SPREAD_PLAIN_TIMES) {
+        None => (time / 1000, time % 1000),
+        Some(late) => (late / SPREAD_SPARE_RESTS, 1000 + late % SPREAD_SPARE_RESTS),
+    };
+    debug_assert!(ms < 1 << 43 && rest < 1024);
+    (ms << 20) | (rest << 10) | clock
+}
+
+/// The inverse of `spread`.
+pub fn gather(value: u64) -> u64 {
+    if value & TID_TOP_BIT != 0 {
+        return value;
+    }
+    let (ms, rest, clock) = (value >> 20, (value >> 10) & 1023, value & 1023);
+    let time = match rest {
+        0..1000 => ms * 1000 + rest,
+        _ => SPREAD_PLAIN_TIMES + ms * SPREAD_SPARE_RESTS + (rest - 1000),
+    };
+    (time << 10) | clock
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn spread_splits_milliseconds_rest_and_clock_id() {
+        let tid = parse_tid("3mmoojp7etg2g").unwrap();
+        let (time, clock) = (tid >> 10, tid & 1023);
+        assert_eq!(spread(tid), ((time / 1000) << 20) | ((time % 1000) << 10) | clock);
+        assert_eq!(spread((1_700_000_000_123_000 << 10) | 7), (1_700_000_000_123 << 20) | 7);
+        // The edges: outlined keys, the last plain time, the first and the last late ones.
+        let last_plain = ((SPREAD_PLAIN_TIMES - 1) << 10) | 1023;
+        assert_eq!(spread(last_plain), (((1 << 43) - 1) << 20) | (999 << 10) | 1023);
+        assert_eq!(spread(SPREAD_PLAIN_TIMES << 10), 1000 << 10);
+        assert_eq!(spread(TID_TOP_BIT - 1), TID_TOP_BIT - 1);
+        for value in [0, TID_TOP_BIT, u64::MAX, last_plain, SPREAD_PLAIN_TIMES << 10, TID_TOP_BIT - 1] {
+            assert_eq!(gather(spread(value)), value, "{value:#x}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn spread_is_a_bijection_that_keeps_the_top_bit(value: u64) {
+            prop_assert_eq!(gather(spread(value)), value);
+            prop_assert_eq!(spread(gather(value)), value);
+            prop_assert_eq!(spread(value) & TID_TOP_BIT, value & TID_TOP_BIT);
+        }
+    }
 
     #[test]
     fn smallest_tid_is_zero() {
