@@ -104,7 +104,7 @@ pub fn run(data_dir: &Path, max_entries: usize) -> anyhow::Result<serde_json::Va
     let mixed = [Delta::Xor, Delta::Xor, Delta::Xor, Delta::Sub, Delta::Sub, Delta::Sub, Delta::Sub, Delta::Sub];
     let mut variants = serde_json::Map::new();
     for (name, per_frame, level, modes) in [
-        ("xor, 1024/frame, zstd 3 (encoding 1)", 1024, 3, &xor),
+        ("xor, 1024/frame, zstd 3 (encoding 1: record keys not spread)", 1024, 3, &xor),
         ("xor, 1024/frame, zstd 9", 1024, 9, &xor),
         ("xor, 1024/frame, zstd 19", 1024, 19, &xor),
         ("xor, 4096/frame, zstd 3", 4096, 3, &xor),

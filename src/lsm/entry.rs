@@ -22,8 +22,9 @@ pub trait Entry: Copy + Ord + Eq + Hash + Debug + Send + Sync + 'static {
     const IDENTITY_WIDTH: usize;
     /// Name of the tree, used in paths: `tables/<TREE>/<id>.data`.
     const TREE: &'static str;
-    /// Byte offsets of the encoded record keys (big-endian `u64`s: TIDs, or outlined ids with
-    /// the top bit set), which frames store spread (`tid::spread`, payload encoding 2).
+    /// Byte offsets of the encoded record keys (big-endian `u64`s: TIDs, outlined ids with the
+    /// top bit set, or 0 in the repository form), which frames store spread (`tid::spread`,
+    /// payload encoding 2).
     const RKEY_OFFSETS: &'static [usize];
 
     fn encode(&self, out: &mut [u8]);

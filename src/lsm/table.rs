@@ -1308,13 +1308,51 @@ mod tests {
         assert_eq!(entries_between(&meta, &data, &entries[12], &entries[25]), &entries[12..=25]);
     }
 
-    /// Run with `--ignored` only when the format changes on purpose (and bump the versions).
+    const GOLDEN_V2_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v2.data");
+    const GOLDEN_V2_META: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v2.meta");
+
+    /// Backlinks whose record keys take every path of `tid::spread`: network-shaped TIDs (whole
+    /// milliseconds, small clock ids), odd microseconds, a time past `1000 << 43` µs, outlined
+    /// keys and the repository form.
+    fn spread_golden_entries() -> Vec<Backlink> {
+        let tid = |ms: u64, micros: u64, clock: u64| ((ms * 1000 + micros) << 10) | clock;
+        let late = (((1000u64 << 43) + 5) << 10) | 3;
+        let targets = [
+            record(tid(1_730_000_000_000, 0, 7), 1, OUTLINED_BIT | 5),
+            RecordId::repo(OUTLINED_BIT | 6),
+            record(OUTLINED_BIT | 42, 4, OUTLINED_BIT | 7),
+            record(late, 1, OUTLINED_BIT | 8),
+        ];
+        let entries = (0..40u64).map(|i| Backlink {
+            target: targets[(i % 4) as usize],
+            source: record(tid(1_730_000_100_000 + i * 37, (i % 5) * 201, i % 32), 2, OUTLINED_BIT | (i % 3)),
+            location: 1 + i % 2,
+            source_rev: i,
+        });
+        sorted_set(entries.collect())
+    }
+
+    /// Files written in payload encoding 2 must keep decoding to the same entries: the record
+    /// key spread is part of the format, and a changed `spread` would still give sorted entries.
+    #[test]
+    fn golden_encoding_2_files_still_decode() {
+        let entries = spread_golden_entries();
+        let data = std::fs::read(GOLDEN_V2_DATA).expect("tests/data/table_golden_v2.data");
+        let meta_bytes = std::fs::read(GOLDEN_V2_META).expect("tests/data/table_golden_v2.meta");
+        assert_eq!(&data[..8], &[b'B', b'L', b'K', b'F', 1, 2, 64, 0]);
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.frames.len(), 4);
+        assert_eq!(read_frames(&meta, &data, 0..4), entries);
+    }
+
+    /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
+    /// writes the current encoding's files; older encodings' files stay as they were written.
     #[test]
     #[ignore]
     fn write_golden_table_files() {
-        let (_, data, meta) = small_backlink_table();
-        std::fs::write(GOLDEN_DATA, data).unwrap();
-        std::fs::write(GOLDEN_META, meta).unwrap();
+        let (data, meta, _) = build(&spread_golden_entries(), &options(10 * Backlink::WIDTH));
+        std::fs::write(GOLDEN_V2_DATA, data).unwrap();
+        std::fs::write(GOLDEN_V2_META, meta).unwrap();
     }
 
     /// Re-encodes a meta with a fresh checksum, so that only the cross-field checks can object.

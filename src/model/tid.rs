@@ -96,9 +96,9 @@ const SPREAD_SPARE_RESTS: u64 = 1024 - 1000;
 /// XOR-delta columns compress better (docs/format.md, payload encoding 2).
 ///
 /// A bijection on all of `u64`. Values with the top bit set (outlined record keys) are left as
-/// they are. Times from `1000 << 43` µs on (year 280,000 and later, beyond any TID the network
-/// makes) would need a 44th millisecond bit; they use the rests 1000..1023 instead, so the result
-/// keeps the top bit clear.
+/// they are. Times from `1000 << 43` µs on (about the year 2248; TIDs end near 2255, and a
+/// record key is the author's choice) would need a 44th millisecond bit; they use the rests
+/// 1000..1023 instead, so the result keeps the top bit clear.
 pub fn spread(value: u64) -> u64 {
     if value & TID_TOP_BIT != 0 {
         return value;
