@@ -548,10 +548,9 @@ fn coalesce(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
 /// Keeps the candidates that are live, visible and admitted by the filters.
 pub async fn live_only(
     index: &Index,
-    candidates: Vec<Backlink>,
+    mut candidates: Vec<Backlink>,
     filters: &Filters,
 ) -> Result<Vec<Backlink>, QueryError> {
-    let mut candidates = candidates;
     candidates.retain(|c| filters.admits(c));
     index.retain_visible(&mut candidates);
     let mut keys: Vec<RecordId> = candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();

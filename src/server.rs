@@ -1,15 +1,13 @@
 //! HTTP: the XRPC endpoints, the constellation-compatible ones, lexicons, metrics and the status
 //! page, on axum, with the manners of a public service.
 //!
-//! Manners (outermost first): response compression (gzip or zstd, as the client accepts), then
-//! one middleware (`manners`) for everything else: CORS open to any origin for reading (GET,
-//! HEAD), a `Cache-Control` on every response, and around every query route a guard that admits
-//! at most `max_concurrent_queries` at once - the next one gets an immediate 503
-//! `ServiceUnavailable` instead of a place in an unbounded queue - and cuts a query off at
-//! `request_timeout`, also with a 503. (The guard is a tokio semaphore rather than tower's
-//! `ConcurrencyLimit` + `LoadShed` + `Timeout`: those queue, or answer with bodies that are not
-//! XRPC errors. One middleware rather than a layer per concern: each layer costs every request a
-//! boxed future and a clone of the route.)
+//! Manners (outermost first): response compression (gzip or zstd, as the client accepts), CORS
+//! open to any origin for reading (GET, HEAD), then one middleware (`manners`) for a
+//! `Cache-Control` on every response and, around every query route, a guard that admits at most
+//! `max_concurrent_queries` at once - the next one gets an immediate 503 `ServiceUnavailable`
+//! instead of a place in an unbounded queue - and cuts a query off at `request_timeout`, also
+//! with a 503. (The guard is a tokio semaphore rather than tower's `ConcurrencyLimit` +
+//! `LoadShed` + `Timeout`: those queue, or answer with bodies that are not XRPC errors.)
 //!
 //! Limits on the public listener (`HttpThreads`, `refusal`): at most `max_connections`
 //! open connections (the next waits in the kernel's accept backlog, costing nothing here); a
@@ -34,10 +32,7 @@ use crate::metrics::Metrics;
 use crate::query::{ListParams, QueryError, list_backlinks};
 use crate::status::{IngestMode, StatusFacts, render_error, render_results, render_status};
 use axum::extract::{Path, RawQuery, Request, State};
-use axum::http::header::{
-    ACCESS_CONTROL_ALLOW_HEADERS, ACCESS_CONTROL_ALLOW_METHODS, ACCESS_CONTROL_ALLOW_ORIGIN, ACCESS_CONTROL_MAX_AGE,
-    CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER,
-};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use axum::http::{Method, StatusCode};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{Html, IntoResponse, Response};
@@ -51,6 +46,7 @@ use std::time::{Duration, Instant, SystemTime};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Semaphore;
 use tower_http::compression::CompressionLayer;
+use tower_http::cors::{Any, CorsLayer};
 
 mod threads;
 pub use threads::{HttpThreads, MAX_HTTP_THREADS};
@@ -207,6 +203,11 @@ pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> 
     let max_age = options.cache_max_age.as_secs();
     let cache_control = HeaderValue::from_str(&format!("public, max-age={max_age}")).expect("ASCII header value");
     let state = AppState(Arc::new(Shared { index, options: Arc::new(options), metrics, permits, cache_control }));
+    let cors = CorsLayer::new()
+        .allow_origin(Any)
+        .allow_methods([Method::GET, Method::HEAD])
+        .allow_headers(Any)
+        .max_age(Duration::from_secs(86_400));
     Router::new()
         .route("/", get(status_handler))
         .route("/xrpc/_health", get(health_handler))
@@ -222,6 +223,9 @@ pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> 
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(state.clone(), manners))
+        // CORS wraps the guard and the cache headers, so even a 503 is readable by a web page;
+        // a preflight offers reading only, so a page can never be allowed to write.
+        .layer(cors)
         .layer(CompressionLayer::new().gzip(true).zstd(true))
         .with_state(state)
 }
@@ -300,15 +304,10 @@ fn query_endpoint(method: &Method, path: &str) -> Option<&'static str> {
     })
 }
 
-/// Every request's manners, in one middleware: one boxed future and one clone of the route a
-/// request instead of one per concern (four layers were 5 % of a warm server's CPU). In order:
-/// a CORS preflight answered here, the request limits, the query guard around reads of query
-/// routes, then `Cache-Control` and the CORS header on whatever came back (errors included).
-/// With every origin allowed (`*`) the answer does not depend on `Origin`, so no `Vary` is sent.
+/// The request's manners inside CORS, in one middleware rather than one per concern (each
+/// costs every request a boxed future and a clone of the route): the request limits, the query
+/// guard around reads of query routes, then `Cache-Control` on whatever came back.
 async fn manners(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    if request.method() == Method::OPTIONS {
-        return preflight();
-    }
     let mut response = match refusal(&request) {
         Some(refused) => refused.into_response(),
         None => match query_endpoint(request.method(), request.uri().path()) {
@@ -317,20 +316,7 @@ async fn manners(State(state): State<AppState>, request: Request, next: Next) ->
         },
     };
     set_cache_control(&state, &mut response);
-    response.headers_mut().insert(ACCESS_CONTROL_ALLOW_ORIGIN, HeaderValue::from_static("*"));
     response
-}
-
-/// A CORS preflight: any origin may read (GET, HEAD) with any headers; browsers may keep the
-/// answer for a day. Nothing else is offered, so a page can never be allowed to write.
-fn preflight() -> Response {
-    let headers = [
-        (ACCESS_CONTROL_ALLOW_ORIGIN, "*"),
-        (ACCESS_CONTROL_ALLOW_METHODS, "GET,HEAD"),
-        (ACCESS_CONTROL_ALLOW_HEADERS, "*"),
-        (ACCESS_CONTROL_MAX_AGE, "86400"),
-    ];
-    (StatusCode::OK, headers.map(|(name, value)| (name, HeaderValue::from_static(value)))).into_response()
 }
 
 /// Admits a query if a permit is free (else 503 at once), bounds its time, and measures it.

@@ -152,12 +152,11 @@ impl Worker {
 /// connection to the thread with the fewest open ones, until `stopped` or until a thread has
 /// ended; returns the workers.
 async fn accept_until_stopped(
-    listener: tokio::net::TcpListener,
+    mut listener: tokio::net::TcpListener,
     permits: Arc<Semaphore>,
     workers: Vec<Worker>,
     mut stopped: watch::Receiver<bool>,
 ) -> Vec<Worker> {
-    let mut listener = listener;
     let accept = async {
         loop {
             let permit = permits.clone().acquire_owned().await.expect("the connection semaphore is never closed");
@@ -182,8 +181,9 @@ async fn accept_until_stopped(
 
 /// A serving thread: its own single-threaded runtime serving the connections it is handed.
 fn serve_handed_over(listener: HandedOver, router: Router, mut stopped: watch::Receiver<bool>) -> io::Result<()> {
-    // Blocking work (local file reads, an outline missing from the cache) holds up every
-    // connection of the thread while it waits, so it goes to a small pool of its own.
+    // `spawn_blocking` work started here (reads of local table files) gets a bounded pool per
+    // thread; synchronous work (an outline missing from the cache, read from SQLite) still holds
+    // up the thread's other connections while it runs.
     let runtime =
         tokio::runtime::Builder::new_current_thread().max_blocking_threads(BLOCKING_THREADS).enable_all().build()?;
     runtime.block_on(async move {
