@@ -56,8 +56,18 @@ const FRAME_MAGIC: [u8; 4] = *b"BLKF";
 const FRAME_VERSION: u8 = 1;
 /// Payload encoding 1: XOR with the previous entry, byte-transpose, zstd. Read, no longer written.
 const ENCODING_XOR_TRANSPOSE_ZSTD: u8 = 1;
-/// Payload encoding 2: record keys spread (`tid::spread`), then as encoding 1. Written.
+/// Payload encoding 2: record keys spread (`tid::spread`), then as encoding 1. Written for frames
+/// whose keys are (nearly) all distinct.
 const ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD: u8 = 2;
+/// Payload encoding 3: record keys spread, then each run of entries with the same key stored as
+/// that key once, the run's length, and the rest of each entry (`key_runs_transpose`). Written
+/// when it is the shorter raw payload.
+const ENCODING_SPREAD_KEY_RUNS_ZSTD: u8 = 3;
+const ENCODINGS: [u8; 3] =
+    [ENCODING_XOR_TRANSPOSE_ZSTD, ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD, ENCODING_SPREAD_KEY_RUNS_ZSTD];
+/// Bytes of a run length in payload encoding 3 (a big-endian u16: a frame holds at most
+/// `max_frame_entries` <= 32,768 entries).
+const RUN_LEN_BYTES: usize = 2;
 const FRAME_HEADER_LEN: usize = 20;
 const CHECKSUM_LEN: usize = 8;
 
@@ -295,7 +305,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         let Some(start) = self.pending_start.take() else { return Ok(()) };
         let entries = self.pending.len() / E::WIDTH;
         assert!((1..=self.entries_per_frame).contains(&entries));
-        let frame = self.encoder.encode(&self.pending, E::WIDTH, E::RKEY_OFFSETS)?;
+        let frame = self.encoder.encode::<E>(&self.pending)?;
         self.data_out.write_all(frame)?;
         let len = frame.len() as u32;
         self.frames.push(FrameInfo {
@@ -316,6 +326,7 @@ struct FrameHeader {
     encoding: u8,
     entry_width: usize,
     entries: usize,
+    /// The payload's length after decompression (`check_raw_len`).
     raw_len: usize,
     payload_len: usize,
 }
@@ -346,7 +357,7 @@ impl FrameHeader {
             return Err(FormatError::Version { what: WHAT, found: version.into() });
         }
         let encoding = reader.u8()?;
-        if ![ENCODING_XOR_TRANSPOSE_ZSTD, ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD].contains(&encoding) {
+        if !ENCODINGS.contains(&encoding) {
             return Err(invalid(WHAT, format!("unknown payload encoding {encoding}")));
         }
         let entry_width = reader.u16()? as usize;
@@ -354,8 +365,7 @@ impl FrameHeader {
         let entries = reader.u32()? as usize;
         check_range(WHAT, "entry count", entries as u64, 1, max_frame_entries::<E>() as u64)?;
         let raw_len = reader.u32()? as usize;
-        let expected_raw = entries * E::WIDTH;
-        check_range(WHAT, "raw length", raw_len as u64, expected_raw as u64, expected_raw as u64)?;
+        check_raw_len::<E>(encoding, entries, raw_len)?;
         let payload_len = reader.u32()? as usize;
         check_range(WHAT, "payload length", payload_len as u64, 1, MAX_FRAME_PAYLOAD_BYTES as u64)?;
         let header = FrameHeader { encoding, entry_width, entries, raw_len, payload_len };
@@ -367,10 +377,30 @@ impl FrameHeader {
     }
 }
 
+/// The decompressed payload's length: every entry's bytes in encodings 1 and 2; in encoding 3
+/// every entry's rest plus a key and a run length for each of 1..=`entries` runs, and never more
+/// than encoding 2's (a writer picks 3 only then).
+fn check_raw_len<E: Entry>(encoding: u8, entries: usize, raw_len: usize) -> Result<(), FormatError> {
+    let whole = entries * E::WIDTH;
+    if encoding != ENCODING_SPREAD_KEY_RUNS_ZSTD {
+        return check_range("frame", "raw length", raw_len as u64, whole as u64, whole as u64);
+    }
+    let rests = entries * (E::WIDTH - E::KEY_WIDTH);
+    let run_bytes = E::KEY_WIDTH + RUN_LEN_BYTES;
+    let runs = raw_len.checked_sub(rests).filter(|keyed| keyed % run_bytes == 0).map(|keyed| keyed / run_bytes);
+    match runs {
+        Some(runs) if (1..=entries).contains(&runs) && raw_len <= whole => Ok(()),
+        _ => Err(invalid("frame", format!("raw length {raw_len} is no encoding-3 payload of {entries} entries"))),
+    }
+}
+
 /// Reusable compressor and buffers for writing frames.
 struct FrameEncoder {
     compressor: zstd::bulk::Compressor<'static>,
     spread: Vec<u8>,
+    keys: Vec<u8>,
+    runs: Vec<u16>,
+    rests: Vec<u8>,
     shuffled: Vec<u8>,
     payload: Vec<u8>,
     frame: Vec<u8>,
@@ -379,25 +409,46 @@ struct FrameEncoder {
 impl FrameEncoder {
     fn new(zstd_level: i32) -> io::Result<Self> {
         let compressor = zstd::bulk::Compressor::new(zstd_level)?;
-        let (spread, shuffled, payload, frame) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        Ok(FrameEncoder { compressor, spread, shuffled, payload, frame })
+        Ok(FrameEncoder {
+            compressor,
+            spread: Vec::new(),
+            keys: Vec::new(),
+            runs: Vec::new(),
+            rests: Vec::new(),
+            shuffled: Vec::new(),
+            payload: Vec::new(),
+            frame: Vec::new(),
+        })
     }
 
-    /// Encodes sorted raw entries (record keys at `rkey_offsets` of each) as one frame, payload
-    /// encoding 2, and returns its bytes.
-    fn encode(&mut self, raw: &[u8], width: usize, rkey_offsets: &[usize]) -> io::Result<&[u8]> {
+    /// Encodes sorted raw entries of `E` as one frame and returns its bytes: payload encoding 3
+    /// when its raw payload is no longer than encoding 2's (the frame repeats keys), else 2.
+    fn encode<E: Entry>(&mut self, raw: &[u8]) -> io::Result<&[u8]> {
+        let width = E::WIDTH;
         assert!(!raw.is_empty() && raw.len().is_multiple_of(width) && raw.len() <= MAX_FRAME_RAW_BYTES);
+        assert!(E::KEY_WIDTH < width && max_frame_entries::<E>() <= usize::from(u16::MAX));
         self.spread.clear();
         self.spread.extend_from_slice(raw);
-        map_rkeys(&mut self.spread, width, rkey_offsets, tid::spread);
-        xor_delta_transpose(&self.spread, width, &mut self.shuffled);
+        map_rkeys(&mut self.spread, width, E::RKEY_OFFSETS, tid::spread);
+        self.shuffled.clear();
+        split_key_runs(&self.spread, width, E::KEY_WIDTH, &mut self.keys, &mut self.runs, &mut self.rests);
+        // Encoding 3 stores each run's key once plus its length instead of every entry's key.
+        let entries = raw.len() / width;
+        let encoding = if self.runs.len() * (E::KEY_WIDTH + RUN_LEN_BYTES) <= entries * E::KEY_WIDTH {
+            let widths = (E::KEY_WIDTH, width - E::KEY_WIDTH);
+            key_runs_transpose(&self.keys, &self.runs, &self.rests, widths, &mut self.shuffled);
+            ENCODING_SPREAD_KEY_RUNS_ZSTD
+        } else {
+            xor_delta_transpose(&self.spread, width, &mut self.shuffled);
+            ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD
+        };
+        assert!(self.shuffled.len() <= raw.len());
         self.payload.clear();
         self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
         let payload_len = self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
         assert!(payload_len == self.payload.len() && payload_len <= MAX_FRAME_PAYLOAD_BYTES);
         self.frame.clear();
-        let encoding = ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD;
-        FrameHeader { encoding, entry_width: width, entries: raw.len() / width, raw_len: raw.len(), payload_len }
+        FrameHeader { encoding, entry_width: width, entries, raw_len: self.shuffled.len(), payload_len }
             .encode(&mut self.frame);
         self.frame.extend_from_slice(&self.payload);
         let checksum = xxh3_64(&self.frame);
@@ -419,15 +470,15 @@ fn map_rkeys(raw: &mut [u8], width: usize, offsets: &[usize], map: fn(u64) -> u6
 }
 
 /// XOR each entry with the previous one (the first with zeros), then transpose: all byte 0s,
-/// then all byte 1s, and so on. Sorted neighbours share long prefixes, so the deltas are mostly
-/// zero bytes, and transposing puts the zeros (and the slowly changing bytes) next to each other
-/// where zstd compresses them best.
+/// then all byte 1s, and so on, appended to `out`. Sorted neighbours share long prefixes, so the
+/// deltas are mostly zero bytes, and transposing puts the zeros (and the slowly changing bytes)
+/// next to each other where zstd compresses them best.
 fn xor_delta_transpose(raw: &[u8], width: usize, out: &mut Vec<u8>) {
     let count = raw.len() / width;
-    out.clear();
-    out.resize(raw.len(), 0);
+    let start = out.len();
+    out.resize(start + raw.len(), 0);
     for byte in 0..width {
-        let column = &mut out[byte * count..(byte + 1) * count];
+        let column = &mut out[start + byte * count..start + (byte + 1) * count];
         let mut previous = 0u8;
         for (i, slot) in column.iter_mut().enumerate() {
             let value = raw[i * width + byte];
@@ -435,6 +486,44 @@ fn xor_delta_transpose(raw: &[u8], width: usize, out: &mut Vec<u8>) {
             previous = value;
         }
     }
+}
+
+/// Splits sorted entries into their runs of equal keys (the first `key_width` bytes): each run's
+/// key once into `keys`, its length into `runs`, and every entry's remaining bytes into `rests`.
+fn split_key_runs(
+    raw: &[u8],
+    width: usize,
+    key_width: usize,
+    keys: &mut Vec<u8>,
+    runs: &mut Vec<u16>,
+    rests: &mut Vec<u8>,
+) {
+    keys.clear();
+    runs.clear();
+    rests.clear();
+    for entry in raw.chunks_exact(width) {
+        let (key, rest) = entry.split_at(key_width);
+        match runs.last_mut() {
+            Some(run) if keys[keys.len() - key_width..] == *key => *run += 1,
+            _ => {
+                keys.extend_from_slice(key);
+                runs.push(1);
+            }
+        }
+        rests.extend_from_slice(rest);
+    }
+    assert_eq!(runs.iter().map(|&r| usize::from(r)).sum::<usize>(), raw.len() / width);
+}
+
+/// Payload encoding 3's layout, appended to `out`: the runs' keys XOR-delta'd and transposed,
+/// the run lengths as big-endian u16s transposed (every high byte, then every low byte), then the
+/// entries' rests XOR-delta'd and transposed.
+fn key_runs_transpose(keys: &[u8], runs: &[u16], rests: &[u8], widths: (usize, usize), out: &mut Vec<u8>) {
+    let (key_width, rest_width) = widths;
+    xor_delta_transpose(keys, key_width, out);
+    out.extend(runs.iter().map(|run| run.to_be_bytes()[0]));
+    out.extend(runs.iter().map(|run| run.to_be_bytes()[1]));
+    xor_delta_transpose(rests, rest_width, out);
 }
 
 /// Inverse of `xor_delta_transpose`: a running XOR down each column restores the entries.
@@ -521,6 +610,8 @@ fn with_decoder<T>(work: impl FnOnce(&mut FrameDecoder) -> Result<T, FormatError
 struct FrameDecoder {
     decompressor: zstd::bulk::Decompressor<'static>,
     shuffled: Vec<u8>,
+    keys: Vec<u8>,
+    rests: Vec<u8>,
     raw: Vec<u8>,
 }
 
@@ -528,7 +619,7 @@ impl FrameDecoder {
     fn new() -> Result<Self, FormatError> {
         let decompressor =
             zstd::bulk::Decompressor::new().map_err(|e| invalid("frame", format!("zstd context: {e}")))?;
-        Ok(FrameDecoder { decompressor, shuffled: Vec::new(), raw: Vec::new() })
+        Ok(FrameDecoder { decompressor, shuffled: Vec::new(), keys: Vec::new(), rests: Vec::new(), raw: Vec::new() })
     }
 
     /// Decodes one whole frame and appends its entries to `out`; on error `out` may hold a
@@ -538,12 +629,47 @@ impl FrameDecoder {
         verify_checksum("frame", frame)?;
         let payload = &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + header.payload_len];
         self.decompress(payload, header.raw_len)?;
-        untranspose_xor_undelta(&self.shuffled, header.entry_width, &mut self.raw);
-        if header.encoding == ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD {
+        if header.encoding == ENCODING_SPREAD_KEY_RUNS_ZSTD {
+            self.join_key_runs::<E>(header.entries)?;
+        } else {
+            untranspose_xor_undelta(&self.shuffled, header.entry_width, &mut self.raw);
+        }
+        if header.encoding != ENCODING_XOR_TRANSPOSE_ZSTD {
             map_rkeys(&mut self.raw, header.entry_width, E::RKEY_OFFSETS, tid::gather);
         }
         push_increasing(&self.raw, out)?;
         assert_eq!(self.raw.len(), header.entries * E::WIDTH);
+        Ok(())
+    }
+
+    /// Inverse of `key_runs_transpose` (the header checks bounded the lengths): each run's key
+    /// joined to the rests of its entries. Runs of length 0 and run lengths that do not add up to
+    /// the entry count are rejected.
+    fn join_key_runs<E: Entry>(&mut self, entries: usize) -> Result<(), FormatError> {
+        let (key_width, rest_width) = (E::KEY_WIDTH, E::WIDTH - E::KEY_WIDTH);
+        let runs = (self.shuffled.len() - entries * rest_width) / (key_width + RUN_LEN_BYTES);
+        let (keys, tail) = self.shuffled.split_at(runs * key_width);
+        let (lengths, rests) = tail.split_at(runs * RUN_LEN_BYTES);
+        untranspose_xor_undelta(keys, key_width, &mut self.keys);
+        untranspose_xor_undelta(rests, rest_width, &mut self.rests);
+        self.raw.clear();
+        let mut rest_rows = self.rests.chunks_exact(rest_width);
+        for (i, key) in self.keys.chunks_exact(key_width).enumerate() {
+            let run = u16::from_be_bytes([lengths[i], lengths[runs + i]]);
+            if run == 0 {
+                return Err(invalid("frame", "a key run of length 0".into()));
+            }
+            for _ in 0..run {
+                let rest = rest_rows
+                    .next()
+                    .ok_or_else(|| invalid("frame", "key runs hold more entries than the frame".into()))?;
+                self.raw.extend_from_slice(key);
+                self.raw.extend_from_slice(rest);
+            }
+        }
+        if rest_rows.next().is_some() {
+            return Err(invalid("frame", "key runs hold fewer entries than the frame".into()));
+        }
         Ok(())
     }
 
@@ -1345,14 +1471,105 @@ mod tests {
         assert_eq!(read_frames(&meta, &data, 0..4), entries);
     }
 
+    const GOLDEN_V3_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v3.data");
+    const GOLDEN_V3_META: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v3.meta");
+
+    /// Files written in payload encoding 3 must keep decoding to the same entries. Each frame of
+    /// the golden table holds the ten backlinks of one target: one run, written in encoding 3.
+    #[test]
+    fn golden_encoding_3_files_still_decode() {
+        let entries = spread_golden_entries();
+        let data = std::fs::read(GOLDEN_V3_DATA).expect("tests/data/table_golden_v3.data");
+        let meta_bytes = std::fs::read(GOLDEN_V3_META).expect("tests/data/table_golden_v3.meta");
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.frames.len(), 4);
+        for frame in &meta.frames {
+            assert_eq!(&data[frame.offset as usize..][..8], &[b'B', b'L', b'K', b'F', 1, 3, 64, 0]);
+        }
+        assert_eq!(read_frames(&meta, &data, 0..4), entries);
+    }
+
     /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
     /// writes the current encoding's files; older encodings' files stay as they were written.
     #[test]
     #[ignore]
     fn write_golden_table_files() {
         let (data, meta, _) = build(&spread_golden_entries(), &options(10 * Backlink::WIDTH));
-        std::fs::write(GOLDEN_V2_DATA, data).unwrap();
-        std::fs::write(GOLDEN_V2_META, meta).unwrap();
+        std::fs::write(GOLDEN_V3_DATA, data).unwrap();
+        std::fs::write(GOLDEN_V3_META, meta).unwrap();
+    }
+
+    fn raw_of<E: Entry>(entries: &[E]) -> Vec<u8> {
+        let mut raw = Vec::new();
+        entries.iter().for_each(|e| encode_entry(e, &mut raw));
+        raw
+    }
+
+    /// Encoding 3 stores a run's key once plus a 2-byte length: it is written exactly when
+    /// `runs * (key width + 2) <= entries * key width`, here 12 runs of 13 entries but not 13.
+    #[test]
+    fn frames_are_written_in_key_runs_exactly_when_that_is_shorter() {
+        let revocation = |key: u64, rev: u64| Revocation { source: record(key, 1, OUTLINED_BIT | key), rev };
+        let distinct: Vec<Revocation> = (0..13).map(|key| revocation(key, 7)).collect();
+        let mut one_repeat = distinct[..12].to_vec();
+        one_repeat.insert(5, revocation(4, 9));
+        let mut encoder = FrameEncoder::new(3).unwrap();
+        for (entries, encoding) in [(&distinct, 2), (&one_repeat, 3)] {
+            let frame = encoder.encode::<Revocation>(&raw_of(entries)).unwrap().to_vec();
+            assert_eq!(frame[5], encoding, "{} entries", entries.len());
+            let mut out = Vec::new();
+            decode_frame::<Revocation>(&frame, &mut out).unwrap();
+            assert_eq!(&out, entries);
+        }
+    }
+
+    /// A frame put together by hand: `payload` is the raw payload before zstd.
+    fn handmade_frame<E: Entry>(encoding: u8, entries: usize, payload: &[u8]) -> Vec<u8> {
+        let compressed = zstd::bulk::compress(payload, 3).unwrap();
+        let mut frame = Vec::new();
+        let (raw_len, payload_len) = (payload.len(), compressed.len());
+        FrameHeader { encoding, entry_width: E::WIDTH, entries, raw_len, payload_len }.encode(&mut frame);
+        frame.extend_from_slice(&compressed);
+        let checksum = xxh3_64(&frame);
+        frame.extend_from_slice(&checksum.to_le_bytes());
+        frame
+    }
+
+    /// The encoding-3 payload of `entries` with its run lengths replaced by `runs`.
+    fn key_runs_payload(entries: &[Revocation], runs: Option<&[u16]>) -> Vec<u8> {
+        let (mut keys, mut lengths, mut rests, mut payload) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        split_key_runs(&raw_of(entries), Revocation::WIDTH, Revocation::KEY_WIDTH, &mut keys, &mut lengths, &mut rests);
+        let lengths = runs.map_or(lengths, <[u16]>::to_vec);
+        key_runs_transpose(&keys, &lengths, &rests, (Revocation::KEY_WIDTH, 8), &mut payload);
+        payload
+    }
+
+    #[test]
+    fn key_runs_that_disagree_with_the_entry_count_are_rejected() {
+        let revocation = |key: u64, rev: u64| Revocation { source: record(key, 1, OUTLINED_BIT | key), rev };
+        let entries = [revocation(1, 0), revocation(1, 5), revocation(2, 0)];
+        let frame = |runs: Option<&[u16]>| handmade_frame::<Revocation>(3, 3, &key_runs_payload(&entries, runs));
+        let mut out = Vec::new();
+        decode_frame::<Revocation>(&frame(None), &mut out).unwrap();
+        assert_eq!(out, entries, "the handmade frame is right before it is spoiled");
+        for (runs, error) in [
+            ([0, 3], "a key run of length 0"),
+            ([3, 1], "key runs hold more entries than the frame"),
+            ([1, 1], "key runs hold fewer entries than the frame"),
+        ] {
+            let found = decode_frame::<Revocation>(&frame(Some(&runs)), &mut out).unwrap_err();
+            assert!(found.to_string().contains(error), "{runs:?}: {found}");
+        }
+        // Raw lengths no encoding-3 payload of three entries has: a stray byte, and three runs
+        // of one (longer than encoding 2's payload, so never written).
+        let mut stray = key_runs_payload(&entries, None);
+        stray.push(0);
+        let all_runs = key_runs_payload(&[revocation(1, 0), revocation(2, 0), revocation(3, 0)], None);
+        for payload in [stray, all_runs] {
+            let found = decode_frame::<Revocation>(&handmade_frame::<Revocation>(3, 3, &payload), &mut out);
+            assert!(found.unwrap_err().to_string().contains("no encoding-3 payload"));
+        }
+        assert_eq!(out.len(), 3, "failed decodes must not append");
     }
 
     /// Re-encodes a meta with a fresh checksum, so that only the cross-field checks can object.
@@ -1395,22 +1612,13 @@ mod tests {
     #[test]
     fn frames_with_a_valid_checksum_but_bad_contents_are_rejected() {
         let entry = |i: u64| Revocation { source: record(i, 0, 0), rev: 0 };
-        let raw_of = |entries: &[Revocation]| {
-            let mut raw = Vec::new();
-            entries.iter().for_each(|e| encode_entry(e, &mut raw));
-            raw
-        };
         let mut encoder = FrameEncoder::new(3).unwrap();
         let mut out = Vec::new();
-        let good = encoder
-            .encode(&raw_of(&[entry(1), entry(2)]), Revocation::WIDTH, Revocation::RKEY_OFFSETS)
-            .unwrap()
-            .to_vec();
+        let good = encoder.encode::<Revocation>(&raw_of(&[entry(1), entry(2)])).unwrap().to_vec();
         decode_frame::<Revocation>(&good, &mut out).unwrap();
         assert_eq!(out, [entry(1), entry(2)]);
         for entries in [[entry(2), entry(2)], [entry(3), entry(2)]] {
-            let frame =
-                encoder.encode(&raw_of(&entries), Revocation::WIDTH, Revocation::RKEY_OFFSETS).unwrap().to_vec();
+            let frame = encoder.encode::<Revocation>(&raw_of(&entries)).unwrap().to_vec();
             let error = decode_frame::<Revocation>(&frame, &mut out).unwrap_err();
             assert!(error.to_string().contains("not strictly increasing"), "{error}");
         }
@@ -1486,7 +1694,7 @@ mod tests {
             summary.entries, summary.frames
         );
         assert!(per_entry < 20.0, "{per_entry:.2} bytes per entry");
-        assert_eq!(&data[..6], b"BLKF\x01\x02", "new frames are written in payload encoding 2");
+        assert_eq!(&data[..6], b"BLKF\x01\x03", "frames that repeat targets are written in payload encoding 3");
         let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
         assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
     }
