@@ -17,6 +17,11 @@ pub const MANIFEST_FORMAT: u32 = 1;
 const MAX_TABLES: usize = 1_000_000;
 const MAX_OBJECT_BYTES: u64 = 1 << 40;
 const MAX_MANIFEST_BYTES: usize = 256 << 20;
+/// A body is one zstd frame (these four bytes first) holding the JSON; a body that does not start
+/// with them is the bare JSON of a manifest written before compression, still read.
+const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+/// The JSON repeats its field names for every table and hidden account: it shrinks about 25x.
+const MANIFEST_ZSTD_LEVEL: i32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ManifestTable {
@@ -105,11 +110,14 @@ impl Manifest {
         }
     }
 
-    /// The object name (`<generation>-<digest>`) and body.
+    /// The object name (`<generation>-<digest>`) and body (the JSON in one zstd frame that
+    /// records its size).
     pub fn encode(&self) -> (String, Vec<u8>) {
-        let body = serde_json::to_vec_pretty(self).expect("a manifest always serializes");
+        let json = serde_json::to_vec(self).expect("a manifest always serializes");
+        assert!(json.len() <= MAX_MANIFEST_BYTES, "manifest larger than the decode limit");
+        let body = zstd::bulk::compress(&json, MANIFEST_ZSTD_LEVEL).expect("compressing into memory succeeds");
+        assert!(body.starts_with(&ZSTD_MAGIC));
         let name = format!("{:016x}-{:032x}", self.generation, xxh3_128(&body));
-        assert!(body.len() <= MAX_MANIFEST_BYTES, "manifest larger than the decode limit");
         (name, body)
     }
 
@@ -123,7 +131,8 @@ impl Manifest {
         if xxh3_128(body) != digest {
             return Err(invalid("digest does not match the body".into()));
         }
-        let manifest: Manifest = serde_json::from_slice(body).map_err(|e| invalid(e.to_string()))?;
+        let json = if body.starts_with(&ZSTD_MAGIC) { inflate(body).map_err(invalid)? } else { body.to_vec() };
+        let manifest: Manifest = serde_json::from_slice(&json).map_err(|e| invalid(e.to_string()))?;
         if manifest.format != MANIFEST_FORMAT || manifest.generation != generation {
             return Err(invalid("format or generation does not match".into()));
         }
@@ -168,6 +177,24 @@ impl Manifest {
 }
 
 /// Table ids are 24 lowercase hex digits: a 64-bit sequence number and 32 random bits.
+/// The JSON of a compressed body: its frame must state its size, at most `MAX_MANIFEST_BYTES`,
+/// before anything is allocated for it.
+fn inflate(body: &[u8]) -> Result<Vec<u8>, String> {
+    let size = match zstd::zstd_safe::get_frame_content_size(body) {
+        Ok(Some(size)) => size,
+        Ok(None) => return Err("the zstd frame does not state its size".into()),
+        Err(_) => return Err("not a zstd frame".into()),
+    };
+    if size > MAX_MANIFEST_BYTES as u64 {
+        return Err(format!("{size} bytes of JSON is over the limit"));
+    }
+    let json = zstd::bulk::decompress(body, size as usize).map_err(|e| format!("zstd: {e}"))?;
+    if json.len() as u64 != size {
+        return Err(format!("the zstd frame holds {} bytes, not the {size} it states", json.len()));
+    }
+    Ok(json)
+}
+
 pub fn is_table_id(id: &str) -> bool {
     id.len() == 24 && is_lower_hex(id)
 }
@@ -223,6 +250,44 @@ mod tests {
         let (name, body) = manifest.encode();
         assert!(name.starts_with("0000000000000007-"));
         assert_eq!(Manifest::decode(&name, &body).unwrap(), manifest);
+    }
+
+    fn name_of(generation: u64, body: &[u8]) -> String {
+        format!("{generation:016x}-{:032x}", xxh3_128(body))
+    }
+
+    /// New bodies are compressed; the bare pretty JSON that manifests were before still decodes.
+    #[test]
+    fn compressed_and_bare_json_bodies_both_decode() {
+        let manifest = sample();
+        let (_, body) = manifest.encode();
+        let json = serde_json::to_vec(&manifest).unwrap();
+        assert_eq!(&body[..4], ZSTD_MAGIC);
+        assert_eq!(zstd::bulk::decompress(&body, json.len()).unwrap(), json);
+        let bare = serde_json::to_vec_pretty(&manifest).unwrap();
+        assert_eq!(Manifest::decode(&name_of(7, &bare), &bare).unwrap(), manifest);
+    }
+
+    #[test]
+    fn compressed_bodies_must_state_a_bounded_size() {
+        let error = |body: &[u8]| Manifest::decode(&name_of(7, body), body).unwrap_err().to_string();
+        // A frame header (single segment, 8-byte content size) claiming 2^40 bytes, no blocks.
+        let mut huge = ZSTD_MAGIC.to_vec();
+        huge.push(0xE0);
+        huge.extend_from_slice(&(1u64 << 40).to_le_bytes());
+        assert!(error(&huge).contains("over the limit"), "{}", error(&huge));
+        let json = serde_json::to_vec(&sample()).unwrap();
+        let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+        encoder.include_contentsize(false).unwrap();
+        std::io::Write::write_all(&mut encoder, &json).unwrap();
+        let unsized_frame = encoder.finish().unwrap();
+        assert!(error(&unsized_frame).contains("does not state its size"), "{}", error(&unsized_frame));
+        let mut truncated = zstd::bulk::compress(&json, 3).unwrap();
+        truncated.truncate(truncated.len() - 3);
+        assert!(error(&truncated).contains("zstd"), "{}", error(&truncated));
+        let mut garbage = ZSTD_MAGIC.to_vec();
+        garbage.extend_from_slice(b"not a frame header");
+        assert!(error(&garbage).contains("zstd frame"), "{}", error(&garbage));
     }
 
     /// Found by running the `manifest` fuzz target on a name with an upper-case digest: the

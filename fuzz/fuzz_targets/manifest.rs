@@ -43,9 +43,11 @@ fn canonical_name(generation: u64, body: &[u8]) -> String {
     format!("{generation:016x}-{:032x}", xxh3_128(body))
 }
 
-/// The body's `generation` when it is a JSON object that has one, else 0.
+/// The body's `generation` when it is (or is a zstd frame of at most 1 MiB holding) a JSON
+/// object that has one, else 0.
 fn own_generation(body: &[u8]) -> u64 {
-    let json: Option<Value> = serde_json::from_slice(body).ok();
+    let inflated = zstd::bulk::decompress(body, 1 << 20).ok();
+    let json: Option<Value> = serde_json::from_slice(inflated.as_deref().unwrap_or(body)).ok();
     json.and_then(|json| json.get("generation").and_then(Value::as_u64)).unwrap_or(0)
 }
 
