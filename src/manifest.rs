@@ -116,7 +116,7 @@ impl Manifest {
         let json = serde_json::to_vec(self).expect("a manifest always serializes");
         assert!(json.len() <= MAX_MANIFEST_BYTES, "manifest larger than the decode limit");
         let body = zstd::bulk::compress(&json, MANIFEST_ZSTD_LEVEL).expect("compressing into memory succeeds");
-        assert!(body.starts_with(&ZSTD_MAGIC));
+        assert!(body.starts_with(&ZSTD_MAGIC) && body.len() <= MAX_MANIFEST_BYTES, "manifest over the decode limit");
         let name = format!("{:016x}-{:032x}", self.generation, xxh3_128(&body));
         (name, body)
     }
@@ -131,7 +131,11 @@ impl Manifest {
         if xxh3_128(body) != digest {
             return Err(invalid("digest does not match the body".into()));
         }
-        let json = if body.starts_with(&ZSTD_MAGIC) { inflate(body).map_err(invalid)? } else { body.to_vec() };
+        let json = if body.starts_with(&ZSTD_MAGIC) {
+            inflate(body, MAX_MANIFEST_BYTES).map_err(invalid)?
+        } else {
+            body.to_vec()
+        };
         let manifest: Manifest = serde_json::from_slice(&json).map_err(|e| invalid(e.to_string()))?;
         if manifest.format != MANIFEST_FORMAT || manifest.generation != generation {
             return Err(invalid("format or generation does not match".into()));
@@ -176,25 +180,26 @@ impl Manifest {
     }
 }
 
-/// Table ids are 24 lowercase hex digits: a 64-bit sequence number and 32 random bits.
-/// The JSON of a compressed body: its frame must state its size, at most `MAX_MANIFEST_BYTES`,
-/// before anything is allocated for it.
-fn inflate(body: &[u8]) -> Result<Vec<u8>, String> {
-    let size = match zstd::zstd_safe::get_frame_content_size(body) {
+/// The content of one zstd frame that states its size, at most `max` bytes: the size is checked
+/// before anything is allocated for it (the bucket's compressed objects: manifests, outline
+/// ranges).
+pub(crate) fn inflate(frame: &[u8], max: usize) -> Result<Vec<u8>, String> {
+    let size = match zstd::zstd_safe::get_frame_content_size(frame) {
         Ok(Some(size)) => size,
         Ok(None) => return Err("the zstd frame does not state its size".into()),
         Err(_) => return Err("not a zstd frame".into()),
     };
-    if size > MAX_MANIFEST_BYTES as u64 {
-        return Err(format!("{size} bytes of JSON is over the limit"));
+    if size > max as u64 {
+        return Err(format!("{size} bytes of content is over the limit of {max}"));
     }
-    let json = zstd::bulk::decompress(body, size as usize).map_err(|e| format!("zstd: {e}"))?;
-    if json.len() as u64 != size {
-        return Err(format!("the zstd frame holds {} bytes, not the {size} it states", json.len()));
+    let content = zstd::bulk::decompress(frame, size as usize).map_err(|e| format!("zstd: {e}"))?;
+    if content.len() as u64 != size {
+        return Err(format!("the zstd frame holds {} bytes, not the {size} it states", content.len()));
     }
-    Ok(json)
+    Ok(content)
 }
 
+/// Table ids are 24 lowercase hex digits: a 64-bit sequence number and 32 random bits.
 pub fn is_table_id(id: &str) -> bool {
     id.len() == 24 && is_lower_hex(id)
 }
@@ -287,7 +292,7 @@ mod tests {
         assert!(error(&truncated).contains("zstd"), "{}", error(&truncated));
         let mut garbage = ZSTD_MAGIC.to_vec();
         garbage.extend_from_slice(b"not a frame header");
-        assert!(error(&garbage).contains("zstd frame"), "{}", error(&garbage));
+        assert!(error(&garbage).contains("not a zstd frame"), "{}", error(&garbage));
     }
 
     /// Found by running the `manifest` fuzz target on a name with an upper-case digest: the

@@ -1011,7 +1011,7 @@ pub mod range {
             .clone()
             .zip(&packed)
             .map(|((_, v), p)| {
-                assert!((1..=usize::from(u16::MAX)).contains(&v.len()), "outline values are 1..=2048 bytes");
+                assert!((1..=usize::from(u16::MAX)).contains(&v.len()), "an outline value is 1 to 65,535 bytes long");
                 if p.is_some() { [0, 0] } else { (v.len() as u16).to_le_bytes() }
             })
             .collect();
@@ -1040,7 +1040,7 @@ pub mod range {
     }
 
     pub fn decode(kind: OutlineKind, compressed: &[u8]) -> Result<Vec<(u64, String)>, OutlineError> {
-        let raw = zstd::bulk::decompress(compressed, MAX_RANGE_BYTES).map_err(|e| corrupt(&e.to_string()))?;
+        let raw = crate::manifest::inflate(compressed, MAX_RANGE_BYTES).map_err(|e| corrupt(&e))?;
         if raw.len() < HEADER_LEN + CHECKSUM_LEN || &raw[..4] != MAGIC {
             return Err(corrupt("bad magic or too short"));
         }
@@ -1186,6 +1186,28 @@ pub mod range {
                 assert!(decode(OutlineKind::Did, &recompressed).is_err(), "flip at {i} not detected");
             }
             assert!(decode(OutlineKind::Did, b"garbage").is_err());
+        }
+
+        /// Version 2's bytes, written out by hand (docs/format.md "Outline range").
+        #[test]
+        fn version_2_layout_is_byte_exact() {
+            let rows = vec![(1u64 << 63 | 1, REAL_PLC.to_string()), (1u64 << 63 | 2, "did:web:x.example".to_string())];
+            let raw = raw_of(&encoded(OutlineKind::Did, &rows));
+            let mut expected = b"BLOR\x02\x00\x01\x02\x00\x00\x00".to_vec();
+            // Id deltas 0x8000000000000001 and 1, big-endian, byte-transposed.
+            expected.extend_from_slice(&[0x80, 0]);
+            expected.extend_from_slice(&[0; 12]);
+            expected.extend_from_slice(&[1, 1]);
+            // Lengths 0 (packed) and 17, little-endian, byte-transposed.
+            expected.extend_from_slice(&[0, 17, 0, 0]);
+            // "ewvi7nxzyoun6zhxrhs64oiz" as 24 five-bit digits, then the other value as it is.
+            expected.extend_from_slice(&[
+                0x25, 0xaa, 0x8f, 0xb6, 0xf9, 0xc3, 0xa8, 0xdf, 0x64, 0xf7, 0x89, 0xe5, 0xee, 0x39, 0x19,
+            ]);
+            expected.extend_from_slice(b"did:web:x.example");
+            let (body, sum) = raw.split_at(raw.len() - CHECKSUM_LEN);
+            assert_eq!(body, expected);
+            assert_eq!(sum, xxh3_64(body).to_le_bytes());
         }
 
         #[test]

@@ -24,7 +24,7 @@ pub trait Entry: Copy + Ord + Eq + Hash + Debug + Send + Sync + 'static {
     const TREE: &'static str;
     /// Byte offsets of the encoded record keys (big-endian `u64`s: TIDs, outlined ids with the
     /// top bit set, or 0 in the repository form), which frames store spread (`tid::spread`,
-    /// payload encoding 2).
+    /// payload encodings 2 and 3).
     const RKEY_OFFSETS: &'static [usize];
 
     fn encode(&self, out: &mut [u8]);

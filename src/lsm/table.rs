@@ -426,15 +426,16 @@ impl FrameEncoder {
     fn encode<E: Entry>(&mut self, raw: &[u8]) -> io::Result<&[u8]> {
         let width = E::WIDTH;
         assert!(!raw.is_empty() && raw.len().is_multiple_of(width) && raw.len() <= MAX_FRAME_RAW_BYTES);
-        assert!(E::KEY_WIDTH < width && max_frame_entries::<E>() <= usize::from(u16::MAX));
+        const { assert!(E::KEY_WIDTH < E::WIDTH && MAX_FRAME_RAW_BYTES / E::WIDTH <= u16::MAX as usize) };
         self.spread.clear();
         self.spread.extend_from_slice(raw);
         map_rkeys(&mut self.spread, width, E::RKEY_OFFSETS, tid::spread);
         self.shuffled.clear();
-        split_key_runs(&self.spread, width, E::KEY_WIDTH, &mut self.keys, &mut self.runs, &mut self.rests);
         // Encoding 3 stores each run's key once plus its length instead of every entry's key.
         let entries = raw.len() / width;
-        let encoding = if self.runs.len() * (E::KEY_WIDTH + RUN_LEN_BYTES) <= entries * E::KEY_WIDTH {
+        let runs = count_key_runs(&self.spread, width, E::KEY_WIDTH);
+        let encoding = if runs * (E::KEY_WIDTH + RUN_LEN_BYTES) <= entries * E::KEY_WIDTH {
+            split_key_runs(&self.spread, width, E::KEY_WIDTH, &mut self.keys, &mut self.runs, &mut self.rests);
             let widths = (E::KEY_WIDTH, width - E::KEY_WIDTH);
             key_runs_transpose(&self.keys, &self.runs, &self.rests, widths, &mut self.shuffled);
             ENCODING_SPREAD_KEY_RUNS_ZSTD
@@ -488,6 +489,12 @@ fn xor_delta_transpose(raw: &[u8], width: usize, out: &mut Vec<u8>) {
     }
 }
 
+/// How many runs of equal keys (the first `key_width` bytes) the sorted entries form.
+fn count_key_runs(raw: &[u8], width: usize, key_width: usize) -> usize {
+    let keys = || raw.chunks_exact(width).map(|entry| &entry[..key_width]);
+    1 + keys().zip(keys().skip(1)).filter(|(previous, key)| previous != key).count()
+}
+
 /// Splits sorted entries into their runs of equal keys (the first `key_width` bytes): each run's
 /// key once into `keys`, its length into `runs`, and every entry's remaining bytes into `rests`.
 fn split_key_runs(
@@ -513,6 +520,7 @@ fn split_key_runs(
         rests.extend_from_slice(rest);
     }
     assert_eq!(runs.iter().map(|&r| usize::from(r)).sum::<usize>(), raw.len() / width);
+    assert_eq!(runs.len(), count_key_runs(raw, width, key_width));
 }
 
 /// Payload encoding 3's layout, appended to `out`: the runs' keys XOR-delta'd and transposed,
@@ -1474,19 +1482,38 @@ mod tests {
     const GOLDEN_V3_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v3.data");
     const GOLDEN_V3_META: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v3.meta");
 
-    /// Files written in payload encoding 3 must keep decoding to the same entries. Each frame of
-    /// the golden table holds the ten backlinks of one target: one run, written in encoding 3.
+    /// Backlinks in runs of equal targets for the encoding-3 golden table: a repository target
+    /// with 2, a post with 300 (a run length above 255), posts with 1, 4, 2 and 3; record keys
+    /// shaped as in `spread_golden_entries`.
+    fn key_runs_golden_entries() -> Vec<Backlink> {
+        let tid = |ms: u64, micros: u64, clock: u64| ((ms * 1000 + micros) << 10) | clock;
+        let post = |n: u64| record(tid(1_730_000_000_000 + n * 1000, 0, n), 1, OUTLINED_BIT | (5 + n));
+        let targets = [(RecordId::repo(OUTLINED_BIT | 6), 2), (post(0), 300), (post(1), 1), (post(2), 4), (post(3), 2)];
+        let targets = targets.into_iter().chain([(post(4), 3)]);
+        let entries = targets.flat_map(|(target, count)| {
+            (0..count).map(move |i| Backlink {
+                target,
+                source: record(tid(1_730_000_100_000 + i * 37, (i % 5) * 201, i % 32), 2, OUTLINED_BIT | (i % 7)),
+                location: 1 + i % 2,
+                source_rev: i,
+            })
+        });
+        sorted_set(entries.collect())
+    }
+
+    /// Files written in payload encoding 3 must keep decoding to the same entries. The golden
+    /// table's first frame holds four runs (one of 300 entries), its second three.
     #[test]
     fn golden_encoding_3_files_still_decode() {
-        let entries = spread_golden_entries();
+        let entries = key_runs_golden_entries();
         let data = std::fs::read(GOLDEN_V3_DATA).expect("tests/data/table_golden_v3.data");
         let meta_bytes = std::fs::read(GOLDEN_V3_META).expect("tests/data/table_golden_v3.meta");
         let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
-        assert_eq!(meta.frames.len(), 4);
+        assert_eq!(meta.frames.iter().map(|f| f.entries).collect::<Vec<_>>(), [305, 7]);
         for frame in &meta.frames {
             assert_eq!(&data[frame.offset as usize..][..8], &[b'B', b'L', b'K', b'F', 1, 3, 64, 0]);
         }
-        assert_eq!(read_frames(&meta, &data, 0..4), entries);
+        assert_eq!(read_frames(&meta, &data, 0..2), entries);
     }
 
     /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
@@ -1494,9 +1521,13 @@ mod tests {
     #[test]
     #[ignore]
     fn write_golden_table_files() {
-        let (data, meta, _) = build(&spread_golden_entries(), &options(10 * Backlink::WIDTH));
+        let (data, meta, _) = build(&key_runs_golden_entries(), &options(305 * Backlink::WIDTH));
         std::fs::write(GOLDEN_V3_DATA, data).unwrap();
         std::fs::write(GOLDEN_V3_META, meta).unwrap();
+    }
+
+    fn revocation(key: u64, rev: u64) -> Revocation {
+        Revocation { source: record(key, 1, OUTLINED_BIT | key), rev }
     }
 
     fn raw_of<E: Entry>(entries: &[E]) -> Vec<u8> {
@@ -1509,7 +1540,6 @@ mod tests {
     /// `runs * (key width + 2) <= entries * key width`, here 12 runs of 13 entries but not 13.
     #[test]
     fn frames_are_written_in_key_runs_exactly_when_that_is_shorter() {
-        let revocation = |key: u64, rev: u64| Revocation { source: record(key, 1, OUTLINED_BIT | key), rev };
         let distinct: Vec<Revocation> = (0..13).map(|key| revocation(key, 7)).collect();
         let mut one_repeat = distinct[..12].to_vec();
         one_repeat.insert(5, revocation(4, 9));
@@ -1546,7 +1576,6 @@ mod tests {
 
     #[test]
     fn key_runs_that_disagree_with_the_entry_count_are_rejected() {
-        let revocation = |key: u64, rev: u64| Revocation { source: record(key, 1, OUTLINED_BIT | key), rev };
         let entries = [revocation(1, 0), revocation(1, 5), revocation(2, 0)];
         let frame = |runs: Option<&[u16]>| handmade_frame::<Revocation>(3, 3, &key_runs_payload(&entries, runs));
         let mut out = Vec::new();
