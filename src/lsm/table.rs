@@ -1425,15 +1425,18 @@ mod tests {
         assert!(TableMeta::<Revocation>::decode(&meta_bytes).is_err(), "entry width must be checked");
     }
 
-    const GOLDEN_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden.data");
-    const GOLDEN_META: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden.meta");
+    /// A golden table's files, `tests/data/<name>.data` and `.meta`.
+    fn golden_files(name: &str) -> (Vec<u8>, Vec<u8>) {
+        let path = |ext: &str| format!("{}/tests/data/{name}.{ext}", env!("CARGO_MANIFEST_DIR"));
+        let read = |ext: &str| std::fs::read(path(ext)).unwrap_or_else(|e| panic!("{}: {e}", path(ext)));
+        (read("data"), read("meta"))
+    }
 
     /// Files written by format version 1 must keep decoding to the same entries.
     #[test]
     fn golden_table_files_still_decode() {
         let (entries, _, _) = small_backlink_table();
-        let data = std::fs::read(GOLDEN_DATA).expect("tests/data/table_golden.data");
-        let meta_bytes = std::fs::read(GOLDEN_META).expect("tests/data/table_golden.meta");
+        let (data, meta_bytes) = golden_files("table_golden");
         assert_eq!(&data[..8], &[b'B', b'L', b'K', b'F', 1, 1, 64, 0]);
         assert_eq!(&meta_bytes[..16], &[b'B', b'L', b'K', b'M', 1, 0, 64, 0, 24, 0, 0, 0, 4, 0, 0, 0]);
         let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
@@ -1442,78 +1445,64 @@ mod tests {
         assert_eq!(entries_between(&meta, &data, &entries[12], &entries[25]), &entries[12..=25]);
     }
 
-    const GOLDEN_V2_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v2.data");
-    const GOLDEN_V2_META: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v2.meta");
+    /// A network-shaped TID: milliseconds, a microsecond rest and a clock id.
+    fn golden_tid(ms: u64, micros: u64, clock: u64) -> u64 {
+        ((ms * 1000 + micros) << 10) | clock
+    }
+
+    /// The `i`th backlink of a golden table's target, from one of `dids` accounts.
+    fn golden_link(target: RecordId, i: u64, dids: u64) -> Backlink {
+        let source =
+            record(golden_tid(1_730_000_100_000 + i * 37, (i % 5) * 201, i % 32), 2, OUTLINED_BIT | (i % dids));
+        Backlink { target, source, location: 1 + i % 2, source_rev: i }
+    }
 
     /// Backlinks whose record keys take every path of `tid::spread`: network-shaped TIDs (whole
     /// milliseconds, small clock ids), odd microseconds, a time past `1000 << 43` µs, outlined
     /// keys and the repository form.
     fn spread_golden_entries() -> Vec<Backlink> {
-        let tid = |ms: u64, micros: u64, clock: u64| ((ms * 1000 + micros) << 10) | clock;
         let late = (((1000u64 << 43) + 5) << 10) | 3;
         let targets = [
-            record(tid(1_730_000_000_000, 0, 7), 1, OUTLINED_BIT | 5),
+            record(golden_tid(1_730_000_000_000, 0, 7), 1, OUTLINED_BIT | 5),
             RecordId::repo(OUTLINED_BIT | 6),
             record(OUTLINED_BIT | 42, 4, OUTLINED_BIT | 7),
             record(late, 1, OUTLINED_BIT | 8),
         ];
-        let entries = (0..40u64).map(|i| Backlink {
-            target: targets[(i % 4) as usize],
-            source: record(tid(1_730_000_100_000 + i * 37, (i % 5) * 201, i % 32), 2, OUTLINED_BIT | (i % 3)),
-            location: 1 + i % 2,
-            source_rev: i,
-        });
-        sorted_set(entries.collect())
+        sorted_set((0..40u64).map(|i| golden_link(targets[(i % 4) as usize], i, 3)).collect())
     }
 
     /// Files written in payload encoding 2 must keep decoding to the same entries: the record
     /// key spread is part of the format, and a changed `spread` would still give sorted entries.
     #[test]
     fn golden_encoding_2_files_still_decode() {
-        let entries = spread_golden_entries();
-        let data = std::fs::read(GOLDEN_V2_DATA).expect("tests/data/table_golden_v2.data");
-        let meta_bytes = std::fs::read(GOLDEN_V2_META).expect("tests/data/table_golden_v2.meta");
+        let (data, meta_bytes) = golden_files("table_golden_v2");
         assert_eq!(&data[..8], &[b'B', b'L', b'K', b'F', 1, 2, 64, 0]);
         let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
         assert_eq!(meta.frames.len(), 4);
-        assert_eq!(read_frames(&meta, &data, 0..4), entries);
+        assert_eq!(read_frames(&meta, &data, 0..4), spread_golden_entries());
     }
-
-    const GOLDEN_V3_DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v3.data");
-    const GOLDEN_V3_META: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/table_golden_v3.meta");
 
     /// Backlinks in runs of equal targets for the encoding-3 golden table: a repository target
     /// with 2, a post with 300 (a run length above 255), posts with 1, 4, 2 and 3; record keys
     /// shaped as in `spread_golden_entries`.
     fn key_runs_golden_entries() -> Vec<Backlink> {
-        let tid = |ms: u64, micros: u64, clock: u64| ((ms * 1000 + micros) << 10) | clock;
-        let post = |n: u64| record(tid(1_730_000_000_000 + n * 1000, 0, n), 1, OUTLINED_BIT | (5 + n));
+        let post = |n: u64| record(golden_tid(1_730_000_000_000 + n * 1000, 0, n), 1, OUTLINED_BIT | (5 + n));
         let targets = [(RecordId::repo(OUTLINED_BIT | 6), 2), (post(0), 300), (post(1), 1), (post(2), 4), (post(3), 2)];
         let targets = targets.into_iter().chain([(post(4), 3)]);
-        let entries = targets.flat_map(|(target, count)| {
-            (0..count).map(move |i| Backlink {
-                target,
-                source: record(tid(1_730_000_100_000 + i * 37, (i % 5) * 201, i % 32), 2, OUTLINED_BIT | (i % 7)),
-                location: 1 + i % 2,
-                source_rev: i,
-            })
-        });
-        sorted_set(entries.collect())
+        sorted_set(targets.flat_map(|(target, count)| (0..count).map(move |i| golden_link(target, i, 7))).collect())
     }
 
     /// Files written in payload encoding 3 must keep decoding to the same entries. The golden
     /// table's first frame holds four runs (one of 300 entries), its second three.
     #[test]
     fn golden_encoding_3_files_still_decode() {
-        let entries = key_runs_golden_entries();
-        let data = std::fs::read(GOLDEN_V3_DATA).expect("tests/data/table_golden_v3.data");
-        let meta_bytes = std::fs::read(GOLDEN_V3_META).expect("tests/data/table_golden_v3.meta");
+        let (data, meta_bytes) = golden_files("table_golden_v3");
         let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
         assert_eq!(meta.frames.iter().map(|f| f.entries).collect::<Vec<_>>(), [305, 7]);
         for frame in &meta.frames {
             assert_eq!(&data[frame.offset as usize..][..8], &[b'B', b'L', b'K', b'F', 1, 3, 64, 0]);
         }
-        assert_eq!(read_frames(&meta, &data, 0..2), entries);
+        assert_eq!(read_frames(&meta, &data, 0..2), key_runs_golden_entries());
     }
 
     /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
@@ -1522,8 +1511,9 @@ mod tests {
     #[ignore]
     fn write_golden_table_files() {
         let (data, meta, _) = build(&key_runs_golden_entries(), &options(305 * Backlink::WIDTH));
-        std::fs::write(GOLDEN_V3_DATA, data).unwrap();
-        std::fs::write(GOLDEN_V3_META, meta).unwrap();
+        let path = |ext: &str| format!("{}/tests/data/table_golden_v3.{ext}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::write(path("data"), data).unwrap();
+        std::fs::write(path("meta"), meta).unwrap();
     }
 
     fn revocation(key: u64, rev: u64) -> Revocation {
