@@ -72,8 +72,15 @@ const FRAME_HEADER_LEN: usize = 20;
 const CHECKSUM_LEN: usize = 8;
 
 const META_MAGIC: [u8; 4] = *b"BLKM";
-const META_VERSION: u16 = 1;
+/// Meta version 1: the frame index as fixed records. Read, no longer written.
+const META_ROWS_VERSION: u16 = 1;
+/// Meta version 2: the frame index as compressed columns (`encode_frame_index`). Written.
+const META_COLUMNS_VERSION: u16 = 2;
 const META_HEADER_LEN: usize = 36;
+/// Version 2's header adds the compressed frame index's length (u32 LE).
+const META_V2_HEADER_LEN: usize = 40;
+/// A version-2 frame index column set: the first entry, flags (1), length (4), entries (4).
+const FRAME_COLUMNS_FIXED_LEN: usize = 9;
 /// A frame index record is the first entry plus flags (1), offset (8), length (4), entries (4).
 const FRAME_INFO_FIXED_LEN: usize = 17;
 const CONTINUES_FLAG: u8 = 1;
@@ -255,7 +262,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             filter.insert(hash);
         }
         let meta = TableMeta::new(filter.finish(), self.frames, self.last, self.entries, self.data_len);
-        let mut meta_bytes = Vec::with_capacity(meta.encoded_len());
+        let mut meta_bytes = Vec::new();
         meta.encode(&mut meta_bytes);
         let summary = TableSummary {
             entries: meta.entries,
@@ -871,22 +878,15 @@ impl<E: Entry> TableMeta<E> {
         (self.frames[r.start].offset, last.offset.saturating_add(u64::from(last.len)))
     }
 
-    fn encoded_len(&self) -> usize {
-        META_HEADER_LEN
-            + self.filter.encoded_len()
-            + self.last.map_or(0, |_| E::WIDTH)
-            + self.frames.len() * (E::WIDTH + FRAME_INFO_FIXED_LEN)
-            + CHECKSUM_LEN
-    }
-
-    /// Appends the meta file encoding (docs/format.md "Meta file"). Public for the fuzz targets'
-    /// round trip; tables are written by `TableBuilder`.
+    /// Appends the meta file encoding, version 2 (docs/format.md "Meta file"). Public for the
+    /// fuzz targets' round trip; tables are written by `TableBuilder`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         assert_eq!(self.entries == 0, self.frames.is_empty());
         assert_eq!(self.entries == 0, self.last.is_none());
+        let index = encode_frame_index(&self.frames);
         let start = out.len();
         out.extend_from_slice(&META_MAGIC);
-        out.extend_from_slice(&META_VERSION.to_le_bytes());
+        out.extend_from_slice(&META_COLUMNS_VERSION.to_le_bytes());
         out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
         out.extend_from_slice(&(E::KEY_WIDTH as u16).to_le_bytes());
         out.extend_from_slice(&[0, 0]);
@@ -894,34 +894,32 @@ impl<E: Entry> TableMeta<E> {
         out.extend_from_slice(&self.entries.to_le_bytes());
         out.extend_from_slice(&self.data_len.to_le_bytes());
         out.extend_from_slice(&(self.filter.encoded_len() as u32).to_le_bytes());
+        out.extend_from_slice(&(index.len() as u32).to_le_bytes());
+        assert_eq!(out.len() - start, META_V2_HEADER_LEN);
         self.filter.encode(out);
         if let Some(last) = &self.last {
             encode_entry(last, out);
         }
-        for frame in &self.frames {
-            encode_entry(&frame.first, out);
-            out.push(if frame.continues { CONTINUES_FLAG } else { 0 });
-            out.extend_from_slice(&frame.offset.to_le_bytes());
-            out.extend_from_slice(&frame.len.to_le_bytes());
-            out.extend_from_slice(&frame.entries.to_le_bytes());
-        }
+        out.extend_from_slice(&index);
         let checksum = xxh3_64(&out[start..]);
         out.extend_from_slice(&checksum.to_le_bytes());
-        assert_eq!(out.len() - start, self.encoded_len());
     }
 
-    /// Parses a meta file: header, exact length, checksum, then body and cross-field checks.
+    /// Parses a meta file of either version: header, exact length, checksum, then body and
+    /// cross-field checks.
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
         let header = MetaHeader::parse::<E>(bytes)?;
         verify_checksum(META_WHAT, bytes)?;
-        let mut reader = Reader::new(META_WHAT, &bytes[META_HEADER_LEN..bytes.len() - CHECKSUM_LEN]);
+        let mut reader = Reader::new(META_WHAT, &bytes[header.header_len()..bytes.len() - CHECKSUM_LEN]);
         let filter = Filter::decode(reader.take(header.filter_len)?)?;
         let last = if header.entries > 0 { Some(decode_entry(reader.take(E::WIDTH)?)) } else { None };
-        let frames = (0..header.frames).map(|_| decode_frame_info(&mut reader)).collect::<Result<Vec<_>, _>>()?;
+        let frames = match header.index_len {
+            None => (0..header.frames).map(|_| decode_frame_info(&mut reader)).collect::<Result<Vec<_>, _>>()?,
+            Some(len) => decode_frame_index(reader.take(len)?, header.frames)?,
+        };
         reader.expect_end()?;
         let meta = TableMeta::new(filter, frames, last, header.entries, header.data_len);
         meta.check_index()?;
-        assert_eq!(meta.encoded_len(), bytes.len());
         Ok(meta)
     }
 
@@ -981,6 +979,8 @@ struct MetaHeader {
     entries: u64,
     data_len: u64,
     filter_len: usize,
+    /// The compressed frame index's length (version 2); `None` in version 1 (fixed records).
+    index_len: Option<usize>,
 }
 
 impl MetaHeader {
@@ -992,7 +992,7 @@ impl MetaHeader {
             return Err(FormatError::Magic { what: META_WHAT, found: magic });
         }
         let version = reader.u16()?;
-        if version != META_VERSION {
+        if ![META_ROWS_VERSION, META_COLUMNS_VERSION].contains(&version) {
             return Err(FormatError::Version { what: META_WHAT, found: version.into() });
         }
         let width = reader.u16()?;
@@ -1009,7 +1009,15 @@ impl MetaHeader {
         check_range(META_WHAT, "data length", data_len, 0, MAX_FRAMES as u64 * MAX_FRAME_BYTES as u64)?;
         let filter_len = reader.u32()? as usize;
         check_range(META_WHAT, "filter length", filter_len as u64, 0, MAX_FILTER_LEN as u64)?;
-        let header = MetaHeader { frames, entries, data_len, filter_len };
+        let index_len = if version == META_COLUMNS_VERSION {
+            let len = reader.u32()? as usize;
+            let most = zstd::zstd_safe::compress_bound(frames * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN));
+            check_range(META_WHAT, "frame index length", len as u64, 0, most as u64)?;
+            Some(len)
+        } else {
+            None
+        };
+        let header = MetaHeader { frames, entries, data_len, filter_len, index_len };
         let expected = header.file_len::<E>();
         if bytes.len() != expected {
             return Err(FormatError::Length { what: META_WHAT, expected: expected as u64, found: bytes.len() as u64 });
@@ -1020,8 +1028,65 @@ impl MetaHeader {
     /// Total file length implied by the header (every term is bounded, so no overflow).
     fn file_len<E: Entry>(&self) -> usize {
         let last_len = if self.entries > 0 { E::WIDTH } else { 0 };
-        META_HEADER_LEN + self.filter_len + last_len + self.frames * (E::WIDTH + FRAME_INFO_FIXED_LEN) + CHECKSUM_LEN
+        let index_len = self.index_len.unwrap_or(self.frames * (E::WIDTH + FRAME_INFO_FIXED_LEN));
+        self.header_len() + self.filter_len + last_len + index_len + CHECKSUM_LEN
     }
+
+    fn header_len(&self) -> usize {
+        if self.index_len.is_some() { META_V2_HEADER_LEN } else { META_HEADER_LEN }
+    }
+}
+
+/// Version 2's frame index: one zstd frame (stating its size) of columns, each byte-transposed:
+/// the first entries (record keys spread, XOR delta, as payload encoding 2), the flags, the
+/// lengths (u32 LE) and the entry counts (u32 LE). Offsets are not stored: each frame starts
+/// where the previous one ends.
+fn encode_frame_index<E: Entry>(frames: &[FrameInfo<E>]) -> Vec<u8> {
+    let mut firsts = Vec::with_capacity(frames.len() * E::WIDTH);
+    frames.iter().for_each(|frame| encode_entry(&frame.first, &mut firsts));
+    map_rkeys(&mut firsts, E::WIDTH, E::RKEY_OFFSETS, tid::spread);
+    let mut columns = Vec::with_capacity(frames.len() * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN));
+    xor_delta_transpose(&firsts, E::WIDTH, &mut columns);
+    columns.extend(frames.iter().map(|frame| if frame.continues { CONTINUES_FLAG } else { 0 }));
+    let lens: Vec<u32> = frames.iter().map(|frame| frame.len).collect();
+    let entries: Vec<u32> = frames.iter().map(|frame| frame.entries).collect();
+    for values in [lens, entries] {
+        (0..4).for_each(|byte| columns.extend(values.iter().map(|value| value.to_le_bytes()[byte])));
+    }
+    assert_eq!(columns.len(), frames.len() * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN));
+    zstd::bulk::compress(&columns, DEFAULT_ZSTD_LEVEL).expect("zstd compresses in memory")
+}
+
+/// Inverse of `encode_frame_index` for `count` frames (bounded by the header checks).
+fn decode_frame_index<E: Entry>(compressed: &[u8], count: usize) -> Result<Vec<FrameInfo<E>>, FormatError> {
+    let expected = count * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN);
+    let columns = crate::manifest::inflate(compressed, expected).map_err(|e| invalid(META_WHAT, e))?;
+    if columns.len() != expected {
+        return Err(FormatError::Length {
+            what: "frame index",
+            expected: expected as u64,
+            found: columns.len() as u64,
+        });
+    }
+    let (firsts, rest) = columns.split_at(count * E::WIDTH);
+    let mut raw = Vec::new();
+    untranspose_xor_undelta(firsts, E::WIDTH, &mut raw);
+    map_rkeys(&mut raw, E::WIDTH, E::RKEY_OFFSETS, tid::gather);
+    let (flags, rest) = rest.split_at(count);
+    let (lens, entries) = rest.split_at(4 * count);
+    let u32_at = |column: &[u8], i: usize| u32::from_le_bytes(std::array::from_fn(|byte| column[byte * count + i]));
+    let mut offset = 0u64;
+    let mut frames = Vec::with_capacity(count);
+    for (i, first) in raw.chunks_exact(E::WIDTH).enumerate() {
+        if flags[i] & !CONTINUES_FLAG != 0 {
+            return Err(invalid(META_WHAT, format!("unknown frame flags {:#04x}", flags[i])));
+        }
+        let (len, entries) = (u32_at(lens, i), u32_at(entries, i));
+        let continues = flags[i] & CONTINUES_FLAG != 0;
+        frames.push(FrameInfo { first: decode_entry(first), continues, offset, len, entries });
+        offset += u64::from(len);
+    }
+    Ok(frames)
 }
 
 fn decode_frame_info<E: Entry>(reader: &mut Reader<'_>) -> Result<FrameInfo<E>, FormatError> {
@@ -1505,6 +1570,47 @@ mod tests {
         assert_eq!(read_frames(&meta, &data, 0..2), key_runs_golden_entries());
     }
 
+    /// Meta files written in version 2 (a compressed frame index) must keep decoding to the same
+    /// index: the encoding-3 golden table's meta, written again in version 2.
+    #[test]
+    fn golden_meta_version_2_still_decodes() {
+        let (_, v1) = golden_files("table_golden_v3");
+        let v2 = std::fs::read(format!("{}/tests/data/table_golden_meta_v2.meta", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        assert_eq!(&v2[..6], b"BLKM\x02\x00");
+        assert_eq!(TableMeta::<Backlink>::decode(&v2).unwrap(), TableMeta::<Backlink>::decode(&v1).unwrap());
+    }
+
+    /// A version-2 meta whose frame index (checksum fixed up) holds unknown flags, or decompresses
+    /// to another size than the frame count implies, is rejected.
+    #[test]
+    fn hostile_version_2_frame_indexes_are_rejected() {
+        let (_, v1) = golden_files("table_golden_v3");
+        let meta = TableMeta::<Backlink>::decode(&v1).unwrap();
+        let with_index = |index: Vec<u8>| {
+            let mut bytes = Vec::new();
+            meta.encode(&mut bytes);
+            let index_len = u32::from_le_bytes(bytes[36..40].try_into().unwrap()) as usize;
+            let index_at = bytes.len() - CHECKSUM_LEN - index_len;
+            bytes.truncate(index_at);
+            bytes[36..40].copy_from_slice(&(index.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&index);
+            let checksum = xxh3_64(&bytes);
+            bytes.extend_from_slice(&checksum.to_le_bytes());
+            TableMeta::<Backlink>::decode(&bytes)
+        };
+        let columns = zstd::bulk::decompress(&encode_frame_index(&meta.frames), 1 << 20).unwrap();
+        assert_eq!(with_index(zstd::bulk::compress(&columns, 3).unwrap()).unwrap(), meta);
+        let flags_at = meta.frames.len() * Backlink::WIDTH;
+        let mut bad_flags = columns.clone();
+        bad_flags[flags_at] |= 2;
+        let error = with_index(zstd::bulk::compress(&bad_flags, 3).unwrap()).unwrap_err().to_string();
+        assert!(error.contains("unknown frame flags"), "{error}");
+        let error = with_index(zstd::bulk::compress(&columns[1..], 3).unwrap()).unwrap_err().to_string();
+        assert!(error.contains("frame index"), "{error}");
+        let error = with_index(b"not zstd".to_vec()).unwrap_err().to_string();
+        assert!(error.contains("not a zstd frame"), "{error}");
+    }
+
     /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
     /// writes the current encoding's files; older encodings' files stay as they were written.
     #[test]
@@ -1513,7 +1619,8 @@ mod tests {
         let (data, meta, _) = build(&key_runs_golden_entries(), &options(305 * Backlink::WIDTH));
         let path = |ext: &str| format!("{}/tests/data/table_golden_v3.{ext}", env!("CARGO_MANIFEST_DIR"));
         std::fs::write(path("data"), data).unwrap();
-        std::fs::write(path("meta"), meta).unwrap();
+        let meta_v2 = format!("{}/tests/data/table_golden_meta_v2.meta", env!("CARGO_MANIFEST_DIR"));
+        std::fs::write(meta_v2, meta).unwrap();
     }
 
     fn revocation(key: u64, rev: u64) -> Revocation {
@@ -1608,7 +1715,18 @@ mod tests {
             change(&mut copy);
             copy
         };
-        assert!(reencoded(&altered(&|m| m.frames[1].offset += 1)).is_err());
+        // Version 2 stores no offsets (each frame starts where the previous one ends), so a wrong
+        // offset in memory is written right; version 1 stored them, and a wrong one is rejected.
+        assert_eq!(reencoded(&altered(&|m| m.frames[1].offset += 1)).unwrap(), meta);
+        let (_, mut v1) = golden_files("table_golden");
+        let filter_len = u32::from_le_bytes(v1[32..36].try_into().unwrap()) as usize;
+        let frame_1_offset = META_HEADER_LEN + filter_len + 64 + (64 + FRAME_INFO_FIXED_LEN) + 64 + 1;
+        v1[frame_1_offset] ^= 1;
+        let body = v1.len() - CHECKSUM_LEN;
+        let checksum = xxh3_64(&v1[..body]);
+        v1[body..].copy_from_slice(&checksum.to_le_bytes());
+        let error = TableMeta::<Backlink>::decode(&v1).unwrap_err().to_string();
+        assert!(error.contains("instead of"), "{error}");
         assert!(reencoded(&altered(&|m| m.frames[0].continues = true)).is_err());
         assert!(reencoded(&altered(&|m| m.frames.swap(1, 2))).is_err());
         assert!(reencoded(&altered(&|m| m.data_len += 1)).is_err());
