@@ -288,4 +288,26 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), http.stop()).await.expect("stop returns").unwrap();
         assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "still accepting after stop");
     }
+
+    /// A serving thread that has ended (its queue's receiving end gone) ends serving with an
+    /// error as soon as a connection is handed to it, though no shutdown came; the live thread
+    /// is stopped and joined all the same.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thread_that_ended_by_itself_ends_serving_with_an_error() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let (stop, stopped) = watch::channel(false);
+        let (queue, handed) = mpsc::channel(HANDOFF_QUEUE);
+        drop(handed);
+        let ended = Worker { queue, open: Arc::new(AtomicUsize::new(0)), thread: std::thread::spawn(|| Ok(())) };
+        let alive = Worker::start(1, addr, thread_name_router(), Duration::from_secs(5), stopped.clone()).unwrap();
+        // Both have no connection open, and the first of equals is picked: the ended one.
+        let acceptor =
+            tokio::spawn(accept_until_stopped(listener, Arc::new(Semaphore::new(8)), vec![ended, alive], stopped));
+        let http = HttpThreads { addr, stop, acceptor };
+        let _client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let served = tokio::time::timeout(Duration::from_secs(10), http.serve_until(std::future::pending())).await;
+        let error = served.expect("serving ended without a shutdown").unwrap_err();
+        assert!(error.to_string().contains("ended by itself"), "{error}");
+    }
 }
