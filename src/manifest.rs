@@ -192,6 +192,10 @@ pub(crate) fn inflate(frame: &[u8], max: usize) -> Result<Vec<u8>, String> {
     if size > max as u64 {
         return Err(format!("{size} bytes of content is over the limit of {max}"));
     }
+    // Exactly one standard frame: no legacy format, nothing (not even a skippable frame) after it.
+    if !frame.starts_with(&ZSTD_MAGIC) || zstd::zstd_safe::find_frame_compressed_size(frame) != Ok(frame.len()) {
+        return Err("not a zstd frame".into());
+    }
     let content = zstd::bulk::decompress(frame, size as usize).map_err(|e| format!("zstd: {e}"))?;
     if content.len() as u64 != size {
         return Err(format!("the zstd frame holds {} bytes, not the {size} it states", content.len()));

@@ -4,7 +4,7 @@
 //! (bit 7 clear) or as the range's contents before its checksum and compression (bit 7 set: the
 //! target appends the xxh3-64 and compresses, so that the parsing behind them is reached).
 //!
-//! Invariants checked (src/outline.rs states them):
+//! Invariants checked (docs/format.md "Outline range" states the format):
 //! - Every decoded value is UTF-8 of 1..=the kind's maximum length; no more rows than the
 //!   contents have room for (10 bytes a row at least).
 //! - decode(encode(rows)) == rows: the decoded rows, written again (version 2), decode to the

@@ -6,8 +6,9 @@
 //! - Entries are strictly increasing across the whole table (byte order == `Ord`).
 //! - A frame holds `1..=max_frame_entries::<E>()` entries (at most `MAX_FRAME_RAW_BYTES` before
 //!   compression) and an xxh3-64 over its header and payload. The meta file ends with an xxh3-64
-//!   over everything before it. Lengths are checked against fixed maxima before anything is
-//!   allocated from them, and checksums before any payload is trusted.
+//!   over everything before it. Lengths are checked against fixed maxima (and a version-2 meta's
+//!   frame count against what its compressed index can expand to) before anything is allocated
+//!   from them, and checksums before any payload is trusted.
 //! - `frames[0].offset == 0`, each frame starts where the previous one ends, the last one ends at
 //!   `data_len`; the entry counts sum to `entries`.
 //! - `frames[i].first` is the first entry of frame i; `frames[i].continues` is true exactly when
@@ -81,6 +82,9 @@ const META_HEADER_LEN: usize = 36;
 const META_V2_HEADER_LEN: usize = 40;
 /// A version-2 frame index column set: the first entry, flags (1), length (4), entries (4).
 const FRAME_COLUMNS_FIXED_LEN: usize = 9;
+/// Most a version-2 frame index may expand when decompressed. Real indexes compress about
+/// sixfold; a writer falls back to version 1 for one that would compress more.
+const MAX_INDEX_EXPANSION: usize = 64;
 /// A frame index record is the first entry plus flags (1), offset (8), length (4), entries (4).
 const FRAME_INFO_FIXED_LEN: usize = 17;
 const CONTINUES_FLAG: u8 = 1;
@@ -878,15 +882,20 @@ impl<E: Entry> TableMeta<E> {
         (self.frames[r.start].offset, last.offset.saturating_add(u64::from(last.len)))
     }
 
-    /// Appends the meta file encoding, version 2 (docs/format.md "Meta file"). Public for the
+    /// Appends the meta file encoding (docs/format.md "Meta file"): version 2, or version 1 when
+    /// the frame index compresses more than `MAX_INDEX_EXPANSION`-fold (a reader refuses such a
+    /// version-2 index, so that a small file cannot make it allocate gigabytes). Public for the
     /// fuzz targets' round trip; tables are written by `TableBuilder`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         assert_eq!(self.entries == 0, self.frames.is_empty());
         assert_eq!(self.entries == 0, self.last.is_none());
         let index = encode_frame_index(&self.frames);
+        let columns_len = self.frames.len() * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN);
+        let index = (columns_len <= MAX_INDEX_EXPANSION * index.len()).then_some(index);
         let start = out.len();
         out.extend_from_slice(&META_MAGIC);
-        out.extend_from_slice(&META_COLUMNS_VERSION.to_le_bytes());
+        let version = if index.is_some() { META_COLUMNS_VERSION } else { META_ROWS_VERSION };
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
         out.extend_from_slice(&(E::KEY_WIDTH as u16).to_le_bytes());
         out.extend_from_slice(&[0, 0]);
@@ -894,13 +903,17 @@ impl<E: Entry> TableMeta<E> {
         out.extend_from_slice(&self.entries.to_le_bytes());
         out.extend_from_slice(&self.data_len.to_le_bytes());
         out.extend_from_slice(&(self.filter.encoded_len() as u32).to_le_bytes());
-        out.extend_from_slice(&(index.len() as u32).to_le_bytes());
-        assert_eq!(out.len() - start, META_V2_HEADER_LEN);
+        if let Some(index) = &index {
+            out.extend_from_slice(&(index.len() as u32).to_le_bytes());
+        }
         self.filter.encode(out);
         if let Some(last) = &self.last {
             encode_entry(last, out);
         }
-        out.extend_from_slice(&index);
+        match &index {
+            Some(index) => out.extend_from_slice(index),
+            None => self.frames.iter().for_each(|frame| encode_frame_info(frame, out)),
+        }
         let checksum = xxh3_64(&out[start..]);
         out.extend_from_slice(&checksum.to_le_bytes());
     }
@@ -1011,8 +1024,17 @@ impl MetaHeader {
         check_range(META_WHAT, "filter length", filter_len as u64, 0, MAX_FILTER_LEN as u64)?;
         let index_len = if version == META_COLUMNS_VERSION {
             let len = reader.u32()? as usize;
-            let most = zstd::zstd_safe::compress_bound(frames * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN));
-            check_range(META_WHAT, "frame index length", len as u64, 0, most as u64)?;
+            let columns = frames * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN);
+            check_range(
+                META_WHAT,
+                "frame index length",
+                len as u64,
+                0,
+                zstd::zstd_safe::compress_bound(columns) as u64,
+            )?;
+            if columns > MAX_INDEX_EXPANSION * len {
+                return Err(invalid(META_WHAT, format!("a frame index of {len} bytes cannot hold {frames} frames")));
+            }
             Some(len)
         } else {
             None
@@ -1087,6 +1109,15 @@ fn decode_frame_index<E: Entry>(compressed: &[u8], count: usize) -> Result<Vec<F
         offset += u64::from(len);
     }
     Ok(frames)
+}
+
+/// A version-1 frame index record.
+fn encode_frame_info<E: Entry>(frame: &FrameInfo<E>, out: &mut Vec<u8>) {
+    encode_entry(&frame.first, out);
+    out.push(if frame.continues { CONTINUES_FLAG } else { 0 });
+    out.extend_from_slice(&frame.offset.to_le_bytes());
+    out.extend_from_slice(&frame.len.to_le_bytes());
+    out.extend_from_slice(&frame.entries.to_le_bytes());
 }
 
 fn decode_frame_info<E: Entry>(reader: &mut Reader<'_>) -> Result<FrameInfo<E>, FormatError> {
@@ -1605,14 +1636,57 @@ mod tests {
         bad_flags[flags_at] |= 2;
         let error = with_index(zstd::bulk::compress(&bad_flags, 3).unwrap()).unwrap_err().to_string();
         assert!(error.contains("unknown frame flags"), "{error}");
-        let error = with_index(zstd::bulk::compress(&columns[1..], 3).unwrap()).unwrap_err().to_string();
-        assert!(error.contains("frame index"), "{error}");
-        let error = with_index(b"not zstd".to_vec()).unwrap_err().to_string();
-        assert!(error.contains("not a zstd frame"), "{error}");
+        let short = with_index(zstd::bulk::compress(&columns[1..], 3).unwrap()).unwrap_err();
+        assert!(matches!(short, FormatError::Length { what: "frame index", .. }), "{short}");
+        let mut long = columns.clone();
+        long.push(0);
+        let long = with_index(zstd::bulk::compress(&long, 3).unwrap()).unwrap_err().to_string();
+        assert!(long.contains("over the limit"), "{long}");
+        let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+        encoder.include_contentsize(false).unwrap();
+        std::io::Write::write_all(&mut encoder, &columns).unwrap();
+        let error = with_index(encoder.finish().unwrap()).unwrap_err().to_string();
+        assert!(error.contains("does not state its size"), "{error}");
+        // A skippable frame (magic 0x184D2A50, 4 bytes of length, no content) after the index.
+        let mut two_frames = zstd::bulk::compress(&columns, 3).unwrap();
+        two_frames.extend_from_slice(&[0x50, 0x2A, 0x4D, 0x18, 0, 0, 0, 0]);
+        for index in [two_frames, b"not zstd".to_vec()] {
+            let error = with_index(index).unwrap_err().to_string();
+            assert!(error.contains("not a zstd frame"), "{error}");
+        }
+    }
+
+    /// A version-2 header may not claim more frames than its index could expand to: a small
+    /// file never makes a reader allocate for 2^24 frames.
+    #[test]
+    fn a_frame_count_its_index_cannot_hold_is_rejected_before_decompressing() {
+        let mut v2 =
+            std::fs::read(format!("{}/tests/data/table_golden_meta_v2.meta", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        v2[12..16].copy_from_slice(&(1u32 << 24).to_le_bytes());
+        let body = v2.len() - CHECKSUM_LEN;
+        let checksum = xxh3_64(&v2[..body]);
+        v2[body..].copy_from_slice(&checksum.to_le_bytes());
+        let error = TableMeta::<Backlink>::decode(&v2).unwrap_err().to_string();
+        assert!(error.contains("cannot hold 16777216 frames"), "{error}");
+    }
+
+    /// An index that compresses more than a reader accepts of version 2 (thousands of frames of
+    /// one entry with consecutive keys) is written as version 1, and reads back the same.
+    #[test]
+    fn a_too_compressible_frame_index_is_written_as_version_1() {
+        let entries: Vec<Revocation> = (0..4000).map(|i| Revocation { source: record(i, 0, 0), rev: 0 }).collect();
+        let (data, meta_bytes, _) = build(&entries, &options(Revocation::WIDTH));
+        assert_eq!(&meta_bytes[4..6], &[1, 0], "written as version 1");
+        let meta = TableMeta::<Revocation>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.frames.len(), 4000);
+        assert_eq!(read_frames(&meta, &data, 0..4000), entries);
+        let (_, realistic, _) = build(&realistic_backlinks(20_000, 500, 50_000, 7), &TableOptions::default());
+        assert_eq!(&realistic[4..6], &[2, 0], "realistic indexes are written as version 2");
     }
 
     /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
-    /// writes the current encoding's files; older encodings' files stay as they were written.
+    /// writes the current encoding's files (payload encoding 3's data, meta version 2: give new
+    /// names to the next ones); older encodings' files stay as they were written.
     #[test]
     #[ignore]
     fn write_golden_table_files() {
