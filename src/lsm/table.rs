@@ -1656,6 +1656,33 @@ mod tests {
         }
     }
 
+    /// Meta version 2's frame index columns, written out by hand (docs/format.md "Meta file"):
+    /// two revocation frames whose record keys are outlined (spread leaves them as they are).
+    #[test]
+    fn version_2_frame_index_columns_are_byte_exact() {
+        let first = Revocation { source: record(OUTLINED_BIT | 5, 1, OUTLINED_BIT | 1), rev: 0x0102 };
+        let second = Revocation { source: record(OUTLINED_BIT | 5, 1, OUTLINED_BIT | 1), rev: 0x0304 };
+        let frames = vec![
+            FrameInfo { first, continues: false, offset: 0, len: 300, entries: 7 },
+            FrameInfo { first: second, continues: true, offset: 300, len: 0x0001_0304, entries: 1 },
+        ];
+        let meta = TableMeta::new(FilterBuilder::new(1, 0.01).finish(), frames, Some(second), 8, 300 + 0x0001_0304);
+        let mut bytes = Vec::new();
+        meta.encode(&mut bytes);
+        assert_eq!(&bytes[4..6], &[2, 0]);
+        let index_len = u32::from_le_bytes(bytes[36..40].try_into().unwrap()) as usize;
+        let index = &bytes[bytes.len() - CHECKSUM_LEN - index_len..bytes.len() - CHECKSUM_LEN];
+        let columns = zstd::bulk::decompress(index, 1 << 10).unwrap();
+        // First entries: byte j of the first, then byte j of (first XOR second), for j in 0..32.
+        let (a, b) = (crate::lsm::entry::encode_to_vec(&first), crate::lsm::entry::encode_to_vec(&second));
+        let mut expected: Vec<u8> = (0..32).flat_map(|j| [a[j], a[j] ^ b[j]]).collect();
+        expected.extend_from_slice(&[0, 1]); // flags: the second continues
+        expected.extend_from_slice(&[0x2c, 0x04, 0x01, 0x03, 0, 0x01, 0, 0]); // lengths 300, 0x00010304
+        expected.extend_from_slice(&[7, 1, 0, 0, 0, 0, 0, 0]); // entry counts 7, 1
+        assert_eq!(columns, expected);
+        assert_eq!(TableMeta::<Revocation>::decode(&bytes).unwrap(), meta);
+    }
+
     /// A version-2 header may not claim more frames than its index could expand to: a small
     /// file never makes a reader allocate for 2^24 frames.
     #[test]
