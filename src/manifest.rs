@@ -17,10 +17,8 @@ pub const MANIFEST_FORMAT: u32 = 1;
 const MAX_TABLES: usize = 1_000_000;
 const MAX_OBJECT_BYTES: u64 = 1 << 40;
 const MAX_MANIFEST_BYTES: usize = 256 << 20;
-/// A body is one zstd frame (these four bytes first) holding the JSON; a body that does not start
-/// with them is the bare JSON of a manifest written before compression, still read.
-const ZSTD_MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
-/// The JSON repeats its field names for every table and hidden account: it shrinks about 25x.
+/// The JSON repeats its field names for every table and hidden account: the 10 M-link
+/// benchmark's manifest shrank 1,081,293 -> 65,103 bytes (pretty JSON before, BENCHMARKS.md).
 const MANIFEST_ZSTD_LEVEL: i32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -116,7 +114,10 @@ impl Manifest {
         let json = serde_json::to_vec(self).expect("a manifest always serializes");
         assert!(json.len() <= MAX_MANIFEST_BYTES, "manifest larger than the decode limit");
         let body = zstd::bulk::compress(&json, MANIFEST_ZSTD_LEVEL).expect("compressing into memory succeeds");
-        assert!(body.starts_with(&ZSTD_MAGIC) && body.len() <= MAX_MANIFEST_BYTES, "manifest over the decode limit");
+        assert!(
+            body.starts_with(&crate::store::ZSTD_MAGIC) && body.len() <= MAX_MANIFEST_BYTES,
+            "manifest over the decode limit"
+        );
         let name = format!("{:016x}-{:032x}", self.generation, xxh3_128(&body));
         (name, body)
     }
@@ -131,8 +132,8 @@ impl Manifest {
         if xxh3_128(body) != digest {
             return Err(invalid("digest does not match the body".into()));
         }
-        let json = if body.starts_with(&ZSTD_MAGIC) {
-            inflate(body, MAX_MANIFEST_BYTES).map_err(invalid)?
+        let json = if body.starts_with(&crate::store::ZSTD_MAGIC) {
+            crate::store::inflate(body, MAX_MANIFEST_BYTES).map_err(invalid)?
         } else {
             body.to_vec()
         };
@@ -178,29 +179,6 @@ impl Manifest {
         }
         Ok(())
     }
-}
-
-/// The content of one zstd frame that states its size, at most `max` bytes: the size is checked
-/// before anything is allocated for it (the bucket's compressed objects: manifests, outline
-/// ranges).
-pub(crate) fn inflate(frame: &[u8], max: usize) -> Result<Vec<u8>, String> {
-    let size = match zstd::zstd_safe::get_frame_content_size(frame) {
-        Ok(Some(size)) => size,
-        Ok(None) => return Err("the zstd frame does not state its size".into()),
-        Err(_) => return Err("not a zstd frame".into()),
-    };
-    if size > max as u64 {
-        return Err(format!("{size} bytes of content is over the limit of {max}"));
-    }
-    // Exactly one standard frame: no legacy format, nothing (not even a skippable frame) after it.
-    if !frame.starts_with(&ZSTD_MAGIC) || zstd::zstd_safe::find_frame_compressed_size(frame) != Ok(frame.len()) {
-        return Err("not a zstd frame".into());
-    }
-    let content = zstd::bulk::decompress(frame, size as usize).map_err(|e| format!("zstd: {e}"))?;
-    if content.len() as u64 != size {
-        return Err(format!("the zstd frame holds {} bytes, not the {size} it states", content.len()));
-    }
-    Ok(content)
 }
 
 /// Table ids are 24 lowercase hex digits: a 64-bit sequence number and 32 random bits.
@@ -271,7 +249,7 @@ mod tests {
         let manifest = sample();
         let (_, body) = manifest.encode();
         let json = serde_json::to_vec(&manifest).unwrap();
-        assert_eq!(&body[..4], ZSTD_MAGIC);
+        assert_eq!(&body[..4], crate::store::ZSTD_MAGIC);
         assert_eq!(zstd::bulk::decompress(&body, json.len()).unwrap(), json);
         let bare = serde_json::to_vec_pretty(&manifest).unwrap();
         assert_eq!(Manifest::decode(&name_of(7, &bare), &bare).unwrap(), manifest);
@@ -281,7 +259,7 @@ mod tests {
     fn compressed_bodies_must_state_a_bounded_size() {
         let error = |body: &[u8]| Manifest::decode(&name_of(7, body), body).unwrap_err().to_string();
         // A frame header (single segment, 8-byte content size) claiming 2^40 bytes, no blocks.
-        let mut huge = ZSTD_MAGIC.to_vec();
+        let mut huge = crate::store::ZSTD_MAGIC.to_vec();
         huge.push(0xE0);
         huge.extend_from_slice(&(1u64 << 40).to_le_bytes());
         assert!(error(&huge).contains("over the limit"), "{}", error(&huge));
@@ -294,7 +272,7 @@ mod tests {
         let mut truncated = zstd::bulk::compress(&json, 3).unwrap();
         truncated.truncate(truncated.len() - 3);
         assert!(error(&truncated).contains("zstd"), "{}", error(&truncated));
-        let mut garbage = ZSTD_MAGIC.to_vec();
+        let mut garbage = crate::store::ZSTD_MAGIC.to_vec();
         garbage.extend_from_slice(b"not a frame header");
         assert!(error(&garbage).contains("not a zstd frame"), "{}", error(&garbage));
     }

@@ -944,6 +944,7 @@ mod tests {
 /// marks one). Version 1 (read) stored each row as id u64 LE, length u16 LE, value bytes.
 pub mod range {
     use super::{OutlineError, OutlineKind, check_value};
+    use crate::lsm::table::{transpose_into, untransposed};
     use xxhash_rust::xxh3::xxh3_64;
 
     const MAGIC: &[u8; 4] = b"BLOR";
@@ -1004,7 +1005,7 @@ pub mod range {
         let mut previous = 0u64;
         let deltas: Vec<[u8; 8]> =
             rows.clone().map(|(id, _)| (id.wrapping_sub(std::mem::replace(&mut previous, id))).to_be_bytes()).collect();
-        transpose_into(&deltas, &mut raw);
+        transpose_into(deltas.len(), |i| deltas[i], &mut raw);
         let packed: Vec<Option<[u8; PLC_PACKED_LEN]>> =
             rows.clone().map(|(_, v)| if kind == OutlineKind::Did { pack_plc(v) } else { None }).collect();
         let lengths: Vec<[u8; 2]> = rows
@@ -1015,7 +1016,7 @@ pub mod range {
                 if p.is_some() { [0, 0] } else { (v.len() as u16).to_le_bytes() }
             })
             .collect();
-        transpose_into(&lengths, &mut raw);
+        transpose_into(lengths.len(), |i| lengths[i], &mut raw);
         for ((_, value), packed) in rows.zip(&packed) {
             match packed {
                 Some(packed) => raw.extend_from_slice(packed),
@@ -1027,20 +1028,8 @@ pub mod range {
         zstd::bulk::compress(&raw, 3).expect("zstd compresses in memory")
     }
 
-    /// Appends byte 0 of every item, then byte 1 of every item, and so on.
-    fn transpose_into<const N: usize>(items: &[[u8; N]], out: &mut Vec<u8>) {
-        for byte in 0..N {
-            out.extend(items.iter().map(|item| item[byte]));
-        }
-    }
-
-    /// Byte `byte` of item `i` from `N` transposed columns of `count` items.
-    fn untransposed<const N: usize>(columns: &[u8], count: usize, i: usize) -> [u8; N] {
-        std::array::from_fn(|byte| columns[byte * count + i])
-    }
-
     pub fn decode(kind: OutlineKind, compressed: &[u8]) -> Result<Vec<(u64, String)>, OutlineError> {
-        let raw = crate::manifest::inflate(compressed, MAX_RANGE_BYTES).map_err(|e| corrupt(&e))?;
+        let raw = crate::store::inflate(compressed, MAX_RANGE_BYTES).map_err(|e| corrupt(&e))?;
         if raw.len() < HEADER_LEN + CHECKSUM_LEN || &raw[..4] != MAGIC {
             return Err(corrupt("bad magic or too short"));
         }

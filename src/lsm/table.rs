@@ -500,6 +500,19 @@ fn xor_delta_transpose(raw: &[u8], width: usize, out: &mut Vec<u8>) {
     }
 }
 
+/// Appends fixed-width fields as byte columns: byte 0 of `item(0)..item(count)`, then byte 1 of
+/// each, and so on (run lengths, frame index fields, outline range ids and lengths).
+pub(crate) fn transpose_into<const N: usize>(count: usize, item: impl Fn(usize) -> [u8; N], out: &mut Vec<u8>) {
+    for byte in 0..N {
+        out.extend((0..count).map(|i| item(i)[byte]));
+    }
+}
+
+/// Field `i` of `count` fields that `transpose_into` stored in `columns`.
+pub(crate) fn untransposed<const N: usize>(columns: &[u8], count: usize, i: usize) -> [u8; N] {
+    std::array::from_fn(|byte| columns[byte * count + i])
+}
+
 /// How many runs of equal keys (the first `key_width` bytes) the sorted entries form.
 fn count_key_runs(raw: &[u8], width: usize, key_width: usize) -> usize {
     let keys = || raw.chunks_exact(width).map(|entry| &entry[..key_width]);
@@ -540,8 +553,7 @@ fn split_key_runs(
 fn key_runs_transpose(keys: &[u8], runs: &[u16], rests: &[u8], widths: (usize, usize), out: &mut Vec<u8>) {
     let (key_width, rest_width) = widths;
     xor_delta_transpose(keys, key_width, out);
-    out.extend(runs.iter().map(|run| run.to_be_bytes()[0]));
-    out.extend(runs.iter().map(|run| run.to_be_bytes()[1]));
+    transpose_into(runs.len(), |i| runs[i].to_be_bytes(), out);
     xor_delta_transpose(rests, rest_width, out);
 }
 
@@ -674,7 +686,7 @@ impl FrameDecoder {
         self.raw.clear();
         let mut rest_rows = self.rests.chunks_exact(rest_width);
         for (i, key) in self.keys.chunks_exact(key_width).enumerate() {
-            let run = u16::from_be_bytes([lengths[i], lengths[runs + i]]);
+            let run = u16::from_be_bytes(untransposed(lengths, runs, i));
             if run == 0 {
                 return Err(invalid("frame", "a key run of length 0".into()));
             }
@@ -1070,11 +1082,8 @@ fn encode_frame_index<E: Entry>(frames: &[FrameInfo<E>]) -> Vec<u8> {
     let mut columns = Vec::with_capacity(frames.len() * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN));
     xor_delta_transpose(&firsts, E::WIDTH, &mut columns);
     columns.extend(frames.iter().map(|frame| if frame.continues { CONTINUES_FLAG } else { 0 }));
-    let lens: Vec<u32> = frames.iter().map(|frame| frame.len).collect();
-    let entries: Vec<u32> = frames.iter().map(|frame| frame.entries).collect();
-    for values in [lens, entries] {
-        (0..4).for_each(|byte| columns.extend(values.iter().map(|value| value.to_le_bytes()[byte])));
-    }
+    transpose_into(frames.len(), |i| frames[i].len.to_le_bytes(), &mut columns);
+    transpose_into(frames.len(), |i| frames[i].entries.to_le_bytes(), &mut columns);
     assert_eq!(columns.len(), frames.len() * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN));
     zstd::bulk::compress(&columns, DEFAULT_ZSTD_LEVEL).expect("zstd compresses in memory")
 }
@@ -1082,7 +1091,7 @@ fn encode_frame_index<E: Entry>(frames: &[FrameInfo<E>]) -> Vec<u8> {
 /// Inverse of `encode_frame_index` for `count` frames (bounded by the header checks).
 fn decode_frame_index<E: Entry>(compressed: &[u8], count: usize) -> Result<Vec<FrameInfo<E>>, FormatError> {
     let expected = count * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN);
-    let columns = crate::manifest::inflate(compressed, expected).map_err(|e| invalid(META_WHAT, e))?;
+    let columns = crate::store::inflate(compressed, expected).map_err(|e| invalid(META_WHAT, e))?;
     if columns.len() != expected {
         return Err(FormatError::Length {
             what: "frame index",
@@ -1096,7 +1105,7 @@ fn decode_frame_index<E: Entry>(compressed: &[u8], count: usize) -> Result<Vec<F
     map_rkeys(&mut raw, E::WIDTH, E::RKEY_OFFSETS, tid::gather);
     let (flags, rest) = rest.split_at(count);
     let (lens, entries) = rest.split_at(4 * count);
-    let u32_at = |column: &[u8], i: usize| u32::from_le_bytes(std::array::from_fn(|byte| column[byte * count + i]));
+    let u32_at = |column: &[u8], i: usize| u32::from_le_bytes(untransposed(column, count, i));
     let mut offset = 0u64;
     let mut frames = Vec::with_capacity(count);
     for (i, first) in raw.chunks_exact(E::WIDTH).enumerate() {
