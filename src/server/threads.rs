@@ -181,9 +181,10 @@ async fn accept_until_stopped(
 
 /// A serving thread: its own single-threaded runtime serving the connections it is handed.
 fn serve_handed_over(listener: HandedOver, router: Router, mut stopped: watch::Receiver<bool>) -> io::Result<()> {
-    // `spawn_blocking` work started here (reads of local table files) gets a bounded pool per
-    // thread; synchronous work (an outline missing from the cache, read from SQLite) still holds
-    // up the thread's other connections while it runs.
+    // `spawn_blocking` work started here gets a bounded pool per thread (query reads of local
+    // table files up to `INLINE_READ_BYTES` run inline, and store requests on the main runtime,
+    // so little reaches it); synchronous work (an outline missing from the cache, read from
+    // SQLite) still holds up the thread's other connections while it runs.
     let runtime =
         tokio::runtime::Builder::new_current_thread().max_blocking_threads(BLOCKING_THREADS).enable_all().build()?;
     runtime.block_on(async move {
