@@ -5,7 +5,9 @@
 //! - Every applied operation gets the next stamp of the ingest clock (a Lamport clock, not the repo
 //!   `rev`); an update writes its revocation and its new backlinks at the same stamp.
 //! - A flush persists the outlines first, then writes table files, then commits tables, clock,
-//!   cursor and account states in one catalog transaction. So a durable table never names an id
+//!   cursor and account states in one catalog transaction. It writes each identity's freshest
+//!   backlink once, stamps settled where `FlushThresholds` can prove them (a backlink killed by a
+//!   revocation of the same flush is dropped: that revocation commits with it). So a durable table never names an id
 //!   that a crash could forget, and after a crash the catalog's position says exactly what the
 //!   tables hold: replaying from it re-derives the rest.
 //! - A flush freezes both memtables and takes the position under the writer lock, in one step;
@@ -19,7 +21,7 @@
 use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, ManifestSync, RunKind, TableRecord};
 use crate::extract::{ExtractLimits, ExtractStats, Extraction, extract_links};
 use crate::ingest::jetstream::{Operation, RecordRef};
-use crate::lsm::compaction::{self, CompactionOptions};
+use crate::lsm::compaction::{self, CompactionOptions, FlushThresholds};
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
 use crate::lsm::run::Run;
@@ -221,8 +223,7 @@ pub struct Index {
 }
 
 /// A flushed table of one tree, as the catalog records it.
-fn table_record<E: Entry>(id: String, memtable: &Memtable<E>, summary: crate::lsm::table::TableSummary) -> TableRecord {
-    let (min_stamp, max_stamp) = memtable.stamps().unwrap_or((0, 0));
+fn table_record<E: Entry>(id: String, summary: crate::lsm::table::TableSummary) -> TableRecord {
     TableRecord {
         id: id.clone(),
         tree: E::TREE.to_string(),
@@ -234,8 +235,8 @@ fn table_record<E: Entry>(id: String, memtable: &Memtable<E>, summary: crate::ls
         data_len: summary.data_len,
         meta_len: summary.meta_len,
         uploaded: false,
-        min_stamp,
-        max_stamp,
+        min_stamp: summary.stamps.0,
+        max_stamp: summary.stamps.1,
     }
 }
 
@@ -285,10 +286,14 @@ impl FlushJob<'_> {
         index.outlines.persist()?;
         let mut records = Vec::new();
         if let Some((memtable, id)) = &self.links {
-            records.push(index.write_table(&index.links, memtable, id)?);
+            let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
+            let runs = index.thresholds.runs();
+            let settler = FlushThresholds::new(revocations, &runs, self.position.clock);
+            let links = compaction::freshest(memtable.iter().copied()).filter_map(|link| settler.settle(link));
+            records.push(index.write_table(&index.links, id, memtable.len(), links)?);
         }
         if let Some((memtable, id)) = &self.thresholds {
-            records.push(index.write_table(&index.thresholds, memtable, id)?);
+            records.push(index.write_table(&index.thresholds, id, memtable.len(), memtable.iter().copied())?);
         }
         let flush = FlushRecord { tables: records.clone(), position: self.position, accounts: self.accounts };
         index.catalog.commit_flush(&flush)?;
@@ -598,14 +603,16 @@ impl Index {
         })
     }
 
+    /// Writes a flush's sorted, unique entries as table `id` of `tree`.
     fn write_table<E: Entry>(
         &self,
         tree: &Tree<E>,
-        memtable: &Memtable<E>,
         id: &str,
+        count_hint: usize,
+        entries: impl Iterator<Item = E>,
     ) -> Result<TableRecord, IndexError> {
-        let summary = tree.write_table(memtable, id).map_err(io_err(tree.dir()))?;
-        Ok(table_record(id.to_string(), memtable, summary))
+        let summary = tree.write_sorted(id, count_hint, entries).map_err(io_err(tree.dir()))?;
+        Ok(table_record::<E>(id.to_string(), summary))
     }
 
     /// A fresh table (or run) id: the catalog's durable sequence and 32 injected random bits.
@@ -669,7 +676,7 @@ impl Index {
             .tables
             .iter()
             .zip(&ids)
-            .map(|((shard, summary, min_stamp, max_stamp), id)| TableRecord {
+            .map(|((shard, summary), id)| TableRecord {
                 id: id.clone(),
                 tree: E::TREE.to_string(),
                 run_id: run_id.clone(),
@@ -680,8 +687,8 @@ impl Index {
                 data_len: summary.data_len,
                 meta_len: summary.meta_len,
                 uploaded: false,
-                min_stamp: *min_stamp,
-                max_stamp: *max_stamp,
+                min_stamp: summary.stamps.0,
+                max_stamp: summary.stamps.1,
             })
             .collect();
         let removed: Vec<String> = inputs.iter().map(|r| r.id.clone()).collect();
@@ -694,7 +701,7 @@ impl Index {
             tree.remove_local(&table.record.id).map_err(io_err(tree.dir()))?;
         }
         self.counters.compactions.fetch_add(1, Ordering::Relaxed);
-        let bytes_out: u64 = output.tables.iter().map(|(_, summary, _, _)| summary.data_len + summary.meta_len).sum();
+        let bytes_out: u64 = output.tables.iter().map(|(_, summary)| summary.data_len + summary.meta_len).sum();
         self.counters.compaction_bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
         self.counters.compaction_bytes_out.fetch_add(bytes_out, Ordering::Relaxed);
         add_elapsed(&self.counters.compaction_micros, started);

@@ -530,7 +530,8 @@ mod tests {
             rkey: "self".into(),
         };
         index.apply(&Operation::Create(RecordOp { record_ref: record_ref.clone(), record }), Some(42)).unwrap();
-        index.apply(&Operation::Delete(record_ref), Some(43)).unwrap();
+        // Another record: a flush writes no backlink that a revocation of the same flush kills.
+        index.apply(&Operation::Delete(RecordRef { rkey: "other".into(), ..record_ref }), Some(43)).unwrap();
         index.flush().unwrap();
         metrics.observe_query("listBacklinks", Duration::from_millis(3));
         metrics.count_rejection("listBacklinks", "capacity");

@@ -63,15 +63,25 @@ fn options() -> IndexOptions {
 fn events(count: usize) -> String {
     let mut out = String::new();
     for i in 0..count {
-        // A delete (every 13th event) removes the like its author made just before.
+        // A delete (every 13th event) removes the like its author made just before; an update
+        // (13th after 7) moves the like made just before to another post: its source is revoked
+        // and linked again at once, so a page that lists it must read its revocation.
         let author_of = |n: usize| format!("did:plc:writer{:018}", n % 31);
-        let author = if i % 13 == 12 { author_of(i - 1) } else { author_of(i) };
+        let rewrites_previous = i % 13 == 12 || i % 13 == 7;
+        let author = if rewrites_previous { author_of(i - 1) } else { author_of(i) };
         let post = format!("at://did:plc:popular{:017}/app.bsky.feed.post/3kpopular{:04}", i % 5, i % 9);
         let rkey = backlinks::model::tid::format_tid(1_710_000_000_000_000 + i as u64 * 977);
         let strong =
             format!(r#"{{"uri":"{post}","cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"}}"#);
         let (operation, collection, record) = match i % 13 {
             12 => ("delete", "app.bsky.feed.like", String::new()),
+            7 => {
+                let moved = format!(
+                    r#"{{"uri":"{}","cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"}}"#,
+                    moved_to(i)
+                );
+                ("update", "app.bsky.feed.like", format!(r#","record":{{"subject":{moved}}}"#))
+            }
             9 => (
                 "create",
                 "app.bsky.graph.follow",
@@ -80,7 +90,7 @@ fn events(count: usize) -> String {
             5 => ("create", "app.bsky.feed.repost", format!(r#","record":{{"subject":{strong}}}"#)),
             _ => ("create", "app.bsky.feed.like", format!(r#","record":{{"subject":{strong}}}"#)),
         };
-        let rkey = if operation == "delete" {
+        let rkey = if rewrites_previous {
             backlinks::model::tid::format_tid(1_710_000_000_000_000 + (i as u64 - 1) * 977)
         } else {
             rkey
@@ -95,7 +105,7 @@ fn events(count: usize) -> String {
 
 /// The reference model of `events(count)`: every target's live (location, source URI) pairs,
 /// derived from the generator's rules alone (a create links its subject at `$.subject`; the
-/// 13th event deletes the like before it).
+/// 13th event deletes the like before it, the 8th moves it to `moved_to`).
 fn model(count: usize) -> Vec<std::collections::BTreeSet<(String, String)>> {
     let mut live: std::collections::BTreeMap<String, String> = std::collections::BTreeMap::new();
     for i in 0..count {
@@ -103,6 +113,10 @@ fn model(count: usize) -> Vec<std::collections::BTreeSet<(String, String)>> {
         let author = |n: usize| format!("did:plc:writer{:018}", n % 31);
         if i % 13 == 12 {
             live.remove(&format!("at://{}/app.bsky.feed.like/{}", author(i - 1), rkey(i - 1)));
+            continue;
+        }
+        if i % 13 == 7 {
+            live.insert(format!("at://{}/app.bsky.feed.like/{}", author(i - 1), rkey(i - 1)), moved_to(i));
             continue;
         }
         let (collection, target) = match i % 13 {
@@ -127,6 +141,11 @@ fn model(count: usize) -> Vec<std::collections::BTreeSet<(String, String)>> {
                 .collect()
         })
         .collect()
+}
+
+/// The post that the update at event `i` moves a like to.
+fn moved_to(i: usize) -> String {
+    format!("at://did:plc:popular{:017}/app.bsky.feed.post/3kpopular{:04}", i % 5, (i + 4) % 9)
 }
 
 /// Answers as sets (the model knows no page order; the engine's order is checked elsewhere).
@@ -224,7 +243,7 @@ async fn at_most_two_rounds(bucket: impl Bucket, root: &Path) {
             }
         }
     }
-    assert!(two_round_pages > 10, "pages read both backlinks and revocations from the bucket");
+    assert!(two_round_pages > 10, "{two_round_pages} pages read both backlinks and revocations from the bucket");
     let reader_answers = answers(&reader).await;
     assert_eq!(as_sets(reader_answers.clone()), model(1500), "answers differ from the reference model");
     assert_eq!(reader_answers, answers(&writer).await);

@@ -410,7 +410,8 @@ fn entries_of<E: backlinks::lsm::entry::Entry>(
 
 /// In this harness every merge knows every revocation stamped before its inputs (they are all
 /// flushed first), so it stores each live backlink with its stamp lowered to its threshold: 0
-/// when neither its source nor its repository was ever revoked.
+/// when neither its source nor its repository was ever revoked. A flush does the same for the
+/// backlinks whose sources no revocation table may hold, so some flushed ones are 0 as well.
 fn assert_merges_settle_stamps(harness: &Harness) {
     let revoked: std::collections::HashMap<RecordId, u64> =
         entries_of(harness, &harness.index.thresholds).into_iter().fold(Default::default(), |mut newest, (_, r)| {
@@ -418,7 +419,7 @@ fn assert_merges_settle_stamps(harness: &Harness) {
             *rev = r.rev.max(*rev);
             newest
         });
-    let (mut settled, mut zero) = (0, 0);
+    let (mut settled, mut zero, mut flushed, mut flushed_zero) = (0, 0, 0, 0);
     for (compacted, link) in entries_of(harness, &harness.index.links) {
         let threshold = link.threshold(|key| revoked.get(key).copied().unwrap_or(0));
         if compacted && link.source_rev >= threshold {
@@ -426,8 +427,13 @@ fn assert_merges_settle_stamps(harness: &Harness) {
             settled += 1;
             zero += usize::from(threshold == 0);
         }
+        if !compacted {
+            flushed += 1;
+            flushed_zero += usize::from(link.source_rev == 0);
+        }
     }
     assert!(zero > 0 && settled > zero, "{settled} live compacted backlinks, {zero} of them never revoked");
+    assert!(flushed_zero > 0, "{flushed} flushed backlinks, none settled at flush");
 }
 
 /// A flush that fails leaves its operations in a frozen memtable, in no table: a later flush must

@@ -351,7 +351,9 @@ mod tests {
         assert_eq!(piped.position(), direct.position());
         let (piped_links, direct_links): (Vec<Backlink>, Vec<Backlink>) =
             (everything(&piped.links), everything(&direct.links));
-        assert!(piped_links.len() > 4_000, "replies and mentions were indexed");
+        // About half the links written die before the flush (their accounts are deleted later in
+        // the stream), and a flush writes no backlink that its own revocations kill.
+        assert!(piped_links.len() > 2_000, "replies and mentions were indexed: {}", piped_links.len());
         assert_eq!(piped_links, direct_links);
         let (piped_revocations, direct_revocations): (Vec<Revocation>, Vec<Revocation>) =
             (everything(&piped.thresholds), everything(&direct.thresholds));

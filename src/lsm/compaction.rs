@@ -13,7 +13,8 @@
 //! - A surviving backlink stamped at or below `Thresholds::complete_through` is written with its
 //!   stamp lowered to its threshold (0 for a source never revoked), which changes no answer
 //!   (proof at `Thresholds::settle`) and leaves the stamp column of merged tables nearly all
-//!   zeros, which compress to almost nothing.
+//!   zeros, which compress to almost nothing. A flush settles the backlinks it can prove it knows
+//!   every revocation of (`FlushThresholds`), so flushed tables' stamp columns are mostly zeros too.
 //! - `keep` may drop an entry or lower its stamp, never change its identity, so the output stays
 //!   strictly increasing.
 //! - Work is streamed: one batch of frames per input plus one frame per output shard in memory,
@@ -23,7 +24,8 @@
 
 use crate::buckets::Buckets;
 use crate::lsm::entry::Entry;
-use crate::lsm::run::{MAX_SHARDS, Run, shard_of};
+use crate::lsm::filter::KeyHash;
+use crate::lsm::run::{MAX_SHARDS, Run, shard_hash, shard_of};
 use crate::lsm::table::TableSummary;
 use crate::lsm::tree::{ReadError, TableHandle, TableWriter, Tree};
 use crate::model::ids::{Backlink, RecordId, Revocation};
@@ -158,6 +160,59 @@ impl Thresholds {
     }
 }
 
+/// Settles a flushed memtable's backlinks as a merge would, without reading a table.
+///
+/// A flush knows every revocation stamped at or below its clock: those of earlier flushes are
+/// in the revocation tree's installed tables, the rest in the revocation memtable frozen with the
+/// links (and committed with them). A backlink whose source and repository no revocation table
+/// may hold (the filters have no false negatives) therefore has exactly the memtable's
+/// thresholds, and `Thresholds::settle`'s proof holds with `complete_through` the flush's clock.
+/// A backlink that some filter admits keeps its stamp (a later merge settles it) and is dropped
+/// only when the memtable's revocations already kill it.
+pub struct FlushThresholds<'a> {
+    /// The frozen revocation memtable's newest revocation per source.
+    memtable: Thresholds,
+    /// The revocation tree's runs as installed before this flush.
+    runs: &'a [Arc<Run<Revocation>>],
+}
+
+impl<'a> FlushThresholds<'a> {
+    /// `revocations`: the frozen revocation memtable, all stamped at or below `clock`, which is
+    /// the flush's position; `runs`: the revocation tree's runs, holding every revocation of
+    /// earlier flushes.
+    pub fn new(revocations: Vec<Revocation>, runs: &'a [Arc<Run<Revocation>>], clock: u64) -> Self {
+        assert!(revocations.iter().all(|r| r.rev <= clock), "a frozen revocation is past the flush's clock");
+        FlushThresholds { memtable: Thresholds::from_revocations(revocations, clock), runs }
+    }
+
+    /// What the flush writes for `link` (stamped at or below the clock): as `Thresholds::settle`.
+    pub fn settle(&self, link: Backlink) -> Option<Backlink> {
+        if self.in_some_table(&link.source) || self.in_some_table(&RecordId::repo(link.source.did)) {
+            let killed = link.source_rev < link.threshold(|key| self.memtable.threshold(key));
+            return (!killed).then_some(link);
+        }
+        self.memtable.settle(link)
+    }
+
+    fn in_some_table(&self, source: &RecordId) -> bool {
+        let (hash, shard) = (KeyHash::of(&source.to_bytes()), shard_hash(source));
+        self.runs.iter().any(|run| run.table_for_hash(shard).meta.may_contain(hash))
+    }
+}
+
+/// The freshest of each identity in sorted `entries` (copies of one identity sort next to each
+/// other, oldest first), as a merge keeps them.
+pub fn freshest<E: Entry>(entries: impl Iterator<Item = E>) -> impl Iterator<Item = E> {
+    let mut entries = entries.peekable();
+    std::iter::from_fn(move || {
+        let mut entry = entries.next()?;
+        while let Some(newer) = entries.next_if(|next| next.same_identity(&entry)) {
+            entry = newer;
+        }
+        Some(entry)
+    })
+}
+
 fn source_hash(source: &RecordId) -> u64 {
     xxh3_64(&source.to_bytes())
 }
@@ -242,18 +297,11 @@ impl Pacer {
 /// What a merge wrote.
 #[derive(Debug)]
 pub struct MergeOutput {
-    /// (shard, summary, min stamp, max stamp) per output table, in shard order.
-    pub tables: Vec<(u32, TableSummary, u64, u64)>,
+    /// (shard, summary) per output table, in shard order.
+    pub tables: Vec<(u32, TableSummary)>,
     pub entries_in: u64,
     pub duplicates_dropped: u64,
     pub killed_dropped: u64,
-}
-
-/// One output shard being written.
-struct ShardOut<E: Entry> {
-    writer: TableWriter<E>,
-    min_stamp: u64,
-    max_stamp: u64,
 }
 
 /// Streams the entries of `inputs` into `ids.len()` shard tables of `tree`, keeping the freshest
@@ -272,11 +320,8 @@ pub fn merge<E: Entry>(
     assert!((1..=MAX_SHARDS).contains(&shard_count), "bad shard count {shard_count}");
     let io = |source| ReadError::Io { object: format!("compaction output in {}", tree.dir().display()), source };
     let hint = (inputs.iter().map(|r| r.entries()).sum::<u64>() / shard_count as u64) as usize;
-    let mut outs: Vec<ShardOut<E>> = ids
-        .iter()
-        .map(|id| tree.table_writer(id, hint).map(|writer| ShardOut { writer, min_stamp: u64::MAX, max_stamp: 0 }))
-        .collect::<Result<_, _>>()
-        .map_err(io)?;
+    let mut outs: Vec<TableWriter<E>> =
+        ids.iter().map(|id| tree.table_writer(id, hint)).collect::<Result<_, _>>().map_err(io)?;
     let mut scans: Vec<TableScan<E>> = inputs
         .iter()
         .flat_map(|r| r.tables.iter())
@@ -310,15 +355,13 @@ pub fn merge<E: Entry>(
         emit(&mut outs, last, keep, &mut output).map_err(io)?;
     }
     for (shard, out) in outs.into_iter().enumerate() {
-        let summary = out.writer.finish().map_err(io)?;
-        let stamps = if summary.entries == 0 { (0, 0) } else { (out.min_stamp, out.max_stamp) };
-        output.tables.push((shard as u32, summary, stamps.0, stamps.1));
+        output.tables.push((shard as u32, out.finish().map_err(io)?));
     }
     Ok(output)
 }
 
 fn emit<E: Entry>(
-    outs: &mut [ShardOut<E>],
+    outs: &mut [TableWriter<E>],
     entry: E,
     keep: &mut dyn FnMut(E) -> Option<E>,
     output: &mut MergeOutput,
@@ -328,11 +371,7 @@ fn emit<E: Entry>(
         return Ok(());
     };
     assert!(kept.same_identity(&entry) && kept.stamp() <= entry.stamp(), "keep changed more than a stamp");
-    let entry = kept;
-    let out = &mut outs[shard_of(&entry.key(), outs.len() as u32) as usize];
-    out.min_stamp = out.min_stamp.min(entry.stamp());
-    out.max_stamp = out.max_stamp.max(entry.stamp());
-    out.writer.push(&entry)
+    outs[shard_of(&kept.key(), outs.len() as u32) as usize].push(&kept)
 }
 
 #[cfg(test)]
@@ -437,6 +476,65 @@ mod tests {
                 proptest::prop_assert_eq!(reader(settled), reader(link), "after {:?}", all);
             }
         }
+    }
+
+    /// A delta run of the revocation tree holding `revocations` (sorted, unique), in `dir`.
+    fn revocation_runs(dir: &std::path::Path, revocations: &[Revocation]) -> Vec<Arc<Run<Revocation>>> {
+        let tree = Tree::<Revocation>::new(dir.to_path_buf(), Default::default(), 0).unwrap();
+        let summary = tree.write_sorted("t", revocations.len(), revocations.iter().copied()).unwrap();
+        let record = crate::catalog::TableRecord {
+            id: "t".into(),
+            tree: Revocation::TREE.into(),
+            run_id: "t".into(),
+            run_kind: crate::catalog::RunKind::Delta,
+            shard: 0,
+            shard_count: 1,
+            entries: summary.entries,
+            data_len: summary.data_len,
+            meta_len: summary.meta_len,
+            uploaded: false,
+            min_stamp: summary.stamps.0,
+            max_stamp: summary.stamps.1,
+        };
+        tree.install(tree.open_table(record).unwrap(), None);
+        tree.runs().as_ref().clone()
+    }
+
+    #[test]
+    fn a_flush_settles_what_no_revocation_table_may_hold() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = |did| RecordId { rkey: 7, collection: 1, did };
+        // Did 1's record was revoked at 3 by an earlier flush; did 2's repository at 4.
+        let in_tables = [Revocation { source: RecordId::repo(2), rev: 4 }, Revocation { source: record(1), rev: 3 }];
+        let runs = revocation_runs(dir.path(), &in_tables);
+        // This flush revoked did 5's record at 12 (an update: its new link has the same stamp).
+        let memtable = vec![Revocation { source: record(1), rev: 20 }, Revocation { source: record(5), rev: 12 }];
+        let flush = FlushThresholds::new(memtable, &runs, 30);
+        let link =
+            |did, source_rev| Backlink { target: RecordId::repo(9), source: record(did), location: 1, source_rev };
+        assert_eq!(flush.settle(link(6, 25)), Some(link(6, 0)), "never revoked anywhere");
+        assert_eq!(flush.settle(link(5, 15)), Some(link(5, 12)), "lowered to the memtable's threshold");
+        assert_eq!(flush.settle(link(5, 11)), None, "killed by the flush's own revocation");
+        assert_eq!(flush.settle(link(1, 10)), None, "a table holds a threshold, but the memtable's kills it");
+        assert_eq!(flush.settle(link(1, 25)), Some(link(1, 25)), "a table may hold a threshold: kept as is");
+        assert_eq!(flush.settle(link(2, 25)), Some(link(2, 25)), "a table holds its repository's threshold");
+        let runs = revocation_runs(tempfile::tempdir().unwrap().path(), &[]);
+        let flush = FlushThresholds::new(vec![], &runs, 30);
+        assert_eq!(flush.settle(link(1, 25)), Some(link(1, 0)), "an empty table holds nothing");
+    }
+
+    #[test]
+    fn freshest_keeps_the_last_copy_of_each_identity() {
+        let link = |did, source_rev| Backlink {
+            target: RecordId::repo(9),
+            source: RecordId::repo(did),
+            location: 1,
+            source_rev,
+        };
+        let sorted = [link(1, 2), link(1, 5), link(1, 9), link(2, 1), link(3, 4), link(3, 6)];
+        let kept: Vec<Backlink> = freshest(sorted.into_iter()).collect();
+        assert_eq!(kept, vec![link(1, 9), link(2, 1), link(3, 6)]);
+        assert_eq!(freshest(std::iter::empty::<Backlink>()).count(), 0);
     }
 
     #[test]

@@ -141,6 +141,8 @@ pub struct TableSummary {
     pub frames: u32,
     pub data_len: u64,
     pub meta_len: u64,
+    /// Smallest and largest stamp written; (0, 0) for an empty table.
+    pub stamps: (u64, u64),
 }
 
 /// One frame index record.
@@ -198,6 +200,8 @@ pub struct TableBuilder<E: Entry, W: Write> {
     last: Option<E>,
     entries: u64,
     data_len: u64,
+    /// Smallest and largest stamp pushed (`u64::MAX, 0` while empty).
+    stamps: (u64, u64),
     failed: bool,
 }
 
@@ -220,6 +224,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             last: None,
             entries: 0,
             data_len: 0,
+            stamps: (u64::MAX, 0),
             failed: false,
         })
     }
@@ -250,6 +255,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         }
         self.last = Some(*entry);
         self.entries += 1;
+        self.stamps = (self.stamps.0.min(entry.stamp()), self.stamps.1.max(entry.stamp()));
         if self.pending.len() == self.entries_per_frame * E::WIDTH {
             self.flush_frame_or_fail()?;
         }
@@ -273,6 +279,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             frames: meta.frames.len() as u32,
             data_len: meta.data_len,
             meta_len: meta_bytes.len() as u64,
+            stamps: if self.entries == 0 { (0, 0) } else { self.stamps },
         };
         Ok((self.data_out, meta_bytes, summary))
     }
@@ -1393,7 +1400,10 @@ mod tests {
     fn empty_tables_have_no_frames_and_reject_every_key() {
         let (data, meta_bytes, summary) = build::<Backlink>(&[], &TableOptions::default());
         assert!(data.is_empty());
-        assert_eq!(summary, TableSummary { entries: 0, frames: 0, data_len: 0, meta_len: meta_bytes.len() as u64 });
+        assert_eq!(
+            summary,
+            TableSummary { entries: 0, frames: 0, data_len: 0, meta_len: meta_bytes.len() as u64, stamps: (0, 0) }
+        );
         let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
         assert_eq!(meta.last, None);
         let key = record(1, 2, 3);

@@ -381,11 +381,6 @@ impl<E: Entry> Tree<E> {
         Some(frozen)
     }
 
-    /// Writes `memtable` as table `id` (data + meta), durable on local disk before returning.
-    pub fn write_table(&self, memtable: &Memtable<E>, id: &str) -> std::io::Result<TableSummary> {
-        self.write_sorted(id, memtable.len(), memtable.iter().copied())
-    }
-
     /// Writes sorted, unique entries as table `id`; `count_hint` reserves room for key hashes.
     pub fn write_sorted(
         &self,
