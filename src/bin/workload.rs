@@ -15,8 +15,11 @@
 //!   every line of a sample with the importer's parser).
 //! - `links` in the summary is exactly the number of backlinks the extractor finds in the
 //!   records written (creates and updates); a test checks it on a sample.
+//! - Accounts behave as their PDS lets them: a deactivated account writes no record until it is
+//!   reactivated, and a deleted one never writes again (it can still be linked to).
 //! - Bounded: at most `MAX_EVENTS` events, `MAX_ACCOUNTS` accounts and `MAX_POSTS` older posts;
-//!   memory is two fixed rings of recent records and one line buffer, whatever the size.
+//!   memory is three fixed rings of recent records and accounts, two bits per account and one
+//!   line buffer, whatever the size.
 
 use backlinks::index::splitmix64;
 use clap::Parser;
@@ -36,6 +39,9 @@ const RECENT_POSTS: usize = 1 << 16;
 const RECENT_TARGET_PERCENT: u64 = 35;
 /// The stream starts at the time of the real capture in tests/data/jetstream (May 2026).
 const START_US: u64 = 1_779_719_009_000_000;
+/// Draws of an author before one that is deactivated or deleted is taken anyway (never needed at
+/// the mix's rates: a few thousand accounts per million leave).
+const AUTHOR_DRAWS: usize = 64;
 /// Older posts are spaced this far apart before the start.
 const OLD_POST_SPACING_US: u64 = 1_500_000;
 /// Zipf exponent of account activity (how unevenly accounts write).
@@ -223,6 +229,34 @@ impl<T: Copy> Ring<T> {
     }
 }
 
+/// Which accounts may write: a bit set of deactivated accounts and one of deleted accounts, and
+/// the recently deactivated ones, from which reactivations are drawn.
+struct Standing {
+    deactivated: Vec<u64>,
+    deleted: Vec<u64>,
+    recently_deactivated: Ring<u64>,
+}
+
+impl Standing {
+    fn new(accounts: u64) -> Self {
+        let words = accounts.div_ceil(64) as usize;
+        Standing { deactivated: vec![0; words], deleted: vec![0; words], recently_deactivated: Ring::new(RECENT_POSTS) }
+    }
+
+    fn bit(set: &[u64], account: u64) -> bool {
+        set[(account / 64) as usize] & (1 << (account % 64)) != 0
+    }
+
+    fn set(set: &mut [u64], account: u64, on: bool) {
+        let word = &mut set[(account / 64) as usize];
+        *word = if on { *word | 1 << (account % 64) } else { *word & !(1 << (account % 64)) };
+    }
+
+    fn may_write(&self, account: u64) -> bool {
+        !Self::bit(&self.deactivated, account) && !Self::bit(&self.deleted, account)
+    }
+}
+
 /// Counts of what was written, for the summary.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Counts {
@@ -262,6 +296,7 @@ struct Generator {
     activity: Zipf,
     recent_records: Ring<Written>,
     recent_posts: Ring<(u64, u64)>,
+    standing: Standing,
     counts: Counts,
     line: Vec<u8>,
 }
@@ -278,6 +313,7 @@ impl Generator {
             activity: Zipf::new(shape.accounts, ACTIVITY_ZIPF),
             recent_records: Ring::new(RECENT_RECORDS),
             recent_posts: Ring::new(RECENT_POSTS),
+            standing: Standing::new(shape.accounts),
             counts: Counts::default(),
             line: Vec::with_capacity(4096),
         }
@@ -333,15 +369,27 @@ impl Generator {
             Kind::Profile => self.profile_update(),
             Kind::Delete => self.delete(),
             Kind::Update => self.update(),
-            Kind::Deactivate => self.account(Some("deactivated")),
-            Kind::Reactivate => self.account(None),
-            Kind::DeleteAccount => self.account(Some("deleted")),
+            Kind::Deactivate => self.deactivate(),
+            Kind::Reactivate => self.reactivate(),
+            Kind::DeleteAccount => self.delete_account(),
             Kind::Identity => self.identity(),
         }
     }
 
-    /// An active account: Zipf over accounts, scrambled so the busiest are not the most followed.
+    /// An account that may write: Zipf over accounts, scrambled so the busiest are not the most
+    /// followed, drawn again (a bounded number of times) while deactivated or deleted.
     fn author(&mut self) -> u64 {
+        let mut account = self.any_author();
+        for _ in 0..AUTHOR_DRAWS {
+            if self.standing.may_write(account) {
+                break;
+            }
+            account = self.any_author();
+        }
+        account
+    }
+
+    fn any_author(&mut self) -> u64 {
         let u = self.uniform();
         let rank = self.activity.rank(u);
         (rank.wrapping_mul(2_654_435_761)) % self.shape.accounts
@@ -562,10 +610,15 @@ impl Generator {
         u64::from(pinned)
     }
 
+    /// A recently written record whose author may still write.
+    fn recent_record(&mut self) -> Option<Written> {
+        let draw = self.next();
+        self.recent_records.pick(draw).filter(|record| self.standing.may_write(record.author))
+    }
+
     /// Deletes a recently written record (by its author).
     fn delete(&mut self) -> u64 {
-        let draw = self.next();
-        let Some(record) = self.recent_records.pick(draw) else { return self.create(Collection::Like) };
+        let Some(record) = self.recent_record() else { return self.create(Collection::Like) };
         self.counts.deletes += 1;
         self.commit_head(record.author, "delete", record.collection.nsid(), Some(record.rkey));
         self.push("}}");
@@ -574,8 +627,7 @@ impl Generator {
 
     /// Rewrites a recently written record with new contents (new targets).
     fn update(&mut self) -> u64 {
-        let draw = self.next();
-        let Some(record) = self.recent_records.pick(draw) else { return self.create(Collection::Like) };
+        let Some(record) = self.recent_record() else { return self.create(Collection::Like) };
         self.counts.updates += 1;
         self.commit_head(record.author, "update", record.collection.nsid(), Some(record.rkey));
         let links = self.record(record.collection, record.author);
@@ -583,10 +635,34 @@ impl Generator {
         links
     }
 
-    /// An `#account` event: deactivated or deleted (`status`), or active again (`None`).
-    fn account(&mut self, status: Option<&str>) -> u64 {
-        self.counts.account_events += 1;
+    fn deactivate(&mut self) -> u64 {
         let account = self.author();
+        Standing::set(&mut self.standing.deactivated, account, true);
+        self.standing.recently_deactivated.push(account);
+        self.account(account, Some("deactivated"))
+    }
+
+    /// Reactivates a recently deactivated account (or, when there is none, says again that a
+    /// writing account is active, as PDSs do).
+    fn reactivate(&mut self) -> u64 {
+        let draw = self.next();
+        let account = match self.standing.recently_deactivated.pick(draw) {
+            Some(account) if Standing::bit(&self.standing.deactivated, account) => account,
+            _ => self.author(),
+        };
+        Standing::set(&mut self.standing.deactivated, account, false);
+        self.account(account, None)
+    }
+
+    fn delete_account(&mut self) -> u64 {
+        let account = self.author();
+        Standing::set(&mut self.standing.deleted, account, true);
+        self.account(account, Some("deleted"))
+    }
+
+    /// An `#account` event: deactivated or deleted (`status`), or active again (`None`).
+    fn account(&mut self, account: u64, status: Option<&str>) -> u64 {
+        self.counts.account_events += 1;
         self.event_head(account, "account");
         self.push("\"account\":{\"active\":");
         self.push(if status.is_some() { "false" } else { "true" });
@@ -836,6 +912,7 @@ mod tests {
     use super::*;
     use backlinks::extract::{ExtractLimits, extract_links};
     use backlinks::ingest::jetstream::{Operation, parse_event};
+    use std::collections::HashSet;
 
     fn shape(seed: u64, events: u64) -> Shape {
         Shape { seed, max_events: events, max_links: u64::MAX, accounts: 5_000, posts: 2_000, post_zipf: 1.0 }
@@ -876,6 +953,44 @@ mod tests {
         assert!((11_500..12_100).contains(&counts.likes), "likes {}", counts.likes);
         assert!((900..1_100).contains(&counts.deletes), "deletes {}", counts.deletes);
         assert!(counts.replies > 0 && counts.quotes > 0 && counts.mentions > 0 && counts.blocks > 0);
+    }
+
+    #[test]
+    fn deactivated_and_deleted_accounts_write_nothing() {
+        let (out, _) = generate(Shape { accounts: 300, ..shape(5, 60_000) });
+        let (mut deactivated, mut deleted) = (HashSet::new(), HashSet::new());
+        let (mut deactivations, mut reactivations, mut commits) = (0, 0, 0);
+        for line in out.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
+            let did = match parse_event(line).unwrap().operation {
+                Operation::Account { did, active, status } => {
+                    let did = did.into_owned();
+                    match (active, status.as_deref()) {
+                        (false, Some("deleted")) => deleted.insert(did),
+                        (false, _) => {
+                            deactivations += 1;
+                            deactivated.insert(did)
+                        }
+                        (true, _) => {
+                            reactivations += usize::from(deactivated.contains(&did));
+                            deactivated.remove(&did)
+                        }
+                    };
+                    continue;
+                }
+                Operation::Create(op) | Operation::Update(op) => op.record_ref.did.into_owned(),
+                Operation::Delete(record_ref) => record_ref.did.into_owned(),
+                Operation::Skip => continue,
+            };
+            commits += 1;
+            assert!(!deleted.contains(&did), "a deleted account wrote: {}", String::from_utf8_lossy(line));
+            assert!(!deactivated.contains(&did), "a deactivated account wrote: {}", String::from_utf8_lossy(line));
+        }
+        // 60,000 events: about 30 deletions, 120 deactivations and 60 reactivations of 300 accounts.
+        assert!(
+            deleted.len() >= 10 && deactivations >= 60 && reactivations >= 20,
+            "{deleted:?} {deactivations} {reactivations}"
+        );
+        assert!(commits > 55_000, "{commits} commits");
     }
 
     #[test]
