@@ -5,11 +5,14 @@
 //! - Every applied operation gets the next stamp of the ingest clock (a Lamport clock, not the repo
 //!   `rev`); an update writes its revocation and its new backlinks at the same stamp.
 //! - A flush persists the outlines first, then writes table files, then commits tables, clock,
-//!   cursor and account states in one catalog transaction. It writes each identity's freshest
-//!   backlink once, stamps settled where `FlushThresholds` can prove them (a backlink killed by a
-//!   revocation of the same flush is dropped: that revocation commits with it). So a durable table never names an id
+//!   cursor and account states in one catalog transaction. So a durable table never names an id
 //!   that a crash could forget, and after a crash the catalog's position says exactly what the
 //!   tables hold: replaying from it re-derives the rest.
+//! - A flush writes each identity's freshest backlink once, with its stamp settled where
+//!   `FlushThresholds` can prove it, and none that a revocation frozen with it kills (that
+//!   revocation commits in the same transaction).
+//! - An operation that fails writes nothing at its stamp, except a repository snapshot cut
+//!   short, which moves the clock past its stamp anyway (no two operations share a stamp).
 //! - A flush freezes both memtables and takes the position under the writer lock, in one step;
 //!   the rest (`FlushJob::finish`) runs without it, one flush at a time (`FlushGate`), so writes
 //!   made meanwhile go to fresh memtables and the catalog's positions only move forward.
@@ -288,15 +291,26 @@ impl FlushJob<'_> {
         if let Some((memtable, id)) = &self.links {
             let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
             let runs = index.thresholds.runs();
-            let settler = FlushThresholds::new(revocations, &runs, self.position.clock);
-            let links = compaction::freshest(memtable.iter().copied()).filter_map(|link| settler.settle(link));
-            records.push(index.write_table(&index.links, id, memtable.len(), links)?);
+            let links = compaction::freshest(memtable.iter().copied());
+            let record = match FlushThresholds::new(revocations, &runs, self.position.clock) {
+                Some(settler) => index.write_table(&index.links, id, memtable.len(), settler.settle_all(links))?,
+                None => index.write_table(&index.links, id, memtable.len(), links)?,
+            };
+            // Every backlink died within the flush: no table (an empty run would only be merged).
+            if record.entries == 0 {
+                index.links.remove_local(id).map_err(io_err(index.links.dir()))?;
+            } else {
+                records.push(record);
+            }
         }
         if let Some((memtable, id)) = &self.thresholds {
             records.push(index.write_table(&index.thresholds, id, memtable.len(), memtable.iter().copied())?);
         }
         let flush = FlushRecord { tables: records.clone(), position: self.position, accounts: self.accounts };
         index.catalog.commit_flush(&flush)?;
+        if let Some((memtable, _)) = self.links.as_ref().filter(|_| !records.iter().any(|r| r.tree == Backlink::TREE)) {
+            index.links.retire_frozen(memtable);
+        }
         for record in records {
             if record.tree == Backlink::TREE {
                 index.links.install(index.links.open_table(record)?, self.links.as_ref().map(|(m, _)| m));
@@ -441,10 +455,12 @@ impl Index {
         let mut writer = self.writer.lock().expect("writer lock poisoned");
         let stamp = writer.position.clock + 1;
         match change {
-            Change::Create(record_ref, found) => self.write_backlinks(record_ref, found, stamp)?,
+            Change::Create(record_ref, found) => self.write_backlinks(self.backlinks(record_ref, found, stamp)?),
             Change::Update(record_ref, found) => {
-                self.write_revocation(self.source_id(record_ref)?, stamp);
-                self.write_backlinks(record_ref, found, stamp)?;
+                // Everything that can fail first: a failed update writes nothing at its stamp.
+                let (source, backlinks) = (self.source_id(record_ref)?, self.backlinks(record_ref, found, stamp)?);
+                self.write_revocation(source, stamp);
+                self.write_backlinks(backlinks);
             }
             Change::Delete(record_ref) => self.write_revocation(self.source_id(record_ref)?, stamp),
             Change::Account { did, active, status } => {
@@ -490,12 +506,15 @@ impl Index {
         let repo = RecordId::repo(self.outlines.intern(OutlineKind::Did, did, WRITER_SHARD)?);
         self.write_revocation(repo, stamp);
         let before = self.counters.backlinks.load(Ordering::Relaxed);
-        for (record_ref, record) in records {
+        let written = records.into_iter().try_for_each(|(record_ref, record)| {
             assert_eq!(record_ref.did, did, "a snapshot holds one repository");
             let extraction = extract_links(record, &self.options.extract);
-            self.write_backlinks(&record_ref, found_links(&extraction), stamp)?;
-        }
+            self.backlinks(&record_ref, found_links(&extraction), stamp).map(|links| self.write_backlinks(links))
+        });
+        // Even a snapshot cut short wrote at `stamp` (a retry writes a new one over it): no later
+        // operation may take the same stamp.
         writer.position.clock = stamp;
+        written?;
         self.counters.operations.fetch_add(1, Ordering::Relaxed);
         Ok((stamp, self.counters.backlinks.load(Ordering::Relaxed) - before))
     }
@@ -516,12 +535,13 @@ impl Index {
         self.counters.revocations.fetch_add(1, Ordering::Relaxed);
     }
 
-    fn write_backlinks<'l>(
+    /// The backlinks of a record at `stamp`, their strings outlined (written by `write_backlinks`).
+    fn backlinks<'l>(
         &self,
         record_ref: &RecordRef<'_>,
         found: FoundLinks<impl Iterator<Item = (LinkTarget<'l>, &'l str)>>,
         stamp: u64,
-    ) -> Result<(), IndexError> {
+    ) -> Result<Vec<Backlink>, IndexError> {
         let source = self.source_id(record_ref)?;
         let FoundLinks { links, stats } = found;
         let mut entries = Vec::with_capacity(links.size_hint().0);
@@ -533,9 +553,12 @@ impl Index {
         self.counters.links_collection_only.fetch_add(stats.collection_only as u64, Ordering::Relaxed);
         self.counters.links_handle_authority.fetch_add(stats.handle_authority as u64, Ordering::Relaxed);
         self.counters.links_over_limit.fetch_add(stats.over_link_limit as u64, Ordering::Relaxed);
-        self.counters.backlinks.fetch_add(entries.len() as u64, Ordering::Relaxed);
-        self.links.insert(entries);
-        Ok(())
+        Ok(entries)
+    }
+
+    fn write_backlinks(&self, backlinks: Vec<Backlink>) {
+        self.counters.backlinks.fetch_add(backlinks.len() as u64, Ordering::Relaxed);
+        self.links.insert(backlinks);
     }
 
     fn source_id(&self, record_ref: &RecordRef<'_>) -> Result<RecordId, IndexError> {
@@ -588,9 +611,13 @@ impl Index {
         }
         let started = std::time::Instant::now();
         let mut writer = self.writer.lock().expect("writer lock poisoned");
-        let links = self.links.freeze().map(|m| self.new_table_id(&mut writer).map(|id| (m, id))).transpose()?;
-        let thresholds =
-            self.thresholds.freeze().map(|m| self.new_table_id(&mut writer).map(|id| (m, id))).transpose()?;
+        // Ids before the freezes: a failure after a freeze would leave a frozen memtable that no
+        // flush writes. Memtables only change under the writer, so these ids find them as frozen.
+        let links_id = if self.links.memtable_bytes() > 0 { Some(self.new_table_id(&mut writer)?) } else { None };
+        let thresholds_id =
+            if self.thresholds.memtable_bytes() > 0 { Some(self.new_table_id(&mut writer)?) } else { None };
+        let links = links_id.map(|id| (self.links.freeze().expect("a non-empty memtable freezes"), id));
+        let thresholds = thresholds_id.map(|id| (self.thresholds.freeze().expect("a non-empty memtable freezes"), id));
         Ok(FlushJob {
             index: self,
             _ticket: ticket,
@@ -1249,6 +1276,32 @@ mod tests {
             None,
         ];
         assert_eq!(uris, expected.map(|uri| uri.map(String::from)));
+    }
+
+    #[test]
+    fn a_flush_whose_backlinks_all_died_writes_no_links_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open_in_dir(dir.path(), IndexOptions::default());
+        let record_ref = RecordRef {
+            did: "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb".into(),
+            collection: "a.b.c".into(),
+            rkey: "self".into(),
+        };
+        let record = serde_json::json!({"subject": "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"});
+        let create = Operation::Create(crate::ingest::jetstream::RecordOp { record_ref: record_ref.clone(), record });
+        index.apply(&create, Some(1)).unwrap();
+        index.apply(&Operation::Delete(record_ref), Some(2)).unwrap();
+        assert_eq!(index.flush().unwrap(), 1, "only the revocation's table");
+        let tables = |index: &Index| (index.links.tables().len(), index.thresholds.tables().len());
+        assert_eq!(tables(&index), (0, 1));
+        let everything = (Backlink::min_for_key(RecordId::MIN), Backlink::max_for_key(RecordId::MAX));
+        assert_eq!(index.links.snapshot(&[everything]).memtable_entries, vec![], "no frozen memtable left");
+        let files = std::fs::read_dir(index.links.dir()).unwrap().count();
+        assert_eq!(files, 0, "the empty table's files are gone");
+        drop(index);
+        let reopened = open_in_dir(dir.path(), IndexOptions::default());
+        assert_eq!(tables(&reopened), (0, 1));
+        assert_eq!(reopened.position().clock, 2);
     }
 
     #[test]

@@ -427,13 +427,18 @@ fn assert_merges_settle_stamps(harness: &Harness) {
             settled += 1;
             zero += usize::from(threshold == 0);
         }
-        if !compacted {
+        // A flushed backlink whose source and repository were never revoked is settled to 0
+        // unless a filter admitted one of them by chance (about 1 % a probe).
+        if !compacted && threshold == 0 {
             flushed += 1;
             flushed_zero += usize::from(link.source_rev == 0);
         }
     }
     assert!(zero > 0 && settled > zero, "{settled} live compacted backlinks, {zero} of them never revoked");
-    assert!(flushed_zero > 0, "{flushed} flushed backlinks, none settled at flush");
+    assert!(
+        flushed > 0 && flushed_zero * 10 >= flushed * 9,
+        "{flushed_zero} of {flushed} never-revoked flushed backlinks settled"
+    );
 }
 
 /// A flush that fails leaves its operations in a frozen memtable, in no table: a later flush must

@@ -5,11 +5,13 @@
 //! - Merging never changes an answer. Of entries with the same identity it keeps the freshest
 //!   (largest stamp), which is the one a reader would pick; for revocations that is the newest
 //!   threshold per source, the only one a reader uses.
-//! - A backlink is dropped only when a revocation that is already in a *table* of the revocation
-//!   tree kills it (stamp below its record- or repo-level threshold). Revocations are never
-//!   dropped (only superseded by newer ones for the same source), so such a backlink is dead
-//!   for every reader forever: dropping it only saves space. Revocations still in a memtable
-//!   are not consulted, so a crash cannot lose the reason a backlink was dropped.
+//! - A merge drops a backlink only when a revocation that is already in a *table* of the
+//!   revocation tree kills it (stamp below its record- or repo-level threshold); a flush only
+//!   when a revocation frozen with it kills it, which commits in the same catalog transaction.
+//!   Revocations are never dropped (only superseded by newer ones for the same source), so such
+//!   a backlink is dead for every reader forever: dropping it only saves space. No other
+//!   memtable's revocations are consulted, so a crash cannot lose the reason a backlink was
+//!   dropped.
 //! - A surviving backlink stamped at or below `Thresholds::complete_through` is written with its
 //!   stamp lowered to its threshold (0 for a source never revoked), which changes no answer
 //!   (proof at `Thresholds::settle`) and leaves the stamp column of merged tables nearly all
@@ -100,8 +102,9 @@ pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
     (wanted as u32).next_power_of_two().min(MAX_SHARDS)
 }
 
-/// Revocation thresholds (newest per source) from the revocation tree's tables, for dropping
-/// killed backlinks. `None` when there are more than `limit` of them. A merge asks it twice per
+/// Revocation thresholds (newest per source): a merge's from the revocation tree's tables, a
+/// flush's from its frozen revocation memtable (`FlushThresholds`), for dropping killed
+/// backlinks and settling stamps. `load_thresholds` gives `None` past its limit. A merge asks it twice per
 /// backlink, in target order, so the sources come at random: a binary search missed the cache
 /// at every step (by profile, 60 % of a 10 M-link import's merge), so an index of positions
 /// (`crate::buckets`, 8 bytes per bucket, at most 3/4 full) finds a source, or its absence, in
@@ -112,8 +115,9 @@ pub struct Thresholds {
     newest: Vec<Revocation>,
     /// Positions in `newest`, by the hash of their source.
     by_source: Buckets,
-    /// Every revocation stamped at or below this is in `newest`: the ingest clock of the last
-    /// flush whose tables were installed before the revocation tables were read.
+    /// Every revocation stamped at or below this is in `newest`: for a merge, the ingest clock of
+    /// the last flush whose tables were installed before the revocation tables were read; for a
+    /// flush, its own clock, which holds only for sources no revocation table may hold.
     complete_through: u64,
 }
 
@@ -163,40 +167,83 @@ impl Thresholds {
 /// Settles a flushed memtable's backlinks as a merge would, without reading a table.
 ///
 /// A flush knows every revocation stamped at or below its clock: those of earlier flushes are
-/// in the revocation tree's installed tables, the rest in the revocation memtable frozen with the
-/// links (and committed with them). A backlink whose source and repository no revocation table
-/// may hold (the filters have no false negatives) therefore has exactly the memtable's
-/// thresholds, and `Thresholds::settle`'s proof holds with `complete_through` the flush's clock.
-/// A backlink that some filter admits keeps its stamp (a later merge settles it) and is dropped
-/// only when the memtable's revocations already kill it.
+/// in the revocation tree's installed tables (one flush at a time, and none after a failed one:
+/// `Index::begin_flush`), the rest in the revocation memtable frozen with the links and
+/// committed with them. A backlink whose source and repository no revocation table may hold
+/// (the filters have no false negatives) therefore has exactly the memtable's thresholds, and
+/// `Thresholds::settle`'s proof holds with `complete_through` the flush's clock. A backlink that
+/// some filter admits keeps its stamp (a later merge settles it) and is dropped only when the
+/// memtable's revocations already kill it.
 pub struct FlushThresholds<'a> {
-    /// The frozen revocation memtable's newest revocation per source.
+    /// The frozen revocation memtable's newest revocation per source. Complete through the
+    /// flush's clock only for the sources no revocation table may hold.
     memtable: Thresholds,
     /// The revocation tree's runs as installed before this flush.
     runs: &'a [Arc<Run<Revocation>>],
 }
 
+/// Backlinks whose filter probes are issued together, so that their cache misses overlap.
+const SETTLE_BATCH: usize = 32;
+
 impl<'a> FlushThresholds<'a> {
-    /// `revocations`: the frozen revocation memtable, all stamped at or below `clock`, which is
-    /// the flush's position; `runs`: the revocation tree's runs, holding every revocation of
-    /// earlier flushes.
-    pub fn new(revocations: Vec<Revocation>, runs: &'a [Arc<Run<Revocation>>], clock: u64) -> Self {
-        assert!(revocations.iter().all(|r| r.rev <= clock), "a frozen revocation is past the flush's clock");
-        FlushThresholds { memtable: Thresholds::from_revocations(revocations, clock), runs }
+    /// `revocations`: the frozen revocation memtable; `runs`: the revocation tree's runs, holding
+    /// every revocation of earlier flushes; `clock`: the flush's position. `None` (settle nothing)
+    /// when a revocation is stamped past the clock: the premise does not hold, so the flush
+    /// writes its backlinks as they are.
+    pub fn new(revocations: Vec<Revocation>, runs: &'a [Arc<Run<Revocation>>], clock: u64) -> Option<Self> {
+        if let Some(late) = revocations.iter().find(|r| r.rev > clock) {
+            tracing::warn!(rev = late.rev, clock, "a flushed revocation is past the flush's clock; stamps kept");
+            return None;
+        }
+        Some(FlushThresholds { memtable: Thresholds::from_revocations(revocations, clock), runs })
     }
 
-    /// What the flush writes for `link` (stamped at or below the clock): as `Thresholds::settle`.
-    pub fn settle(&self, link: Backlink) -> Option<Backlink> {
-        if self.in_some_table(&link.source) || self.in_some_table(&RecordId::repo(link.source.did)) {
+    /// What the flush writes for `link` (stamped at or below the clock), as `Thresholds::settle`;
+    /// `in_tables`: whether a revocation table may hold its source's or repository's threshold.
+    fn settle(&self, link: Backlink, in_tables: bool) -> Option<Backlink> {
+        if in_tables {
             let killed = link.source_rev < link.threshold(|key| self.memtable.threshold(key));
             return (!killed).then_some(link);
         }
         self.memtable.settle(link)
     }
 
-    fn in_some_table(&self, source: &RecordId) -> bool {
-        let (hash, shard) = (KeyHash::of(&source.to_bytes()), shard_hash(source));
-        self.runs.iter().any(|run| run.table_for_hash(shard).meta.may_contain(hash))
+    /// Settles sorted `links`, a batch at a time: each batch's filter lines are requested before
+    /// any is tested (a flush probes two keys per backlink in every revocation run).
+    pub fn settle_all(&'a self, links: impl Iterator<Item = Backlink> + 'a) -> impl Iterator<Item = Backlink> + 'a {
+        let mut links = links.peekable();
+        let mut settled: Vec<Backlink> = Vec::with_capacity(SETTLE_BATCH);
+        let mut next = 0;
+        std::iter::from_fn(move || {
+            loop {
+                if let Some(link) = settled.get(next) {
+                    next += 1;
+                    return Some(*link);
+                }
+                links.peek()?;
+                let batch: Vec<Backlink> = links.by_ref().take(SETTLE_BATCH).collect();
+                settled.clear();
+                next = 0;
+                let in_tables = self.probe(&batch);
+                settled.extend(batch.iter().zip(in_tables).filter_map(|(link, hit)| self.settle(*link, hit)));
+            }
+        })
+    }
+
+    /// For each link, whether some revocation table's filter admits its source or repository.
+    fn probe(&self, batch: &[Backlink]) -> Vec<bool> {
+        let keys: Vec<(KeyHash, u64)> = batch
+            .iter()
+            .flat_map(|link| [link.source, RecordId::repo(link.source.did)])
+            .map(|key| (KeyHash::of(&key.to_bytes()), shard_hash(&key)))
+            .collect();
+        for run in self.runs.iter() {
+            keys.iter().for_each(|(hash, shard)| run.table_for_hash(*shard).meta.prefetch(*hash));
+        }
+        let admitted = |(hash, shard): &(KeyHash, u64)| {
+            self.runs.iter().any(|run| run.table_for_hash(*shard).meta.may_contain(*hash))
+        };
+        keys.chunks(2).map(|pair| pair.iter().any(admitted)).collect()
     }
 }
 
@@ -478,26 +525,33 @@ mod tests {
         }
     }
 
-    /// A delta run of the revocation tree holding `revocations` (sorted, unique), in `dir`.
-    fn revocation_runs(dir: &std::path::Path, revocations: &[Revocation]) -> Vec<Arc<Run<Revocation>>> {
+    /// One run of the revocation tree holding `revocations` (sorted, unique) in `shards` tables,
+    /// written in `dir`: a delta run when `shards` is 1, else a compacted run split as a merge
+    /// splits it.
+    fn revocation_runs(dir: &std::path::Path, revocations: &[Revocation], shards: u32) -> Vec<Arc<Run<Revocation>>> {
         let tree = Tree::<Revocation>::new(dir.to_path_buf(), Default::default(), 0).unwrap();
-        let summary = tree.write_sorted("t", revocations.len(), revocations.iter().copied()).unwrap();
-        let record = crate::catalog::TableRecord {
-            id: "t".into(),
-            tree: Revocation::TREE.into(),
-            run_id: "t".into(),
-            run_kind: crate::catalog::RunKind::Delta,
-            shard: 0,
-            shard_count: 1,
-            entries: summary.entries,
-            data_len: summary.data_len,
-            meta_len: summary.meta_len,
-            uploaded: false,
-            min_stamp: summary.stamps.0,
-            max_stamp: summary.stamps.1,
-        };
-        tree.install(tree.open_table(record).unwrap(), None);
-        tree.runs().as_ref().clone()
+        let kind = if shards == 1 { crate::catalog::RunKind::Delta } else { crate::catalog::RunKind::Compacted };
+        let tables = (0..shards).map(|shard| {
+            let id = format!("t{shard}");
+            let mine = revocations.iter().filter(|r| shard_of(&r.source, shards) == shard).copied();
+            let summary = tree.write_sorted(&id, revocations.len(), mine).unwrap();
+            let record = crate::catalog::TableRecord {
+                id,
+                tree: Revocation::TREE.into(),
+                run_id: "r".into(),
+                run_kind: kind,
+                shard,
+                shard_count: shards,
+                entries: summary.entries,
+                data_len: summary.data_len,
+                meta_len: summary.meta_len,
+                uploaded: false,
+                min_stamp: summary.stamps.0,
+                max_stamp: summary.stamps.1,
+            };
+            Arc::new(tree.open_table(record).unwrap())
+        });
+        vec![Arc::new(Run::from_tables(tables.collect()).unwrap())]
     }
 
     #[test]
@@ -506,21 +560,48 @@ mod tests {
         let record = |did| RecordId { rkey: 7, collection: 1, did };
         // Did 1's record was revoked at 3 by an earlier flush; did 2's repository at 4.
         let in_tables = [Revocation { source: RecordId::repo(2), rev: 4 }, Revocation { source: record(1), rev: 3 }];
-        let runs = revocation_runs(dir.path(), &in_tables);
+        let runs = revocation_runs(dir.path(), &in_tables, 1);
         // This flush revoked did 5's record at 12 (an update: its new link has the same stamp).
         let memtable = vec![Revocation { source: record(1), rev: 20 }, Revocation { source: record(5), rev: 12 }];
-        let flush = FlushThresholds::new(memtable, &runs, 30);
+        let flush = FlushThresholds::new(memtable, &runs, 30).unwrap();
         let link =
             |did, source_rev| Backlink { target: RecordId::repo(9), source: record(did), location: 1, source_rev };
-        assert_eq!(flush.settle(link(6, 25)), Some(link(6, 0)), "never revoked anywhere");
-        assert_eq!(flush.settle(link(5, 15)), Some(link(5, 12)), "lowered to the memtable's threshold");
-        assert_eq!(flush.settle(link(5, 11)), None, "killed by the flush's own revocation");
-        assert_eq!(flush.settle(link(1, 10)), None, "a table holds a threshold, but the memtable's kills it");
-        assert_eq!(flush.settle(link(1, 25)), Some(link(1, 25)), "a table may hold a threshold: kept as is");
-        assert_eq!(flush.settle(link(2, 25)), Some(link(2, 25)), "a table holds its repository's threshold");
-        let runs = revocation_runs(tempfile::tempdir().unwrap().path(), &[]);
-        let flush = FlushThresholds::new(vec![], &runs, 30);
-        assert_eq!(flush.settle(link(1, 25)), Some(link(1, 0)), "an empty table holds nothing");
+        let settle = |link| flush.settle_all(std::iter::once(link)).next();
+        assert_eq!(settle(link(6, 25)), Some(link(6, 0)), "never revoked anywhere");
+        assert_eq!(settle(link(5, 15)), Some(link(5, 12)), "lowered to the memtable's threshold");
+        assert_eq!(settle(link(5, 11)), None, "killed by the flush's own revocation");
+        assert_eq!(settle(link(1, 10)), None, "a table holds a threshold, but the memtable's kills it");
+        assert_eq!(settle(link(1, 25)), Some(link(1, 25)), "a table may hold a threshold: kept as is");
+        assert_eq!(settle(link(2, 25)), Some(link(2, 25)), "a table holds its repository's threshold");
+        // In batches: the same answers, in order, whatever the batch boundaries.
+        let many: Vec<Backlink> = (0..100).flat_map(|i| [link(1, 25), link(5, 11), link(6, 20 + i)]).collect();
+        let expected: Vec<Backlink> = many.iter().filter_map(|l| settle(*l)).collect();
+        assert_eq!(expected.len(), 200);
+        assert_eq!(flush.settle_all(many.into_iter()).collect::<Vec<_>>(), expected);
+        let empty_dir = tempfile::tempdir().unwrap();
+        let runs = revocation_runs(empty_dir.path(), &[], 1);
+        let flush = FlushThresholds::new(vec![], &runs, 30).unwrap();
+        let settled = flush.settle_all(std::iter::once(link(1, 25))).next();
+        assert_eq!(settled, Some(link(1, 0)), "an empty table holds nothing");
+        let late = vec![Revocation { source: record(5), rev: 31 }];
+        assert!(FlushThresholds::new(late, &runs, 30).is_none(), "a revocation past the clock: nothing settled");
+    }
+
+    /// Every key of a sharded run is found in its own shard's filter: a flush probes the right one.
+    #[test]
+    fn a_flush_probes_the_shard_that_holds_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let revoked: Vec<Revocation> =
+            (0..64).map(|did| Revocation { source: RecordId { rkey: 7, collection: 1, did }, rev: 5 }).collect();
+        let runs = revocation_runs(dir.path(), &revoked, 4);
+        assert_eq!(runs[0].shard_count(), 4);
+        let flush = FlushThresholds::new(vec![], &runs, 30).unwrap();
+        let links: Vec<Backlink> = revoked
+            .iter()
+            .map(|r| Backlink { target: RecordId::repo(9), source: r.source, location: 1, source_rev: 9 })
+            .collect();
+        let kept: Vec<Backlink> = flush.settle_all(links.clone().into_iter()).collect();
+        assert_eq!(kept, links, "every source is admitted by its shard's filter: stamps kept");
     }
 
     #[test]

@@ -29,20 +29,16 @@ pub const RECENT_ENTRIES: usize = 1 << 16;
 pub struct Memtable<E: Entry> {
     sorted: Vec<E>,
     recent: BTreeSet<E>,
-    min_stamp: u64,
-    max_stamp: u64,
 }
 
 impl<E: Entry> Default for Memtable<E> {
     fn default() -> Self {
-        Self { sorted: Vec::new(), recent: BTreeSet::new(), min_stamp: u64::MAX, max_stamp: 0 }
+        Self { sorted: Vec::new(), recent: BTreeSet::new() }
     }
 }
 
 impl<E: Entry> Memtable<E> {
     pub fn insert(&mut self, entry: E) {
-        self.min_stamp = self.min_stamp.min(entry.stamp());
-        self.max_stamp = self.max_stamp.max(entry.stamp());
         self.recent.insert(entry);
         if self.recent.len() >= RECENT_ENTRIES {
             self.merge_recent();
@@ -61,11 +57,6 @@ impl<E: Entry> Memtable<E> {
     /// Encoded size of the entries: what a flush writes before compression.
     pub fn bytes(&self) -> usize {
         self.len() * E::WIDTH
-    }
-
-    /// Smallest and largest stamp written, or `None` when empty.
-    pub fn stamps(&self) -> Option<(u64, u64)> {
-        (!self.is_empty()).then_some((self.min_stamp, self.max_stamp))
     }
 
     /// Entries `e` with `lo <= e <= hi`, in order, each once.
@@ -159,7 +150,6 @@ mod tests {
         m.insert(rev(1, 6));
         assert_eq!(m.len(), 2);
         assert_eq!(m.bytes(), 64);
-        assert_eq!(m.stamps(), Some((5, 6)));
     }
 
     #[test]

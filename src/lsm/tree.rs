@@ -2,9 +2,10 @@
 //!
 //! Invariants:
 //! - Queries see every entry that was written before they started: an entry lives in the active
-//!   memtable, then in a frozen memtable, then in a table, and the switch from frozen memtable to
-//!   table happens under one write lock, so a reader (who takes memtable entries and the table list
-//!   under one read lock) never falls between the two.
+//!   memtable, then in a frozen memtable, then in a table (as written, or as its flush settled it,
+//!   or not at all when it was dead or superseded: no answer changes), and the switch from frozen
+//!   memtable to table happens under one write lock, so a reader (who takes memtable entries and
+//!   the table list under one read lock) never falls between the two.
 //! - A table file pair is complete on disk (written, fsynced, renamed) before it is installed.
 //! - The run list is an immutable `Arc<Vec<_>>` swapped as a whole (a flush adds a delta run, a
 //!   compaction swaps its input runs for its output run in one step); a reader's snapshot never
@@ -464,6 +465,11 @@ impl<E: Entry> Tree<E> {
         if let Some(frozen) = replaces {
             state.frozen.retain(|m| !Arc::ptr_eq(m, frozen));
         }
+    }
+
+    /// Drops a frozen memtable whose flush wrote no table (every entry in it was dead).
+    pub fn retire_frozen(&self, memtable: &Arc<Memtable<E>>) {
+        self.state.write().expect("tree lock poisoned").frozen.retain(|m| !Arc::ptr_eq(m, memtable));
     }
 
     /// Swaps the runs `removed` for `added` in one step (a compaction's result). The new run takes
