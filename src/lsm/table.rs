@@ -1732,15 +1732,19 @@ mod tests {
 
     /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
     /// writes the current encoding's files (payload encoding 3's data, meta version 2: give new
-    /// names to the next ones); older encodings' files stay as they were written.
+    /// names to the next ones). It never overwrites a file: older golden files stay as written.
     #[test]
     #[ignore]
     fn write_golden_table_files() {
         let (data, meta, _) = build(&key_runs_golden_entries(), &options(305 * Backlink::WIDTH));
-        let path = |ext: &str| format!("{}/tests/data/table_golden_v3.{ext}", env!("CARGO_MANIFEST_DIR"));
-        std::fs::write(path("data"), data).unwrap();
-        let meta_v2 = format!("{}/tests/data/table_golden_meta_v2.meta", env!("CARGO_MANIFEST_DIR"));
-        std::fs::write(meta_v2, meta).unwrap();
+        let write_new = |name: &str, bytes: &[u8]| {
+            let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+            let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path);
+            let mut file = file.unwrap_or_else(|e| panic!("{path}: {e} (golden files are never rewritten)"));
+            file.write_all(bytes).unwrap();
+        };
+        write_new("table_golden_v3.data", &data);
+        write_new("table_golden_meta_v2.meta", &meta);
     }
 
     fn revocation(key: u64, rev: u64) -> Revocation {
