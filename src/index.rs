@@ -8,9 +8,8 @@
 //!   cursor and account states in one catalog transaction. So a durable table never names an id
 //!   that a crash could forget, and after a crash the catalog's position says exactly what the
 //!   tables hold: replaying from it re-derives the rest.
-//! - A flush writes each identity's freshest backlink once, with its stamp settled where
-//!   `FlushThresholds` can prove it, and none that a revocation frozen with it kills (that
-//!   revocation commits in the same transaction).
+//! - A flush writes each identity's freshest backlink once, and none that a revocation frozen
+//!   with it kills (that revocation commits in the same transaction); stamps as written.
 //! - An operation that fails writes nothing at its stamp, except a repository snapshot cut
 //!   short, which moves the clock past its stamp anyway (no two operations share a stamp).
 //! - A flush freezes both memtables and takes the position under the writer lock, in one step;
@@ -290,12 +289,9 @@ impl FlushJob<'_> {
         let mut records = Vec::new();
         if let Some((memtable, id)) = &self.links {
             let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
-            let runs = index.thresholds.runs();
-            let links = compaction::freshest(memtable.iter().copied());
-            let record = match FlushThresholds::new(revocations, &runs, self.position.clock) {
-                Some(settler) => index.write_table(&index.links, id, memtable.len(), settler.settle_all(links))?,
-                None => index.write_table(&index.links, id, memtable.len(), links)?,
-            };
+            let flushed = FlushThresholds::new(revocations);
+            let links = flushed.live(compaction::freshest(memtable.iter().copied()));
+            let record = index.write_table(&index.links, id, memtable.len(), links)?;
             // Every backlink died within the flush: no table (an empty run would only be merged).
             if record.entries == 0 {
                 index.links.remove_local(id).map_err(io_err(index.links.dir()))?;

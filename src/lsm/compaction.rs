@@ -15,8 +15,7 @@
 //! - A surviving backlink stamped at or below `Thresholds::complete_through` is written with its
 //!   stamp lowered to its threshold (0 for a source never revoked), which changes no answer
 //!   (proof at `Thresholds::settle`) and leaves the stamp column of merged tables nearly all
-//!   zeros, which compress to almost nothing. A flush settles the backlinks it can prove it knows
-//!   every revocation of (`FlushThresholds`), so flushed tables' stamp columns are mostly zeros too.
+//!   zeros, which compress to almost nothing.
 //! - `keep` may drop an entry or lower its stamp, never change its identity, so the output stays
 //!   strictly increasing.
 //! - Work is streamed: one batch of frames per input plus one frame per output shard in memory,
@@ -26,8 +25,7 @@
 
 use crate::buckets::Buckets;
 use crate::lsm::entry::Entry;
-use crate::lsm::filter::KeyHash;
-use crate::lsm::run::{MAX_SHARDS, Run, shard_hash, shard_of};
+use crate::lsm::run::{MAX_SHARDS, Run, shard_of};
 use crate::lsm::table::TableSummary;
 use crate::lsm::tree::{ReadError, TableHandle, TableWriter, Tree};
 use crate::model::ids::{Backlink, RecordId, Revocation};
@@ -103,8 +101,8 @@ pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
 }
 
 /// Revocation thresholds (newest per source): a merge's from the revocation tree's tables, a
-/// flush's from its frozen revocation memtable (`FlushThresholds`), for dropping killed
-/// backlinks and settling stamps. `load_thresholds` gives `None` past its limit. A merge asks it twice per
+/// flush's from its frozen revocation memtable (`FlushThresholds`, which only drops), for
+/// dropping killed backlinks and settling stamps. `load_thresholds` gives `None` past its limit. A merge asks it twice per
 /// backlink, in target order, so the sources come at random: a binary search missed the cache
 /// at every step (by profile, 60 % of a 10 M-link import's merge), so an index of positions
 /// (`crate::buckets`, 8 bytes per bucket, at most 3/4 full) finds a source, or its absence, in
@@ -115,9 +113,8 @@ pub struct Thresholds {
     newest: Vec<Revocation>,
     /// Positions in `newest`, by the hash of their source.
     by_source: Buckets,
-    /// Every revocation stamped at or below this is in `newest`: for a merge, the ingest clock of
-    /// the last flush whose tables were installed before the revocation tables were read; for a
-    /// flush, its own clock, which holds only for sources no revocation table may hold.
+    /// Every revocation stamped at or below this is in `newest`: the ingest clock of the last
+    /// flush whose tables were installed before the revocation tables were read (0 for a flush's).
     complete_through: u64,
 }
 
@@ -164,86 +161,27 @@ impl Thresholds {
     }
 }
 
-/// Settles a flushed memtable's backlinks as a merge would, without reading a table.
-///
-/// A flush knows every revocation stamped at or below its clock: those of earlier flushes are
-/// in the revocation tree's installed tables (one flush at a time, and none after a failed one:
-/// `Index::begin_flush`), the rest in the revocation memtable frozen with the links and
-/// committed with them. A backlink whose source and repository no revocation table may hold
-/// (the filters have no false negatives) therefore has exactly the memtable's thresholds, and
-/// `Thresholds::settle`'s proof holds with `complete_through` the flush's clock. A backlink that
-/// some filter admits keeps its stamp (a later merge settles it) and is dropped only when the
-/// memtable's revocations already kill it.
-pub struct FlushThresholds<'a> {
-    /// The frozen revocation memtable's newest revocation per source. Complete through the
-    /// flush's clock only for the sources no revocation table may hold.
+/// What a flush knows of revocations: those frozen with its backlinks (committed in the same
+/// catalog transaction). A backlink one of them kills is dead for good, so the flush does not
+/// write it. Stamps are left for merges to settle: proving at flush time that no revocation table
+/// holds a source's threshold took two filter probes per backlink and revocation run, which made
+/// flushes slower and raised the import's peak memory (measured in BENCHMARKS.md, run 15) for a
+/// saving that lasts only until the next merge.
+pub struct FlushThresholds {
+    /// The frozen revocation memtable's newest revocation per source.
     memtable: Thresholds,
-    /// The revocation tree's runs as installed before this flush.
-    runs: &'a [Arc<Run<Revocation>>],
 }
 
-/// Backlinks whose filter probes are issued together, so that their cache misses overlap.
-const SETTLE_BATCH: usize = 32;
-
-impl<'a> FlushThresholds<'a> {
-    /// `revocations`: the frozen revocation memtable; `runs`: the revocation tree's runs, holding
-    /// every revocation of earlier flushes; `clock`: the flush's position. `None` (settle nothing)
-    /// when a revocation is stamped past the clock: the premise does not hold, so the flush
-    /// writes its backlinks as they are.
-    pub fn new(revocations: Vec<Revocation>, runs: &'a [Arc<Run<Revocation>>], clock: u64) -> Option<Self> {
-        if let Some(late) = revocations.iter().find(|r| r.rev > clock) {
-            tracing::warn!(rev = late.rev, clock, "a flushed revocation is past the flush's clock; stamps kept");
-            return None;
-        }
-        Some(FlushThresholds { memtable: Thresholds::from_revocations(revocations, clock), runs })
+impl FlushThresholds {
+    /// `revocations`: the revocation memtable frozen with the flush's backlinks.
+    pub fn new(revocations: Vec<Revocation>) -> Self {
+        // No stamp is lowered, so no clock is claimed complete.
+        FlushThresholds { memtable: Thresholds::from_revocations(revocations, 0) }
     }
 
-    /// What the flush writes for `link` (stamped at or below the clock), as `Thresholds::settle`;
-    /// `in_tables`: whether a revocation table may hold its source's or repository's threshold.
-    fn settle(&self, link: Backlink, in_tables: bool) -> Option<Backlink> {
-        if in_tables {
-            let killed = link.source_rev < link.threshold(|key| self.memtable.threshold(key));
-            return (!killed).then_some(link);
-        }
-        self.memtable.settle(link)
-    }
-
-    /// Settles sorted `links`, a batch at a time: each batch's filter lines are requested before
-    /// any is tested (a flush probes two keys per backlink in every revocation run).
-    pub fn settle_all(&'a self, links: impl Iterator<Item = Backlink> + 'a) -> impl Iterator<Item = Backlink> + 'a {
-        let mut links = links.peekable();
-        let mut settled: Vec<Backlink> = Vec::with_capacity(SETTLE_BATCH);
-        let mut next = 0;
-        std::iter::from_fn(move || {
-            loop {
-                if let Some(link) = settled.get(next) {
-                    next += 1;
-                    return Some(*link);
-                }
-                links.peek()?;
-                let batch: Vec<Backlink> = links.by_ref().take(SETTLE_BATCH).collect();
-                settled.clear();
-                next = 0;
-                let in_tables = self.probe(&batch);
-                settled.extend(batch.iter().zip(in_tables).filter_map(|(link, hit)| self.settle(*link, hit)));
-            }
-        })
-    }
-
-    /// For each link, whether some revocation table's filter admits its source or repository.
-    fn probe(&self, batch: &[Backlink]) -> Vec<bool> {
-        let keys: Vec<(KeyHash, u64)> = batch
-            .iter()
-            .flat_map(|link| [link.source, RecordId::repo(link.source.did)])
-            .map(|key| (KeyHash::of(&key.to_bytes()), shard_hash(&key)))
-            .collect();
-        for run in self.runs.iter() {
-            keys.iter().for_each(|(hash, shard)| run.table_for_hash(*shard).meta.prefetch(*hash));
-        }
-        let admitted = |(hash, shard): &(KeyHash, u64)| {
-            self.runs.iter().any(|run| run.table_for_hash(*shard).meta.may_contain(*hash))
-        };
-        keys.chunks(2).map(|pair| pair.iter().any(admitted)).collect()
+    /// `links` without the ones the flush's revocations kill, stamps unchanged.
+    pub fn live<'a>(&'a self, links: impl Iterator<Item = Backlink> + 'a) -> impl Iterator<Item = Backlink> + 'a {
+        links.filter(|link| link.source_rev >= link.threshold(|key| self.memtable.threshold(key)))
     }
 }
 
@@ -525,83 +463,19 @@ mod tests {
         }
     }
 
-    /// One run of the revocation tree holding `revocations` (sorted, unique) in `shards` tables,
-    /// written in `dir`: a delta run when `shards` is 1, else a compacted run split as a merge
-    /// splits it.
-    fn revocation_runs(dir: &std::path::Path, revocations: &[Revocation], shards: u32) -> Vec<Arc<Run<Revocation>>> {
-        let tree = Tree::<Revocation>::new(dir.to_path_buf(), Default::default(), 0).unwrap();
-        let kind = if shards == 1 { crate::catalog::RunKind::Delta } else { crate::catalog::RunKind::Compacted };
-        let tables = (0..shards).map(|shard| {
-            let id = format!("t{shard}");
-            let mine = revocations.iter().filter(|r| shard_of(&r.source, shards) == shard).copied();
-            let summary = tree.write_sorted(&id, revocations.len(), mine).unwrap();
-            let record = crate::catalog::TableRecord {
-                id,
-                tree: Revocation::TREE.into(),
-                run_id: "r".into(),
-                run_kind: kind,
-                shard,
-                shard_count: shards,
-                entries: summary.entries,
-                data_len: summary.data_len,
-                meta_len: summary.meta_len,
-                uploaded: false,
-                min_stamp: summary.stamps.0,
-                max_stamp: summary.stamps.1,
-            };
-            Arc::new(tree.open_table(record).unwrap())
-        });
-        vec![Arc::new(Run::from_tables(tables.collect()).unwrap())]
-    }
-
     #[test]
-    fn a_flush_settles_what_no_revocation_table_may_hold() {
-        let dir = tempfile::tempdir().unwrap();
+    fn a_flush_drops_what_its_own_revocations_kill_and_keeps_stamps() {
         let record = |did| RecordId { rkey: 7, collection: 1, did };
-        // Did 1's record was revoked at 3 by an earlier flush; did 2's repository at 4.
-        let in_tables = [Revocation { source: RecordId::repo(2), rev: 4 }, Revocation { source: record(1), rev: 3 }];
-        let runs = revocation_runs(dir.path(), &in_tables, 1);
-        // This flush revoked did 5's record at 12 (an update: its new link has the same stamp).
-        let memtable = vec![Revocation { source: record(1), rev: 20 }, Revocation { source: record(5), rev: 12 }];
-        let flush = FlushThresholds::new(memtable, &runs, 30).unwrap();
+        // This flush revoked did 5's record at 12 (an update: its new link has the same stamp)
+        // and did 2's repository at 20.
+        let memtable =
+            vec![Revocation { source: RecordId::repo(2), rev: 20 }, Revocation { source: record(5), rev: 12 }];
+        let flush = FlushThresholds::new(memtable);
         let link =
             |did, source_rev| Backlink { target: RecordId::repo(9), source: record(did), location: 1, source_rev };
-        let settle = |link| flush.settle_all(std::iter::once(link)).next();
-        assert_eq!(settle(link(6, 25)), Some(link(6, 0)), "never revoked anywhere");
-        assert_eq!(settle(link(5, 15)), Some(link(5, 12)), "lowered to the memtable's threshold");
-        assert_eq!(settle(link(5, 11)), None, "killed by the flush's own revocation");
-        assert_eq!(settle(link(1, 10)), None, "a table holds a threshold, but the memtable's kills it");
-        assert_eq!(settle(link(1, 25)), Some(link(1, 25)), "a table may hold a threshold: kept as is");
-        assert_eq!(settle(link(2, 25)), Some(link(2, 25)), "a table holds its repository's threshold");
-        // In batches: the same answers, in order, whatever the batch boundaries.
-        let many: Vec<Backlink> = (0..100).flat_map(|i| [link(1, 25), link(5, 11), link(6, 20 + i)]).collect();
-        let expected: Vec<Backlink> = many.iter().filter_map(|l| settle(*l)).collect();
-        assert_eq!(expected.len(), 200);
-        assert_eq!(flush.settle_all(many.into_iter()).collect::<Vec<_>>(), expected);
-        let empty_dir = tempfile::tempdir().unwrap();
-        let runs = revocation_runs(empty_dir.path(), &[], 1);
-        let flush = FlushThresholds::new(vec![], &runs, 30).unwrap();
-        let settled = flush.settle_all(std::iter::once(link(1, 25))).next();
-        assert_eq!(settled, Some(link(1, 0)), "an empty table holds nothing");
-        let late = vec![Revocation { source: record(5), rev: 31 }];
-        assert!(FlushThresholds::new(late, &runs, 30).is_none(), "a revocation past the clock: nothing settled");
-    }
-
-    /// Every key of a sharded run is found in its own shard's filter: a flush probes the right one.
-    #[test]
-    fn a_flush_probes_the_shard_that_holds_a_key() {
-        let dir = tempfile::tempdir().unwrap();
-        let revoked: Vec<Revocation> =
-            (0..64).map(|did| Revocation { source: RecordId { rkey: 7, collection: 1, did }, rev: 5 }).collect();
-        let runs = revocation_runs(dir.path(), &revoked, 4);
-        assert_eq!(runs[0].shard_count(), 4);
-        let flush = FlushThresholds::new(vec![], &runs, 30).unwrap();
-        let links: Vec<Backlink> = revoked
-            .iter()
-            .map(|r| Backlink { target: RecordId::repo(9), source: r.source, location: 1, source_rev: 9 })
-            .collect();
-        let kept: Vec<Backlink> = flush.settle_all(links.clone().into_iter()).collect();
-        assert_eq!(kept, links, "every source is admitted by its shard's filter: stamps kept");
+        let links = [link(2, 19), link(2, 25), link(5, 11), link(5, 12), link(5, 15), link(6, 3)];
+        let kept: Vec<Backlink> = flush.live(links.into_iter()).collect();
+        assert_eq!(kept, [link(2, 25), link(5, 12), link(5, 15), link(6, 3)], "killed ones dropped, stamps kept");
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //!
 //! Invariants:
 //! - Queries see every entry that was written before they started: an entry lives in the active
-//!   memtable, then in a frozen memtable, then in a table (as written, or as its flush settled it,
-//!   or not at all when it was dead or superseded: no answer changes), and the switch from frozen
+//!   memtable, then in a frozen memtable, then in a table (or in none when its flush found it dead
+//!   or superseded: no answer changes), and the switch from frozen
 //!   memtable to table happens under one write lock, so a reader (who takes memtable entries and
 //!   the table list under one read lock) never falls between the two.
 //! - A table file pair is complete on disk (written, fsynced, renamed) before it is installed.
