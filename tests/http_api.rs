@@ -484,8 +484,16 @@ async fn over_capacity_is_an_immediate_503() {
     let body: Value = serde_json::from_slice(&body_bytes(response).await).unwrap();
     assert_eq!(body["error"], "ServiceUnavailable");
     assert!(body["message"].as_str().unwrap().contains("over capacity"), "{body}");
-    // Non-query routes are not capped.
+    // Non-query routes are not capped, nor are a CORS preflight and other methods on a query route.
     assert_eq!(get(&router, "/xrpc/_health").await.0, StatusCode::OK);
+    let preflight = Request::options(&uri)
+        .header("origin", "https://app.example")
+        .header("access-control-request-method", "GET")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(send(&router, preflight).await.status(), StatusCode::OK);
+    let post = send(&router, Request::post(&uri).body(Body::empty()).unwrap()).await;
+    assert_eq!(post.status(), StatusCode::METHOD_NOT_ALLOWED);
     store.gate.add_permits(1000);
     let (status, body) = slow.await.unwrap();
     assert_eq!((status, body), (StatusCode::OK, json!({"backlinks": {"$.subject": [LIKE]}, "cursor": null})));
