@@ -23,7 +23,7 @@
 use crate::catalog::{AccountState, Catalog, FlushRecord, IngestPosition, ManifestSync, RunKind, TableRecord};
 use crate::extract::{ExtractLimits, ExtractStats, Extraction, extract_links};
 use crate::ingest::jetstream::{Operation, RecordRef};
-use crate::lsm::compaction::{self, CompactionOptions, FlushThresholds};
+use crate::lsm::compaction::{self, CompactionOptions, Thresholds};
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
 use crate::lsm::run::Run;
@@ -287,14 +287,16 @@ impl FlushJob<'_> {
         let index = self.index;
         index.outlines.persist()?;
         let mut records = Vec::new();
+        // Set when every backlink died within the flush: no table (an empty run would only be merged).
+        let mut links_all_dead = None;
         if let Some((memtable, id)) = &self.links {
             let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
-            let flushed = FlushThresholds::new(revocations);
-            let links = flushed.live(compaction::freshest(memtable.iter().copied()));
+            let flushed = Thresholds::of_flush(revocations);
+            let links = compaction::freshest(memtable.iter().copied()).filter_map(|link| flushed.settle(link));
             let record = index.write_table(&index.links, id, memtable.len(), links)?;
-            // Every backlink died within the flush: no table (an empty run would only be merged).
             if record.entries == 0 {
                 index.links.remove_local(id).map_err(io_err(index.links.dir()))?;
+                links_all_dead = Some(memtable);
             } else {
                 records.push(record);
             }
@@ -304,7 +306,7 @@ impl FlushJob<'_> {
         }
         let flush = FlushRecord { tables: records.clone(), position: self.position, accounts: self.accounts };
         index.catalog.commit_flush(&flush)?;
-        if let Some((memtable, _)) = self.links.as_ref().filter(|_| !records.iter().any(|r| r.tree == Backlink::TREE)) {
+        if let Some(memtable) = links_all_dead {
             index.links.retire_frozen(memtable);
         }
         for record in records {

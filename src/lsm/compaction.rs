@@ -100,9 +100,9 @@ pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
     (wanted as u32).next_power_of_two().min(MAX_SHARDS)
 }
 
-/// Revocation thresholds (newest per source): a merge's from the revocation tree's tables, a
-/// flush's from its frozen revocation memtable (`FlushThresholds`, which only drops), for
-/// dropping killed backlinks and settling stamps. `load_thresholds` gives `None` past its limit. A merge asks it twice per
+/// Revocation thresholds (newest per source), for dropping killed backlinks and settling stamps:
+/// a merge's from the revocation tree's tables (`load_thresholds`, `None` past its limit), a
+/// flush's from its frozen revocation memtable (`Thresholds::of_flush`). A merge asks it twice per
 /// backlink, in target order, so the sources come at random: a binary search missed the cache
 /// at every step (by profile, 60 % of a 10 M-link import's merge), so an index of positions
 /// (`crate::buckets`, 8 bytes per bucket, at most 3/4 full) finds a source, or its absence, in
@@ -119,6 +119,14 @@ pub struct Thresholds {
 }
 
 impl Thresholds {
+    /// What a flush knows: the revocations frozen with its backlinks, which commit with them, so
+    /// a backlink they kill is dead for good. Complete through no clock, so `settle` lowers no
+    /// stamp (a flush proving that no revocation table holds a source's threshold cost the
+    /// import's memory goal: BENCHMARKS.md, runs 14-16).
+    pub fn of_flush(revocations: Vec<Revocation>) -> Self {
+        Self::from_revocations(revocations, 0)
+    }
+
     /// Keeps the newest revocation of each source from `revocations` (any order), which hold
     /// every revocation stamped at or below `complete_through`.
     fn from_revocations(mut revocations: Vec<Revocation>, complete_through: u64) -> Self {
@@ -158,30 +166,6 @@ impl Thresholds {
         }
         let settled = if link.source_rev <= self.complete_through { threshold } else { link.source_rev };
         Some(Backlink { source_rev: settled, ..link })
-    }
-}
-
-/// What a flush knows of revocations: those frozen with its backlinks (committed in the same
-/// catalog transaction). A backlink one of them kills is dead for good, so the flush does not
-/// write it. Stamps are left for merges to settle: proving at flush time that no revocation table
-/// holds a source's threshold took two filter probes per backlink and revocation run, which made
-/// flushes slower and raised the import's peak memory (measured in BENCHMARKS.md, run 15) for a
-/// saving that lasts only until the next merge.
-pub struct FlushThresholds {
-    /// The frozen revocation memtable's newest revocation per source.
-    memtable: Thresholds,
-}
-
-impl FlushThresholds {
-    /// `revocations`: the revocation memtable frozen with the flush's backlinks.
-    pub fn new(revocations: Vec<Revocation>) -> Self {
-        // No stamp is lowered, so no clock is claimed complete.
-        FlushThresholds { memtable: Thresholds::from_revocations(revocations, 0) }
-    }
-
-    /// `links` without the ones the flush's revocations kill, stamps unchanged.
-    pub fn live<'a>(&'a self, links: impl Iterator<Item = Backlink> + 'a) -> impl Iterator<Item = Backlink> + 'a {
-        links.filter(|link| link.source_rev >= link.threshold(|key| self.memtable.threshold(key)))
     }
 }
 
@@ -470,11 +454,11 @@ mod tests {
         // and did 2's repository at 20.
         let memtable =
             vec![Revocation { source: RecordId::repo(2), rev: 20 }, Revocation { source: record(5), rev: 12 }];
-        let flush = FlushThresholds::new(memtable);
+        let flush = Thresholds::of_flush(memtable);
         let link =
             |did, source_rev| Backlink { target: RecordId::repo(9), source: record(did), location: 1, source_rev };
         let links = [link(2, 19), link(2, 25), link(5, 11), link(5, 12), link(5, 15), link(6, 3)];
-        let kept: Vec<Backlink> = flush.live(links.into_iter()).collect();
+        let kept: Vec<Backlink> = links.into_iter().filter_map(|link| flush.settle(link)).collect();
         assert_eq!(kept, [link(2, 25), link(5, 12), link(5, 15), link(6, 3)], "killed ones dropped, stamps kept");
     }
 
