@@ -253,7 +253,24 @@ impl Standing {
     }
 
     fn may_write(&self, account: u64) -> bool {
-        !Self::bit(&self.deactivated, account) && !Self::bit(&self.deleted, account)
+        !self.is_deactivated(account) && !Self::bit(&self.deleted, account)
+    }
+
+    fn is_deactivated(&self, account: u64) -> bool {
+        Self::bit(&self.deactivated, account)
+    }
+
+    fn deactivate(&mut self, account: u64) {
+        Self::set(&mut self.deactivated, account, true);
+        self.recently_deactivated.push(account);
+    }
+
+    fn reactivate(&mut self, account: u64) {
+        Self::set(&mut self.deactivated, account, false);
+    }
+
+    fn delete(&mut self, account: u64) {
+        Self::set(&mut self.deleted, account, true);
     }
 }
 
@@ -637,8 +654,7 @@ impl Generator {
 
     fn deactivate(&mut self) -> u64 {
         let account = self.author();
-        Standing::set(&mut self.standing.deactivated, account, true);
-        self.standing.recently_deactivated.push(account);
+        self.standing.deactivate(account);
         self.account(account, Some("deactivated"))
     }
 
@@ -647,16 +663,16 @@ impl Generator {
     fn reactivate(&mut self) -> u64 {
         let draw = self.next();
         let account = match self.standing.recently_deactivated.pick(draw) {
-            Some(account) if Standing::bit(&self.standing.deactivated, account) => account,
+            Some(account) if self.standing.is_deactivated(account) => account,
             _ => self.author(),
         };
-        Standing::set(&mut self.standing.deactivated, account, false);
+        self.standing.reactivate(account);
         self.account(account, None)
     }
 
     fn delete_account(&mut self) -> u64 {
         let account = self.author();
-        Standing::set(&mut self.standing.deleted, account, true);
+        self.standing.delete(account);
         self.account(account, Some("deleted"))
     }
 
