@@ -1,5 +1,6 @@
-//! Table benchmarks: building a 1M-backlink table, point lookups (filter, frame search, decode)
-//! on a built in-memory table, and the key filter alone.
+//! Table benchmarks: building a 1M-backlink table, decoding all of its frames (with column models,
+//! payload encoding 4, and without, zstd), point lookups (filter, frame search, decode) on a
+//! built in-memory table, and the key filter alone.
 //!
 //! Run: `cargo bench --bench table -- --warm-up-time 1 --measurement-time 3`.
 //! The data is synthetic but shaped like the firehose (see `realistic_backlinks`) and seeded, so
@@ -71,9 +72,9 @@ fn realistic_backlinks(seed: u64) -> (Vec<Backlink>, Vec<RecordId>) {
 }
 
 /// Builds the table with a filter sized for the number of distinct targets.
-fn build(links: &[Backlink]) -> (Vec<u8>, Vec<u8>) {
+fn build(links: &[Backlink], options: &TableOptions) -> (Vec<u8>, Vec<u8>) {
     let distinct_targets = 1 + links.windows(2).filter(|pair| pair[0].target != pair[1].target).count();
-    let mut builder = TableBuilder::new(Vec::new(), &TableOptions::default(), distinct_targets).expect("options");
+    let mut builder = TableBuilder::new(Vec::new(), options, distinct_targets).expect("options");
     links.iter().for_each(|link| builder.push(link).expect("sorted input"));
     let (data, meta, _) = builder.finish().expect("in-memory table");
     (data, meta)
@@ -93,7 +94,9 @@ fn lookup(meta: &TableMeta<Backlink>, data: &[u8], target: RecordId, out: &mut V
 
 fn benches(c: &mut Criterion) {
     let (links, targets) = realistic_backlinks(7);
-    let (data, meta_bytes) = build(&links);
+    let defaults = TableOptions::default();
+    let without_models = TableOptions { model_min_entries: u64::MAX, ..TableOptions::default() };
+    let (data, meta_bytes) = build(&links, &defaults);
     let meta = TableMeta::<Backlink>::decode(&meta_bytes).expect("valid meta");
     println!(
         "table: {} links, {} frames, {:.2} data bytes/link, {} meta bytes, filter k = {}, {} blocks",
@@ -108,7 +111,23 @@ fn benches(c: &mut Criterion) {
     let mut group = c.benchmark_group("table");
     group.sample_size(10);
     group.throughput(Throughput::Elements(links.len() as u64));
-    group.bench_function("build_1m_backlinks", |b| b.iter(|| build(black_box(&links))));
+    group.bench_function("build_1m_backlinks", |b| b.iter(|| build(black_box(&links), &defaults)));
+    group.bench_function("build_1m_backlinks_without_models", |b| b.iter(|| build(black_box(&links), &without_models)));
+    let (zstd_data, zstd_meta) = build(&links, &without_models);
+    let zstd_meta = TableMeta::<Backlink>::decode(&zstd_meta).expect("valid meta");
+    println!("without models: {:.2} data bytes/link", zstd_data.len() as f64 / links.len() as f64);
+    let mut decoded = Vec::with_capacity(links.len());
+    for (name, meta, data) in
+        [("decode_all_frames", &meta, &data), ("decode_all_frames_without_models", &zstd_meta, &zstd_data)]
+    {
+        group.bench_function(name, |b| {
+            b.iter(|| {
+                decoded.clear();
+                decode_frames(meta, 0..meta.frames.len(), data, &mut decoded).expect("valid table");
+                decoded.len()
+            })
+        });
+    }
     group.finish();
 
     // Targets in popularity-independent order: most are rare, a few span many frames.

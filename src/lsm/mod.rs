@@ -5,6 +5,7 @@
 //! `tree` ties memtables and tables together for one entry type.
 
 pub mod cache;
+pub mod coder;
 pub mod compaction;
 pub mod entry;
 pub mod filter;

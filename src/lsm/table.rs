@@ -1,6 +1,6 @@
-//! The table format: `<id>.data` holds zstd frames of sorted entries, `<id>.meta` holds the key
-//! filter and the frame index. Generic over any fixed-width `Entry`. docs/format.md has the
-//! byte-by-byte layout.
+//! The table format: `<id>.data` holds frames of sorted entries (zstd, or rANS under the table's
+//! column models), `<id>.meta` holds the key filter, the frame index and the column models.
+//! Generic over any fixed-width `Entry`. docs/format.md has the byte-by-byte layout.
 //!
 //! Invariants:
 //! - Entries are strictly increasing across the whole table (byte order == `Ord`).
@@ -19,14 +19,19 @@
 //!   build, never stored): searches narrow through them first.
 //! - Decoding returns a `FormatError` for any inconsistency and never panics; on error the output
 //!   vector is left as it was, so a caller never sees entries from a bad frame.
+//! - A table has column models (meta version 3) exactly when it was built with at least
+//!   `model_min_entries` entries; only such a table has encoding-4 frames. The builder learns the
+//!   models from every `MODEL_SAMPLE_STRIDE`th frame, so it spills every raw frame and encodes
+//!   them all at `finish`.
 
+use super::coder::{self, ColumnModels, Layout, ModelCounts};
 use super::entry::Entry;
 pub use super::filter::FormatError;
 use super::filter::{Filter, FilterBuilder, KeyHash, MAX_ENCODED_LEN as MAX_FILTER_LEN, MAX_FPR, MIN_FPR};
 use crate::model::ids::RecordId;
 use crate::model::tid;
 use std::cell::Cell;
-use std::io::{self, Write};
+use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -48,6 +53,12 @@ pub const FRAME_OVERHEAD: usize = FRAME_HEADER_LEN + CHECKSUM_LEN;
 pub const MAX_FRAME_BYTES: usize = FRAME_OVERHEAD + MAX_FRAME_PAYLOAD_BYTES;
 /// Most frames in one table (2^24 frames of 64 KiB is 1 TiB of raw entries).
 pub const MAX_FRAMES: usize = 1 << 24;
+/// Tables of at least this many entries get column models (payload encoding 4) by default; the
+/// models (up to ~30 KB in the meta, compressed) would cost smaller tables more than they save.
+pub const DEFAULT_MODEL_MIN_ENTRIES: u64 = 1 << 16;
+/// A table's column models are learnt from every `MODEL_SAMPLE_STRIDE`th frame: on the
+/// benchmark's tables that sample coded them as well as all frames did (within 0.2 %).
+const MODEL_SAMPLE_STRIDE: usize = 16;
 /// Most key hashes a builder reserves room for up front (it grows past this as keys arrive).
 const MAX_RESERVED_KEYS: usize = 1 << 20;
 pub const MIN_ZSTD_LEVEL: i32 = 1;
@@ -64,8 +75,16 @@ const ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD: u8 = 2;
 /// that key once, the run's length, and the rest of each entry (`key_runs_transpose`). Written
 /// when it is the shorter raw payload.
 const ENCODING_SPREAD_KEY_RUNS_ZSTD: u8 = 3;
-const ENCODINGS: [u8; 3] =
-    [ENCODING_XOR_TRANSPOSE_ZSTD, ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD, ENCODING_SPREAD_KEY_RUNS_ZSTD];
+/// Payload encoding 4: encoding 3's layout (runs even where they do not shorten it), each byte
+/// column rANS-coded under the table's column models (`coder`). Written in tables with models
+/// whenever it is no longer than the raw entries.
+const ENCODING_SPREAD_KEY_RUNS_MODELLED: u8 = 4;
+const ENCODINGS: [u8; 4] = [
+    ENCODING_XOR_TRANSPOSE_ZSTD,
+    ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD,
+    ENCODING_SPREAD_KEY_RUNS_ZSTD,
+    ENCODING_SPREAD_KEY_RUNS_MODELLED,
+];
 /// Bytes of a run length in payload encoding 3 (a big-endian u16: a frame holds at most
 /// `max_frame_entries` <= 32,768 entries).
 const RUN_LEN_BYTES: usize = 2;
@@ -75,11 +94,16 @@ const CHECKSUM_LEN: usize = 8;
 const META_MAGIC: [u8; 4] = *b"BLKM";
 /// Meta version 1: the frame index as fixed records. Read, no longer written.
 const META_ROWS_VERSION: u16 = 1;
-/// Meta version 2: the frame index as compressed columns (`encode_frame_index`). Written.
+/// Meta version 2: the frame index as compressed columns (`encode_frame_index`). Written for
+/// tables without column models.
 const META_COLUMNS_VERSION: u16 = 2;
+/// Meta version 3: version 2 plus the table's column models. Written for tables with models.
+const META_MODELS_VERSION: u16 = 3;
 const META_HEADER_LEN: usize = 36;
 /// Version 2's header adds the compressed frame index's length (u32 LE).
 const META_V2_HEADER_LEN: usize = 40;
+/// Version 3's header adds the compressed column models' length (u32 LE).
+const META_V3_HEADER_LEN: usize = 44;
 /// A version-2 frame index column set: the first entry, flags (1), length (4), entries (4).
 const FRAME_COLUMNS_FIXED_LEN: usize = 9;
 /// Most a version-2 frame index may expand when decompressed. Real indexes compress about
@@ -102,6 +126,8 @@ pub struct TableOptions {
     pub zstd_level: i32,
     /// Target false-positive rate of the key filter.
     pub filter_fpr: f64,
+    /// Tables with at least this many entries get column models and payload encoding 4.
+    pub model_min_entries: u64,
 }
 
 impl Default for TableOptions {
@@ -110,6 +136,7 @@ impl Default for TableOptions {
             frame_bytes: DEFAULT_FRAME_BYTES,
             zstd_level: DEFAULT_ZSTD_LEVEL,
             filter_fpr: DEFAULT_FILTER_FPR,
+            model_min_entries: DEFAULT_MODEL_MIN_ENTRIES,
         }
     }
 }
@@ -167,6 +194,8 @@ pub struct TableMeta<E: Entry> {
     pub last: Option<E>,
     pub entries: u64,
     pub data_len: u64,
+    /// The column models of payload encoding 4 (meta version 3); `None` for smaller tables.
+    pub models: Option<ColumnModels>,
     /// Every `SAMPLE_STRIDE`th frame's first entry. A search over a big table's frames (40 k of
     /// them, 88 bytes each) touched a new page at nearly every step, a TLB miss each: measured at
     /// 2 µs a search on a warm server. Through these it reads a few mostly cached pages, then
@@ -178,52 +207,74 @@ pub struct TableMeta<E: Entry> {
 /// about a page and a half.
 const SAMPLE_STRIDE: usize = 64;
 
-/// The first entry of the frame being filled, and whether it continues the previous key.
+/// The first entry of a frame, whether it continues the previous key, and its entry count.
 struct FrameStart<E> {
     first: E,
     continues: bool,
+    entries: usize,
 }
 
-/// Writes a table: frames go to `data_out` as they fill, the meta comes back from `finish`.
-/// After an I/O error the builder refuses further use.
+/// Where a builder keeps its raw frames until `finish`: a table's column models are learnt from
+/// a sample of all its frames before the first one is encoded. A file for real tables (a few
+/// bytes of page cache per entry, never resident memory), a vector in tests and benches.
+pub trait Spill: Read + Write + Seek + Send {}
+impl<T: Read + Write + Seek + Send> Spill for T {}
+
+/// Writes a table: entries are spilled raw, frame by frame, and `finish` learns the column models
+/// (tables of `model_min_entries` or more), encodes every frame to `data_out` and returns the
+/// meta. After an I/O error the builder refuses further use.
 pub struct TableBuilder<E: Entry, W: Write> {
     data_out: W,
+    spill: Box<dyn Spill>,
     encoder: FrameEncoder,
     entries_per_frame: usize,
+    model_min_entries: u64,
     /// Encoded entries of the frame being filled.
     pending: Vec<u8>,
-    pending_start: Option<FrameStart<E>>,
-    frames: Vec<FrameInfo<E>>,
+    /// Every frame spilled so far, and the one being filled (last, when `pending` is not empty).
+    starts: Vec<FrameStart<E>>,
+    counts: ModelCounts,
     /// One hash per distinct key, in order; the filter is built from them at `finish`.
     key_hashes: Vec<KeyHash>,
     filter_fpr: f64,
     last: Option<E>,
     entries: u64,
-    data_len: u64,
     /// Smallest and largest stamp pushed (`u64::MAX, 0` while empty).
     stamps: (u64, u64),
     failed: bool,
 }
 
 impl<E: Entry, W: Write> TableBuilder<E, W> {
-    /// `expected_keys` only reserves room for key hashes: the filter is sized at `finish` from the
-    /// exact number of distinct keys pushed (a streaming writer, such as a compaction, cannot know
-    /// it up front). Fails on invalid options.
+    /// A builder that spills to memory (tests, benches, small tables). `expected_keys` only
+    /// reserves room for key hashes: the filter is sized at `finish` from the exact number of
+    /// distinct keys pushed (a streaming writer, such as a compaction, cannot know it up front).
+    /// Fails on invalid options.
     pub fn new(data_out: W, opts: &TableOptions, expected_keys: usize) -> io::Result<Self> {
+        Self::with_spill(data_out, Box::new(io::Cursor::new(Vec::new())), opts, expected_keys)
+    }
+
+    /// A builder that spills to `spill` (an empty, readable and writable file).
+    pub fn with_spill(
+        data_out: W,
+        spill: Box<dyn Spill>,
+        opts: &TableOptions,
+        expected_keys: usize,
+    ) -> io::Result<Self> {
         opts.validate()?;
         let entries_per_frame = opts.entries_per_frame::<E>();
         Ok(TableBuilder {
             data_out,
+            spill,
             encoder: FrameEncoder::new(opts.zstd_level)?,
             entries_per_frame,
+            model_min_entries: opts.model_min_entries,
             pending: Vec::with_capacity(entries_per_frame * E::WIDTH),
-            pending_start: None,
-            frames: Vec::new(),
+            starts: Vec::new(),
+            counts: ModelCounts::new(layout_of::<E>()),
             key_hashes: Vec::with_capacity(expected_keys.min(MAX_RESERVED_KEYS)),
             filter_fpr: opts.filter_fpr,
             last: None,
             entries: 0,
-            data_len: 0,
             stamps: (u64::MAX, 0),
             failed: false,
         })
@@ -234,17 +285,12 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         self.entries
     }
 
-    /// Bytes of complete frames written so far.
-    pub fn data_len(&self) -> u64 {
-        self.data_len
-    }
-
     /// Appends one entry; entries must be strictly increasing (a panic in debug builds, an
     /// `InvalidInput` error otherwise, and the entry is not added).
     pub fn push(&mut self, entry: &E) -> io::Result<()> {
         self.check_usable()?;
         self.check_order(entry)?;
-        if self.pending_start.is_none() {
+        if self.pending.is_empty() {
             self.start_frame(entry)?;
         }
         let at = self.pending.len();
@@ -257,21 +303,23 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         self.entries += 1;
         self.stamps = (self.stamps.0.min(entry.stamp()), self.stamps.1.max(entry.stamp()));
         if self.pending.len() == self.entries_per_frame * E::WIDTH {
-            self.flush_frame_or_fail()?;
+            self.or_fail(Self::spill_frame)?;
         }
         Ok(())
     }
 
-    /// Writes the last frame and returns the data sink, the meta file bytes and a summary.
+    /// Encodes every frame and returns the data sink, the meta file bytes and a summary.
     pub fn finish(mut self) -> io::Result<(W, Vec<u8>, TableSummary)> {
         self.check_usable()?;
-        self.flush_frame_or_fail()?;
+        self.or_fail(Self::spill_frame)?;
+        let models = (self.entries > 0 && self.entries >= self.model_min_entries).then(|| self.counts.finish());
+        let (frames, data_len) = self.or_fail(|builder| builder.encode_frames(models.as_ref()))?;
         self.data_out.flush()?;
         let mut filter = FilterBuilder::new(self.key_hashes.len(), self.filter_fpr);
         for hash in self.key_hashes.drain(..) {
             filter.insert(hash);
         }
-        let meta = TableMeta::new(filter.finish(), self.frames, self.last, self.entries, self.data_len);
+        let meta = TableMeta::new(filter.finish(), frames, self.last, self.entries, data_len, models);
         let mut meta_bytes = Vec::new();
         meta.encode(&mut meta_bytes);
         let summary = TableSummary {
@@ -302,41 +350,66 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     }
 
     fn start_frame(&mut self, entry: &E) -> io::Result<()> {
-        if self.frames.len() >= MAX_FRAMES {
+        if self.starts.len() >= MAX_FRAMES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a table holds at most {MAX_FRAMES} frames"),
             ));
         }
         let continues = self.last.is_some_and(|last| last.key() == entry.key());
-        self.pending_start = Some(FrameStart { first: *entry, continues });
+        self.starts.push(FrameStart { first: *entry, continues, entries: 0 });
         Ok(())
     }
 
-    fn flush_frame_or_fail(&mut self) -> io::Result<()> {
-        let result = self.flush_frame();
+    /// Runs `step`, marking the builder failed if it fails.
+    fn or_fail<T>(&mut self, step: impl FnOnce(&mut Self) -> io::Result<T>) -> io::Result<T> {
+        let result = step(self);
         self.failed = result.is_err();
         result
     }
 
-    fn flush_frame(&mut self) -> io::Result<()> {
-        let Some(start) = self.pending_start.take() else { return Ok(()) };
+    /// Writes the frame being filled to the spill, counting its bytes for the models when it is
+    /// one of the sampled frames.
+    fn spill_frame(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
         let entries = self.pending.len() / E::WIDTH;
         assert!((1..=self.entries_per_frame).contains(&entries));
-        let frame = self.encoder.encode::<E>(&self.pending)?;
-        self.data_out.write_all(frame)?;
-        let len = frame.len() as u32;
-        self.frames.push(FrameInfo {
-            first: start.first,
-            continues: start.continues,
-            offset: self.data_len,
-            len,
-            entries: entries as u32,
-        });
-        self.data_len += u64::from(len);
+        let index = self.starts.len() - 1;
+        self.starts[index].entries = entries;
+        if index.is_multiple_of(MODEL_SAMPLE_STRIDE) {
+            self.encoder.count::<E>(&self.pending, &mut self.counts);
+        }
+        self.spill.write_all(&self.pending)?;
         self.pending.clear();
         Ok(())
     }
+
+    /// Reads the spilled frames back in order and writes each one encoded: encoding 4 under
+    /// `models`, else 3 or 2. Returns the frame index and the data length.
+    fn encode_frames(&mut self, models: Option<&ColumnModels>) -> io::Result<(Vec<FrameInfo<E>>, u64)> {
+        self.spill.seek(SeekFrom::Start(0))?;
+        let mut frames = Vec::with_capacity(self.starts.len());
+        let mut data_len = 0u64;
+        for start in &self.starts {
+            self.pending.resize(start.entries * E::WIDTH, 0);
+            self.spill.read_exact(&mut self.pending)?;
+            let frame = self.encoder.encode::<E>(&self.pending, models)?;
+            self.data_out.write_all(frame)?;
+            let len = frame.len() as u32;
+            let entries = start.entries as u32;
+            frames.push(FrameInfo { first: start.first, continues: start.continues, offset: data_len, len, entries });
+            data_len += u64::from(len);
+        }
+        self.pending.clear();
+        Ok((frames, data_len))
+    }
+}
+
+/// The byte columns of payload encodings 3 and 4 for `E`.
+fn layout_of<E: Entry>() -> Layout {
+    Layout { key_width: E::KEY_WIDTH, rest_width: E::WIDTH - E::KEY_WIDTH }
 }
 
 /// Fixed fields at the start of every frame.
@@ -344,7 +417,9 @@ struct FrameHeader {
     encoding: u8,
     entry_width: usize,
     entries: usize,
-    /// The payload's length after decompression (`check_raw_len`).
+    /// Key runs of encodings 3 and 4 (the entry count otherwise); derived from `raw_len`.
+    runs: usize,
+    /// The payload's length after decoding (`check_raw_len`).
     raw_len: usize,
     payload_len: usize,
 }
@@ -383,10 +458,10 @@ impl FrameHeader {
         let entries = reader.u32()? as usize;
         check_range(WHAT, "entry count", entries as u64, 1, max_frame_entries::<E>() as u64)?;
         let raw_len = reader.u32()? as usize;
-        check_raw_len::<E>(encoding, entries, raw_len)?;
+        let runs = check_raw_len::<E>(encoding, entries, raw_len)?;
         let payload_len = reader.u32()? as usize;
         check_range(WHAT, "payload length", payload_len as u64, 1, MAX_FRAME_PAYLOAD_BYTES as u64)?;
-        let header = FrameHeader { encoding, entry_width, entries, raw_len, payload_len };
+        let header = FrameHeader { encoding, entry_width, entries, runs, raw_len, payload_len };
         let frame_len = FRAME_OVERHEAD + payload_len;
         if frame.len() != frame_len {
             return Err(FormatError::Length { what: WHAT, expected: frame_len as u64, found: frame.len() as u64 });
@@ -395,20 +470,25 @@ impl FrameHeader {
     }
 }
 
-/// The decompressed payload's length: every entry's bytes in encodings 1 and 2; in encoding 3
-/// every entry's rest plus a key and a run length for each of 1..=`entries` runs, and never more
-/// than encoding 2's (a writer picks 3 only then).
-fn check_raw_len<E: Entry>(encoding: u8, entries: usize, raw_len: usize) -> Result<(), FormatError> {
+/// The decoded payload's length: every entry's bytes in encodings 1 and 2; in encodings 3 and 4
+/// every entry's rest plus a key and a run length for each of 1..=`entries` runs, and in encoding
+/// 3 never more than encoding 2's (a writer picks 3 only then). Returns the number of runs.
+fn check_raw_len<E: Entry>(encoding: u8, entries: usize, raw_len: usize) -> Result<usize, FormatError> {
     let whole = entries * E::WIDTH;
-    if encoding != ENCODING_SPREAD_KEY_RUNS_ZSTD {
-        return check_range("frame", "raw length", raw_len as u64, whole as u64, whole as u64);
+    if ![ENCODING_SPREAD_KEY_RUNS_ZSTD, ENCODING_SPREAD_KEY_RUNS_MODELLED].contains(&encoding) {
+        check_range("frame", "raw length", raw_len as u64, whole as u64, whole as u64)?;
+        return Ok(entries);
     }
     let rests = entries * (E::WIDTH - E::KEY_WIDTH);
     let run_bytes = E::KEY_WIDTH + RUN_LEN_BYTES;
     let runs = raw_len.checked_sub(rests).filter(|keyed| keyed % run_bytes == 0).map(|keyed| keyed / run_bytes);
+    let shorter = raw_len <= whole || encoding == ENCODING_SPREAD_KEY_RUNS_MODELLED;
     match runs {
-        Some(runs) if (1..=entries).contains(&runs) && raw_len <= whole => Ok(()),
-        _ => Err(invalid("frame", format!("raw length {raw_len} is no encoding-3 payload of {entries} entries"))),
+        Some(runs) if (1..=entries).contains(&runs) && shorter => Ok(runs),
+        _ => Err(invalid(
+            "frame",
+            format!("raw length {raw_len} is no encoding-{encoding} payload of {entries} entries"),
+        )),
     }
 }
 
@@ -420,6 +500,7 @@ struct FrameEncoder {
     runs: Vec<u16>,
     rests: Vec<u8>,
     shuffled: Vec<u8>,
+    steps: Vec<coder::Step>,
     payload: Vec<u8>,
     frame: Vec<u8>,
 }
@@ -434,46 +515,74 @@ impl FrameEncoder {
             runs: Vec::new(),
             rests: Vec::new(),
             shuffled: Vec::new(),
+            steps: Vec::new(),
             payload: Vec::new(),
             frame: Vec::new(),
         })
     }
 
-    /// Encodes sorted raw entries of `E` as one frame and returns its bytes: payload encoding 3
-    /// when its raw payload is no longer than encoding 2's (the frame repeats keys), else 2.
-    fn encode<E: Entry>(&mut self, raw: &[u8]) -> io::Result<&[u8]> {
+    /// Encodes sorted raw entries of `E` as one frame and returns its bytes: with `models`,
+    /// payload encoding 4 when its payload is no longer than the raw entries; otherwise encoding
+    /// 3 when its raw payload is no longer than encoding 2's (the frame repeats keys), else 2.
+    fn encode<E: Entry>(&mut self, raw: &[u8], models: Option<&ColumnModels>) -> io::Result<&[u8]> {
         let width = E::WIDTH;
         assert!(!raw.is_empty() && raw.len().is_multiple_of(width) && raw.len() <= MAX_FRAME_RAW_BYTES);
         const { assert!(E::KEY_WIDTH < E::WIDTH && MAX_FRAME_RAW_BYTES / E::WIDTH <= u16::MAX as usize) };
-        self.spread.clear();
-        self.spread.extend_from_slice(raw);
-        map_rkeys(&mut self.spread, width, E::RKEY_OFFSETS, tid::spread);
-        self.shuffled.clear();
-        // Encoding 3 stores each run's key once plus its length instead of every entry's key.
         let entries = raw.len() / width;
-        let runs = count_key_runs(&self.spread, width, E::KEY_WIDTH);
-        let encoding = if runs * (E::KEY_WIDTH + RUN_LEN_BYTES) <= entries * E::KEY_WIDTH {
-            split_key_runs(&self.spread, width, E::KEY_WIDTH, &mut self.keys, &mut self.runs, &mut self.rests);
-            let widths = (E::KEY_WIDTH, width - E::KEY_WIDTH);
-            key_runs_transpose(&self.keys, &self.runs, &self.rests, widths, &mut self.shuffled);
-            ENCODING_SPREAD_KEY_RUNS_ZSTD
-        } else {
-            xor_delta_transpose(&self.spread, width, &mut self.shuffled);
-            ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD
-        };
-        assert!(self.shuffled.len() <= raw.len());
+        self.spread_runs::<E>(raw);
         self.payload.clear();
-        self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
-        let payload_len = self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
-        assert!(payload_len == self.payload.len() && payload_len <= MAX_FRAME_PAYLOAD_BYTES);
+        let mut encoding = ENCODING_SPREAD_KEY_RUNS_MODELLED;
+        if let Some(models) = models {
+            coder::encode(models, &self.shuffled, self.runs.len(), entries, &mut self.steps, &mut self.payload);
+        }
+        if models.is_none() || self.payload.len() > raw.len() {
+            // Encoding 3 stores each run's key once plus its length instead of every entry's key.
+            encoding = if self.runs.len() * (E::KEY_WIDTH + RUN_LEN_BYTES) <= entries * E::KEY_WIDTH {
+                ENCODING_SPREAD_KEY_RUNS_ZSTD
+            } else {
+                self.shuffled.clear();
+                xor_delta_transpose(&self.spread, width, &mut self.shuffled);
+                ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD
+            };
+            assert!(self.shuffled.len() <= raw.len());
+            self.payload.clear();
+            self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
+            self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
+        }
+        let payload_len = self.payload.len();
+        assert!(payload_len <= MAX_FRAME_PAYLOAD_BYTES);
         self.frame.clear();
-        FrameHeader { encoding, entry_width: width, entries, raw_len: self.shuffled.len(), payload_len }
+        let runs = self.runs.len();
+        FrameHeader { encoding, entry_width: width, entries, runs, raw_len: self.shuffled.len(), payload_len }
             .encode(&mut self.frame);
         self.frame.extend_from_slice(&self.payload);
         let checksum = xxh3_64(&self.frame);
         self.frame.extend_from_slice(&checksum.to_le_bytes());
         assert_eq!(self.frame.len(), FRAME_OVERHEAD + payload_len);
         Ok(&self.frame)
+    }
+
+    /// Counts the bytes of encoding 4's layout of sorted raw entries for a table's models.
+    fn count<E: Entry>(&mut self, raw: &[u8], counts: &mut ModelCounts) {
+        self.spread_runs::<E>(raw);
+        counts.add(&self.shuffled, self.runs.len(), raw.len() / E::WIDTH);
+    }
+
+    /// Leaves raw entries spread in `spread` and their encoding-3 layout in `shuffled`.
+    fn spread_runs<E: Entry>(&mut self, raw: &[u8]) {
+        let width = E::WIDTH;
+        self.spread.clear();
+        self.spread.extend_from_slice(raw);
+        map_rkeys(&mut self.spread, width, E::RKEY_OFFSETS, tid::spread);
+        split_key_runs(&self.spread, width, E::KEY_WIDTH, &mut self.keys, &mut self.runs, &mut self.rests);
+        self.shuffled.clear();
+        key_runs_transpose(
+            &self.keys,
+            &self.runs,
+            &self.rests,
+            (E::KEY_WIDTH, width - E::KEY_WIDTH),
+            &mut self.shuffled,
+        );
     }
 }
 
@@ -662,12 +771,23 @@ impl FrameDecoder {
 
     /// Decodes one whole frame and appends its entries to `out`; on error `out` may hold a
     /// partial frame (the public wrappers truncate it).
-    fn decode<E: Entry>(&mut self, frame: &[u8], out: &mut Vec<E>) -> Result<(), FormatError> {
+    fn decode<E: Entry>(
+        &mut self,
+        frame: &[u8],
+        models: Option<&ColumnModels>,
+        out: &mut Vec<E>,
+    ) -> Result<(), FormatError> {
         let header = FrameHeader::parse::<E>(frame)?;
         verify_checksum("frame", frame)?;
         let payload = &frame[FRAME_HEADER_LEN..FRAME_HEADER_LEN + header.payload_len];
-        self.decompress(payload, header.raw_len)?;
-        if header.encoding == ENCODING_SPREAD_KEY_RUNS_ZSTD {
+        if header.encoding == ENCODING_SPREAD_KEY_RUNS_MODELLED {
+            let models =
+                models.ok_or_else(|| invalid("frame", "an encoding-4 frame in a table without models".into()))?;
+            coder::decode(models, payload, header.runs, header.entries, &mut self.shuffled)?;
+        } else {
+            self.decompress(payload, header.raw_len)?;
+        }
+        if header.encoding >= ENCODING_SPREAD_KEY_RUNS_ZSTD {
             self.join_key_runs::<E>(header.entries)?;
         } else {
             untranspose_xor_undelta(&self.shuffled, header.entry_width, &mut self.raw);
@@ -740,11 +860,11 @@ fn push_increasing<E: Entry>(raw: &[u8], out: &mut Vec<E>) -> Result<(), FormatE
     Ok(())
 }
 
-/// Decodes one whole frame (exactly its bytes), verifying magic, lengths, checksum and order.
-/// On error `out` is unchanged.
+/// Decodes one whole frame (exactly its bytes) of a table without column models (an encoding-4
+/// frame is an error), verifying magic, lengths, checksum and order. On error `out` is unchanged.
 pub fn decode_frame<E: Entry>(bytes: &[u8], out: &mut Vec<E>) -> Result<(), FormatError> {
     let original = out.len();
-    let result = with_decoder(|decoder| decoder.decode(bytes, out));
+    let result = with_decoder(|decoder| decoder.decode(bytes, None, out));
     if result.is_err() {
         out.truncate(original);
     }
@@ -785,7 +905,7 @@ fn decode_frames_checked<E: Entry>(
     with_decoder(|decoder| {
         for index in r {
             let before = out.len();
-            decoder.decode(frame_bytes(bytes, start, &meta.frames[index])?, out)?;
+            decoder.decode(frame_bytes(bytes, start, &meta.frames[index])?, meta.models.as_ref(), out)?;
             check_frame_against_index(meta, index, &out[before..])?;
         }
         Ok(())
@@ -839,9 +959,16 @@ fn check_frame_against_index<E: Entry>(meta: &TableMeta<E>, index: usize, decode
 }
 
 impl<E: Entry> TableMeta<E> {
-    fn new(filter: Filter, frames: Vec<FrameInfo<E>>, last: Option<E>, entries: u64, data_len: u64) -> Self {
+    fn new(
+        filter: Filter,
+        frames: Vec<FrameInfo<E>>,
+        last: Option<E>,
+        entries: u64,
+        data_len: u64,
+        models: Option<ColumnModels>,
+    ) -> Self {
         let sampled_firsts = frames.iter().step_by(SAMPLE_STRIDE).map(|frame| frame.first).collect();
-        TableMeta { filter, frames, last, entries, data_len, sampled_firsts }
+        TableMeta { filter, frames, last, entries, data_len, models, sampled_firsts }
     }
 
     /// True unless the filter proves that no entry has the hashed key.
@@ -901,19 +1028,27 @@ impl<E: Entry> TableMeta<E> {
         (self.frames[r.start].offset, last.offset.saturating_add(u64::from(last.len)))
     }
 
-    /// Appends the meta file encoding (docs/format.md "Meta file"): version 2, or version 1 when
-    /// the frame index compresses more than `MAX_INDEX_EXPANSION`-fold (a reader refuses such a
-    /// version-2 index, so that a small file cannot make it allocate gigabytes). Public for the
-    /// fuzz targets' round trip; tables are written by `TableBuilder`.
+    /// Appends the meta file encoding (docs/format.md "Meta file"): version 3 for a table with
+    /// column models, else version 2, or version 1 when the frame index compresses more than
+    /// `MAX_INDEX_EXPANSION`-fold (a reader refuses such a compressed index, so that a small file
+    /// cannot make it allocate gigabytes; version 3 then keeps version 1's fixed records). Public
+    /// for the fuzz targets' round trip; tables are written by `TableBuilder`.
     pub fn encode(&self, out: &mut Vec<u8>) {
         assert_eq!(self.entries == 0, self.frames.is_empty());
         assert_eq!(self.entries == 0, self.last.is_none());
         let index = encode_frame_index(&self.frames);
         let columns_len = self.frames.len() * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN);
         let index = (columns_len <= MAX_INDEX_EXPANSION * index.len()).then_some(index);
+        let models = self.models.as_ref().map(|models| {
+            zstd::bulk::compress(&models.encode(), DEFAULT_ZSTD_LEVEL).expect("zstd compresses in memory")
+        });
         let start = out.len();
         out.extend_from_slice(&META_MAGIC);
-        let version = if index.is_some() { META_COLUMNS_VERSION } else { META_ROWS_VERSION };
+        let version = match (&index, &models) {
+            (_, Some(_)) => META_MODELS_VERSION,
+            (Some(_), None) => META_COLUMNS_VERSION,
+            (None, None) => META_ROWS_VERSION,
+        };
         out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
         out.extend_from_slice(&(E::KEY_WIDTH as u16).to_le_bytes());
@@ -922,7 +1057,11 @@ impl<E: Entry> TableMeta<E> {
         out.extend_from_slice(&self.entries.to_le_bytes());
         out.extend_from_slice(&self.data_len.to_le_bytes());
         out.extend_from_slice(&(self.filter.encoded_len() as u32).to_le_bytes());
-        if let Some(index) = &index {
+        if let Some(models) = &models {
+            // Version 3 writes an index length of 0 for an index kept as fixed records.
+            out.extend_from_slice(&(index.as_ref().map_or(0, Vec::len) as u32).to_le_bytes());
+            out.extend_from_slice(&(models.len() as u32).to_le_bytes());
+        } else if let Some(index) = &index {
             out.extend_from_slice(&(index.len() as u32).to_le_bytes());
         }
         self.filter.encode(out);
@@ -932,6 +1071,9 @@ impl<E: Entry> TableMeta<E> {
         match &index {
             Some(index) => out.extend_from_slice(index),
             None => self.frames.iter().for_each(|frame| encode_frame_info(frame, out)),
+        }
+        if let Some(models) = &models {
+            out.extend_from_slice(models);
         }
         let checksum = xxh3_64(&out[start..]);
         out.extend_from_slice(&checksum.to_le_bytes());
@@ -949,8 +1091,12 @@ impl<E: Entry> TableMeta<E> {
             None => (0..header.frames).map(|_| decode_frame_info(&mut reader)).collect::<Result<Vec<_>, _>>()?,
             Some(len) => decode_frame_index(reader.take(len)?, header.frames)?,
         };
+        let models = match header.models_len {
+            Some(len) => Some(decode_models::<E>(reader.take(len)?)?),
+            None => None,
+        };
         reader.expect_end()?;
-        let meta = TableMeta::new(filter, frames, last, header.entries, header.data_len);
+        let meta = TableMeta::new(filter, frames, last, header.entries, header.data_len, models);
         meta.check_index()?;
         Ok(meta)
     }
@@ -1007,12 +1153,15 @@ const META_WHAT: &str = "meta";
 
 /// Fixed fields at the start of a meta file.
 struct MetaHeader {
+    version: u16,
     frames: usize,
     entries: u64,
     data_len: u64,
     filter_len: usize,
-    /// The compressed frame index's length (version 2); `None` in version 1 (fixed records).
+    /// The compressed frame index's length (versions 2 and 3); `None` in version 1 (fixed records).
     index_len: Option<usize>,
+    /// The compressed column models' length (version 3).
+    models_len: Option<usize>,
 }
 
 impl MetaHeader {
@@ -1024,7 +1173,7 @@ impl MetaHeader {
             return Err(FormatError::Magic { what: META_WHAT, found: magic });
         }
         let version = reader.u16()?;
-        if ![META_ROWS_VERSION, META_COLUMNS_VERSION].contains(&version) {
+        if ![META_ROWS_VERSION, META_COLUMNS_VERSION, META_MODELS_VERSION].contains(&version) {
             return Err(FormatError::Version { what: META_WHAT, found: version.into() });
         }
         let width = reader.u16()?;
@@ -1041,24 +1190,25 @@ impl MetaHeader {
         check_range(META_WHAT, "data length", data_len, 0, MAX_FRAMES as u64 * MAX_FRAME_BYTES as u64)?;
         let filter_len = reader.u32()? as usize;
         check_range(META_WHAT, "filter length", filter_len as u64, 0, MAX_FILTER_LEN as u64)?;
-        let index_len = if version == META_COLUMNS_VERSION {
+        let index_len = if version >= META_COLUMNS_VERSION {
             let len = reader.u32()? as usize;
-            let columns = frames * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN);
-            check_range(
-                META_WHAT,
-                "frame index length",
-                len as u64,
-                0,
-                zstd::zstd_safe::compress_bound(columns) as u64,
-            )?;
-            if columns > MAX_INDEX_EXPANSION * len {
-                return Err(invalid(META_WHAT, format!("a frame index of {len} bytes cannot hold {frames} frames")));
+            if version == META_MODELS_VERSION && len == 0 {
+                None // version 3 with the index as version 1's fixed records
+            } else {
+                Some(Self::check_index_len::<E>(frames, len)?)
             }
+        } else {
+            None
+        };
+        let models_len = if version == META_MODELS_VERSION {
+            let len = reader.u32()? as usize;
+            let bound = zstd::zstd_safe::compress_bound(ColumnModels::encoded_len(layout_of::<E>()));
+            check_range(META_WHAT, "column models length", len as u64, 1, bound as u64)?;
             Some(len)
         } else {
             None
         };
-        let header = MetaHeader { frames, entries, data_len, filter_len, index_len };
+        let header = MetaHeader { version, frames, entries, data_len, filter_len, index_len, models_len };
         let expected = header.file_len::<E>();
         if bytes.len() != expected {
             return Err(FormatError::Length { what: META_WHAT, expected: expected as u64, found: bytes.len() as u64 });
@@ -1066,15 +1216,32 @@ impl MetaHeader {
         Ok(header)
     }
 
+    /// A compressed frame index of `len` bytes for `frames` frames: within zstd's bound, and
+    /// expanding at most `MAX_INDEX_EXPANSION`-fold.
+    fn check_index_len<E: Entry>(frames: usize, len: usize) -> Result<usize, FormatError> {
+        let columns = frames * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN);
+        let bound = zstd::zstd_safe::compress_bound(columns) as u64;
+        check_range(META_WHAT, "frame index length", len as u64, 0, bound)?;
+        if columns > MAX_INDEX_EXPANSION * len {
+            return Err(invalid(META_WHAT, format!("a frame index of {len} bytes cannot hold {frames} frames")));
+        }
+        Ok(len)
+    }
+
     /// Total file length implied by the header (every term is bounded, so no overflow).
     fn file_len<E: Entry>(&self) -> usize {
         let last_len = if self.entries > 0 { E::WIDTH } else { 0 };
         let index_len = self.index_len.unwrap_or(self.frames * (E::WIDTH + FRAME_INFO_FIXED_LEN));
-        self.header_len() + self.filter_len + last_len + index_len + CHECKSUM_LEN
+        let models_len = self.models_len.unwrap_or(0);
+        self.header_len() + self.filter_len + last_len + index_len + models_len + CHECKSUM_LEN
     }
 
     fn header_len(&self) -> usize {
-        if self.index_len.is_some() { META_V2_HEADER_LEN } else { META_HEADER_LEN }
+        match self.version {
+            META_MODELS_VERSION => META_V3_HEADER_LEN,
+            META_COLUMNS_VERSION => META_V2_HEADER_LEN,
+            _ => META_HEADER_LEN,
+        }
     }
 }
 
@@ -1125,6 +1292,14 @@ fn decode_frame_index<E: Entry>(compressed: &[u8], count: usize) -> Result<Vec<F
         offset += u64::from(len);
     }
     Ok(frames)
+}
+
+/// Version 3's column models: one zstd frame (stating its size) of `ColumnModels::encode`.
+fn decode_models<E: Entry>(compressed: &[u8]) -> Result<ColumnModels, FormatError> {
+    let layout = layout_of::<E>();
+    let bytes =
+        crate::store::inflate(compressed, ColumnModels::encoded_len(layout)).map_err(|e| invalid(META_WHAT, e))?;
+    ColumnModels::decode(layout, &bytes)
 }
 
 /// A version-1 frame index record.
@@ -1300,9 +1475,16 @@ mod tests {
     }
 
     /// Round trip plus `frames_overlapping` against a plain filter over the full list.
-    fn check_table<E: Entry>(entries: &[E], frame_bytes: usize, ranges: &[(E, E)]) {
-        let (data, meta_bytes, summary) = build(entries, &options(frame_bytes));
+    /// Builds `entries` as a table, with column models (payload encoding 4) when `modelled`,
+    /// and checks every way of reading it.
+    fn check_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool, ranges: &[(E, E)]) {
+        let model_min_entries = if modelled { 0 } else { u64::MAX };
+        let (data, meta_bytes, summary) = build(entries, &TableOptions { model_min_entries, ..options(frame_bytes) });
         let meta = TableMeta::<E>::decode(&meta_bytes).unwrap();
+        assert_eq!(meta.models.is_some(), modelled && !entries.is_empty());
+        let mut reencoded = Vec::new();
+        meta.encode(&mut reencoded);
+        assert_eq!(reencoded, meta_bytes, "a meta re-encodes to its own bytes");
         assert_eq!(meta.frames.len(), summary.frames as usize);
         assert_eq!(meta.last, entries.last().copied());
         assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
@@ -1331,18 +1513,20 @@ mod tests {
         fn backlink_tables_round_trip(
             entries in prop::collection::vec(backlink_strategy(), 0..300),
             frame_bytes in prop_oneof![1..400usize, 400..70_000usize],
+            modelled in any::<bool>(),
             ranges in prop::collection::vec((backlink_strategy(), backlink_strategy()), 1..12),
         ) {
-            check_table(&sorted_set(entries), frame_bytes, &ranges);
+            check_table(&sorted_set(entries), frame_bytes, modelled, &ranges);
         }
 
         #[test]
         fn revocation_tables_round_trip(
             entries in prop::collection::vec(revocation_strategy(), 0..300),
             frame_bytes in prop_oneof![1..200usize, 200..70_000usize],
+            modelled in any::<bool>(),
             ranges in prop::collection::vec((revocation_strategy(), revocation_strategy()), 1..12),
         ) {
-            check_table(&sorted_set(entries), frame_bytes, &ranges);
+            check_table(&sorted_set(entries), frame_bytes, modelled, &ranges);
         }
     }
 
@@ -1685,7 +1869,8 @@ mod tests {
             FrameInfo { first, continues: false, offset: 0, len: 300, entries: 7 },
             FrameInfo { first: second, continues: true, offset: 300, len: 0x0001_0304, entries: 1 },
         ];
-        let meta = TableMeta::new(FilterBuilder::new(1, 0.01).finish(), frames, Some(second), 8, 300 + 0x0001_0304);
+        let meta =
+            TableMeta::new(FilterBuilder::new(1, 0.01).finish(), frames, Some(second), 8, 300 + 0x0001_0304, None);
         let mut bytes = Vec::new();
         meta.encode(&mut bytes);
         assert_eq!(&bytes[4..6], &[2, 0]);
@@ -1766,7 +1951,7 @@ mod tests {
         one_repeat.insert(5, revocation(4, 9));
         let mut encoder = FrameEncoder::new(3).unwrap();
         for (entries, encoding) in [(&distinct, 2), (&one_repeat, 3)] {
-            let frame = encoder.encode::<Revocation>(&raw_of(entries)).unwrap().to_vec();
+            let frame = encoder.encode::<Revocation>(&raw_of(entries), None).unwrap().to_vec();
             assert_eq!(frame[5], encoding, "{} entries", entries.len());
             let mut out = Vec::new();
             decode_frame::<Revocation>(&frame, &mut out).unwrap();
@@ -1779,7 +1964,8 @@ mod tests {
         let compressed = zstd::bulk::compress(payload, 3).unwrap();
         let mut frame = Vec::new();
         let (raw_len, payload_len) = (payload.len(), compressed.len());
-        FrameHeader { encoding, entry_width: E::WIDTH, entries, raw_len, payload_len }.encode(&mut frame);
+        // `runs` is derived from the raw length when parsing; writing ignores it.
+        FrameHeader { encoding, entry_width: E::WIDTH, entries, runs: 0, raw_len, payload_len }.encode(&mut frame);
         frame.extend_from_slice(&compressed);
         let checksum = xxh3_64(&frame);
         frame.extend_from_slice(&checksum.to_le_bytes());
@@ -1875,11 +2061,11 @@ mod tests {
         let entry = |i: u64| Revocation { source: record(i, 0, 0), rev: 0 };
         let mut encoder = FrameEncoder::new(3).unwrap();
         let mut out = Vec::new();
-        let good = encoder.encode::<Revocation>(&raw_of(&[entry(1), entry(2)])).unwrap().to_vec();
+        let good = encoder.encode::<Revocation>(&raw_of(&[entry(1), entry(2)]), None).unwrap().to_vec();
         decode_frame::<Revocation>(&good, &mut out).unwrap();
         assert_eq!(out, [entry(1), entry(2)]);
         for entries in [[entry(2), entry(2)], [entry(3), entry(2)]] {
-            let frame = encoder.encode::<Revocation>(&raw_of(&entries)).unwrap().to_vec();
+            let frame = encoder.encode::<Revocation>(&raw_of(&entries), None).unwrap().to_vec();
             let error = decode_frame::<Revocation>(&frame, &mut out).unwrap_err();
             assert!(error.to_string().contains("not strictly increasing"), "{error}");
         }
@@ -1955,8 +2141,24 @@ mod tests {
             summary.entries, summary.frames
         );
         assert!(per_entry < 20.0, "{per_entry:.2} bytes per entry");
-        assert_eq!(&data[..6], b"BLKF\x01\x03", "frames that repeat targets are written in payload encoding 3");
+        assert_eq!(&data[..6], b"BLKF\x01\x04", "a table this large is written in payload encoding 4");
         let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
         assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
+
+        let without_models = TableOptions { model_min_entries: u64::MAX, ..TableOptions::default() };
+        let (zstd_data, zstd_meta, _) = build(&entries, &without_models);
+        assert_eq!(&zstd_data[..6], b"BLKF\x01\x03", "frames that repeat targets are written in payload encoding 3");
+        let zstd_meta = TableMeta::<Backlink>::decode(&zstd_meta).unwrap();
+        assert_eq!(read_frames(&zstd_meta, &zstd_data, 0..zstd_meta.frames.len()), entries);
+        let modelled = (data.len() + meta_bytes.len()) as f64 / entries.len() as f64;
+        let zstd_only = (zstd_data.len() + zstd_meta_len(&zstd_meta)) as f64 / entries.len() as f64;
+        println!("with models {modelled:.2} bytes/entry (data and meta), zstd only {zstd_only:.2}");
+        assert!(modelled < zstd_only, "column models cost more than they save: {modelled:.2} vs {zstd_only:.2}");
+    }
+
+    fn zstd_meta_len(meta: &TableMeta<Backlink>) -> usize {
+        let mut bytes = Vec::new();
+        meta.encode(&mut bytes);
+        bytes.len()
     }
 }

@@ -401,7 +401,7 @@ impl<E: Entry> Tree<E> {
         let data_path = self.local_path(id, "data");
         let tmp_data = data_path.with_extension("data.tmp");
         let file = BufWriter::new(File::create(&tmp_data)?);
-        let builder = TableBuilder::new(file, &self.options, count_hint)?;
+        let builder = TableBuilder::with_spill(file, Box::new(anonymous_spill(&tmp_data)?), &self.options, count_hint)?;
         Ok(TableWriter { builder, tmp_data, data_path, meta_path: self.local_path(id, "meta"), dir: self.dir.clone() })
     }
 
@@ -511,6 +511,16 @@ impl<E: Entry> TableWriter<E> {
         sync_dir(&self.dir)?;
         Ok(summary)
     }
+}
+
+/// A table builder's spill file beside `tmp_data`, unlinked at once: it holds the raw frames
+/// until the builder finishes and disappears with the builder, crash or not. Unbuffered: the
+/// builder writes and reads whole frames.
+fn anonymous_spill(tmp_data: &Path) -> std::io::Result<File> {
+    let path = tmp_data.with_extension("spill");
+    let file = File::options().read(true).write(true).create(true).truncate(true).open(&path)?;
+    std::fs::remove_file(&path)?;
+    Ok(file)
 }
 
 /// Write to a temporary name, fsync, rename over: the file appears whole or not at all.

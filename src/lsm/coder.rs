@@ -1,0 +1,563 @@
+//! Payload encoding 4's entropy coder: the byte columns of encoding 3's layout, coded with rANS
+//! under the table's column models (docs/format.md "Payload encoding 4", "Column models").
+//!
+//! zstd codes a frame's byte columns with one Huffman table for all of them, learnt per frame;
+//! the columns have very different distributions (a key's top bytes nearly always zero, a source
+//! DID's low bytes uniform), so one table for all of them is far from what each carries. Here every column
+//! has its own distribution, learnt once per table from a sample of its frames and kept in the
+//! meta, in two contexts: whether every earlier byte of the same 8-byte field in the same row is
+//! zero (XOR deltas of sorted fields are zero down to their first difference).
+//!
+//! Invariants:
+//! - Every `ByteModel`'s frequencies (256 symbols and the escape) sum to exactly `PROB_SCALE`;
+//!   a symbol with frequency 0 is coded as the escape followed by its 8 raw bits, so any byte can
+//!   be coded under any model (an untrained model is all escape).
+//! - A payload holds the constant-column bitmap, the constant bytes, then one rANS stream. The
+//!   decoder reads exactly the stream's bytes and ends in the encoder's initial state, or the
+//!   payload is rejected; it never reads past the payload and never panics on its bytes.
+//! - Counts saturate, model bytes are bounded (`ColumnModels::decode` checks every sum), and a
+//!   layout is at most `MAX_FRAME_RAW_BYTES` plus its run lengths.
+
+use super::filter::FormatError;
+
+/// Probabilities are multiples of 2^-12.
+const PROB_BITS: u32 = 12;
+pub const PROB_SCALE: u32 = 1 << PROB_BITS;
+/// rANS state lower bound: the state stays in `[RANS_L, RANS_L << 8)` between symbols.
+const RANS_L: u32 = 1 << 23;
+/// Index of the escape in a model's frequencies.
+const ESCAPE: usize = 256;
+const SYMBOLS: usize = 257;
+/// Bytes of the rANS state written at the start of the stream.
+const STATE_BYTES: usize = 4;
+/// Each 8-byte field of a key or rest is one context group; the run length (2 bytes) is one too.
+const FIELD_BYTES: usize = 8;
+/// Contexts per column: 0 = an earlier byte of the field in this row is nonzero, 1 = none is.
+const CONTEXTS: usize = 2;
+const WHAT: &str = "frame payload";
+
+/// The byte columns of encoding 3's layout for one entry type: `key_width` key columns over the
+/// runs, two run-length columns, `rest_width` rest columns over the entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    pub key_width: usize,
+    pub rest_width: usize,
+}
+
+impl Layout {
+    pub fn columns(&self) -> usize {
+        self.key_width + 2 + self.rest_width
+    }
+
+    /// Rows of column `column`: one per run for keys and run lengths, one per entry for rests.
+    fn rows(&self, column: usize, runs: usize, entries: usize) -> usize {
+        if column < self.key_width + 2 { runs } else { entries }
+    }
+
+    /// True when `column` is the first byte of its field (a context group).
+    fn starts_field(&self, column: usize) -> bool {
+        let (keys, lengths) = (self.key_width, self.key_width + 2);
+        match column {
+            c if c < keys => c.is_multiple_of(FIELD_BYTES),
+            c if c < lengths => c == keys,
+            c => (c - lengths).is_multiple_of(FIELD_BYTES),
+        }
+    }
+
+    /// Length of a layout of `runs` runs over `entries` entries.
+    pub fn len(&self, runs: usize, entries: usize) -> usize {
+        runs * (self.key_width + 2) + entries * self.rest_width
+    }
+}
+
+/// Walks a layout's columns in order, telling `visit` each column's index, its bytes' range in
+/// the layout, and the context of each row (kept in `zero_prefix`, one flag per row).
+struct ContextWalk {
+    layout: Layout,
+    runs: usize,
+    entries: usize,
+    zero_prefix: Vec<bool>,
+}
+
+impl ContextWalk {
+    fn new(layout: Layout, runs: usize, entries: usize) -> Self {
+        ContextWalk { layout, runs, entries, zero_prefix: Vec::with_capacity(entries.max(runs)) }
+    }
+
+    /// Starts `column`: resets the row flags at a field start. Returns its rows.
+    fn begin(&mut self, column: usize) -> usize {
+        let rows = self.layout.rows(column, self.runs, self.entries);
+        if self.layout.starts_field(column) {
+            self.zero_prefix.clear();
+            self.zero_prefix.resize(rows, true);
+        }
+        rows
+    }
+
+    /// The model index of `column` at `row`.
+    fn model(&self, column: usize, row: usize) -> usize {
+        column * CONTEXTS + usize::from(self.zero_prefix[row])
+    }
+
+    fn saw(&mut self, row: usize, byte: u8) {
+        self.zero_prefix[row] &= byte == 0;
+    }
+}
+
+/// One quantized byte distribution with an escape; decoding tables are built when it has symbols.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ByteModel {
+    freq: [u16; SYMBOLS],
+    start: [u16; SYMBOLS],
+    /// Symbol of each slot below the escape's (`None` when every slot is the escape's).
+    slots: Option<Box<[u8]>>,
+}
+
+impl ByteModel {
+    fn from_freqs(freq: [u16; SYMBOLS]) -> Self {
+        let mut start = [0u16; SYMBOLS];
+        let mut sum = 0u32;
+        for (s, &f) in freq.iter().enumerate() {
+            start[s] = sum as u16;
+            sum += u32::from(f);
+        }
+        assert_eq!(sum, PROB_SCALE, "a model's frequencies sum to the scale");
+        let escape_start = usize::from(start[ESCAPE]);
+        let slots = (escape_start > 0).then(|| {
+            let mut slots = vec![0u8; escape_start].into_boxed_slice();
+            for s in 0..ESCAPE {
+                let range = usize::from(start[s])..usize::from(start[s]) + usize::from(freq[s]);
+                slots[range].fill(s as u8);
+            }
+            slots
+        });
+        ByteModel { freq, start, slots }
+    }
+
+    /// Quantizes counts to `PROB_SCALE`: every seen symbol at least 1, the escape 1 unless all
+    /// 256 were seen (0 then), the rounding taken from the most frequent symbols.
+    fn from_counts(counts: &[u32; 256]) -> Self {
+        let seen = counts.iter().filter(|&&c| c > 0).count();
+        let mut weights = [0u64; SYMBOLS];
+        weights[..256].iter_mut().zip(counts).for_each(|(w, &c)| *w = u64::from(c));
+        weights[ESCAPE] = u64::from(seen < 256);
+        let total: u64 = weights.iter().sum::<u64>().max(1);
+        let mut freq = [0u16; SYMBOLS];
+        if seen == 0 {
+            freq[ESCAPE] = PROB_SCALE as u16;
+            return Self::from_freqs(freq);
+        }
+        for (f, &w) in freq.iter_mut().zip(&weights) {
+            if w > 0 {
+                *f = (w * u64::from(PROB_SCALE) / total).max(1) as u16;
+            }
+        }
+        Self::balance(&mut freq);
+        Self::from_freqs(freq)
+    }
+
+    /// Makes the frequencies sum to `PROB_SCALE` by changing the largest ones (never below 1).
+    fn balance(freq: &mut [u16; SYMBOLS]) {
+        loop {
+            let sum: u32 = freq.iter().map(|&f| u32::from(f)).sum();
+            if sum == PROB_SCALE {
+                return;
+            }
+            let largest = (0..SYMBOLS).max_by_key(|&s| freq[s]).expect("symbols");
+            if sum < PROB_SCALE {
+                freq[largest] += (PROB_SCALE - sum) as u16;
+            } else {
+                let cut = (sum - PROB_SCALE).min(u32::from(freq[largest]) - 1) as u16;
+                freq[largest] -= cut;
+            }
+        }
+    }
+}
+
+/// How often each byte appeared per column and context, over the frames sampled for a table.
+#[derive(Clone, Debug)]
+pub struct ModelCounts {
+    layout: Layout,
+    counts: Vec<[u32; 256]>,
+}
+
+impl ModelCounts {
+    pub fn new(layout: Layout) -> Self {
+        ModelCounts { layout, counts: vec![[0; 256]; layout.columns() * CONTEXTS] }
+    }
+
+    /// Counts the bytes of one frame's layout (`runs` runs over `entries` entries).
+    pub fn add(&mut self, shuffled: &[u8], runs: usize, entries: usize) {
+        assert_eq!(shuffled.len(), self.layout.len(runs, entries));
+        let mut walk = ContextWalk::new(self.layout, runs, entries);
+        let mut at = 0;
+        for column in 0..self.layout.columns() {
+            let rows = walk.begin(column);
+            for (row, &byte) in shuffled[at..at + rows].iter().enumerate() {
+                let count = &mut self.counts[walk.model(column, row)][usize::from(byte)];
+                *count = count.saturating_add(1);
+                walk.saw(row, byte);
+            }
+            at += rows;
+        }
+    }
+
+    pub fn finish(&self) -> ColumnModels {
+        ColumnModels { layout: self.layout, models: self.counts.iter().map(ByteModel::from_counts).collect() }
+    }
+}
+
+/// A table's models: two per layout column.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ColumnModels {
+    layout: Layout,
+    models: Vec<ByteModel>,
+}
+
+impl ColumnModels {
+    /// Bytes of the uncompressed model section: 257 u16 frequencies per model.
+    pub fn encoded_len(layout: Layout) -> usize {
+        layout.columns() * CONTEXTS * SYMBOLS * 2
+    }
+
+    /// The frequencies as u16 LE, transposed: every model's low bytes, then every high byte.
+    pub fn encode(&self) -> Vec<u8> {
+        let freqs = || self.models.iter().flat_map(|m| m.freq.iter().copied());
+        let mut out: Vec<u8> = freqs().map(|f| f as u8).collect();
+        out.extend(freqs().map(|f| (f >> 8) as u8));
+        assert_eq!(out.len(), Self::encoded_len(self.layout));
+        out
+    }
+
+    /// Inverse of `encode`, checking that every model sums to the scale.
+    pub fn decode(layout: Layout, bytes: &[u8]) -> Result<Self, FormatError> {
+        let expected = Self::encoded_len(layout);
+        if bytes.len() != expected {
+            return Err(FormatError::Length {
+                what: "column models",
+                expected: expected as u64,
+                found: bytes.len() as u64,
+            });
+        }
+        let (low, high) = bytes.split_at(expected / 2);
+        let mut models = Vec::with_capacity(layout.columns() * CONTEXTS);
+        for m in 0..layout.columns() * CONTEXTS {
+            let freq: [u16; SYMBOLS] =
+                std::array::from_fn(|s| u16::from_le_bytes([low[m * SYMBOLS + s], high[m * SYMBOLS + s]]));
+            let sum: u32 = freq.iter().map(|&f| u32::from(f)).sum();
+            if sum != PROB_SCALE {
+                let detail = format!("model {m} sums to {sum}, not {PROB_SCALE}");
+                return Err(FormatError::Invalid { what: "column models", detail });
+            }
+            models.push(ByteModel::from_freqs(freq));
+        }
+        Ok(ColumnModels { layout, models })
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+}
+
+/// One rANS coding step, in the order the decoder takes them (a frame's steps are kept in a
+/// reusable buffer: rANS codes them last first).
+#[derive(Clone, Copy, Debug)]
+pub struct Step {
+    start: u16,
+    freq: u16,
+    bits: u8,
+}
+
+/// Appends the payload of one frame's layout (`runs` runs over `entries` entries): a bitmap of
+/// the constant columns (bit `i % 8` of byte `i / 8`), each constant column's byte, then the rANS
+/// stream of every other column's bytes, column by column, each under its column's model in its
+/// row's context.
+pub fn encode(
+    models: &ColumnModels,
+    shuffled: &[u8],
+    runs: usize,
+    entries: usize,
+    steps: &mut Vec<Step>,
+    out: &mut Vec<u8>,
+) {
+    let layout = models.layout;
+    assert_eq!(shuffled.len(), layout.len(runs, entries));
+    let columns = layout.columns();
+    let bitmap_at = out.len();
+    out.resize(bitmap_at + columns.div_ceil(8), 0);
+    steps.clear();
+    let mut walk = ContextWalk::new(layout, runs, entries);
+    let mut at = 0;
+    for column in 0..columns {
+        let rows = walk.begin(column);
+        let bytes = &shuffled[at..at + rows];
+        at += rows;
+        let constant = bytes.iter().all(|&b| b == bytes[0]);
+        if constant {
+            out[bitmap_at + column / 8] |= 1 << (column % 8);
+            out.push(bytes[0]);
+        }
+        for (row, &byte) in bytes.iter().enumerate() {
+            if !constant {
+                push_steps(&models.models[walk.model(column, row)], byte, steps);
+            }
+            walk.saw(row, byte);
+        }
+    }
+    write_stream(steps, out);
+}
+
+/// The steps of one byte: its own, or the escape's and then its 8 raw bits.
+fn push_steps(model: &ByteModel, byte: u8, steps: &mut Vec<Step>) {
+    let s = usize::from(byte);
+    if model.freq[s] > 0 {
+        steps.push(Step { start: model.start[s], freq: model.freq[s], bits: PROB_BITS as u8 });
+    } else {
+        steps.push(Step { start: model.start[ESCAPE], freq: model.freq[ESCAPE], bits: PROB_BITS as u8 });
+        steps.push(Step { start: u16::from(byte), freq: 1, bits: 8 });
+    }
+}
+
+/// rANS-codes `steps` (last first, as rANS is last-in first-out) and appends the stream: the
+/// final state (u32 LE), then the renormalization bytes in the order the decoder reads them.
+fn write_stream(steps: &[Step], out: &mut Vec<u8>) {
+    let mut reversed = Vec::with_capacity(steps.len() + STATE_BYTES);
+    let mut x = RANS_L;
+    for step in steps.iter().rev() {
+        let freq = u32::from(step.freq);
+        let x_max = ((RANS_L >> step.bits) << 8) * freq;
+        while x >= x_max {
+            reversed.push(x as u8);
+            x >>= 8;
+        }
+        x = ((x / freq) << step.bits) + (x % freq) + u32::from(step.start);
+    }
+    out.extend_from_slice(&x.to_le_bytes());
+    out.extend(reversed.iter().rev());
+}
+
+/// Reads a rANS stream from the front.
+struct StreamReader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+    x: u32,
+}
+
+impl<'a> StreamReader<'a> {
+    fn new(bytes: &'a [u8]) -> Result<Self, FormatError> {
+        let state = bytes.get(..STATE_BYTES).ok_or_else(|| truncated(bytes.len()))?;
+        let x = u32::from_le_bytes(state.try_into().expect("four bytes"));
+        if !(RANS_L..RANS_L << 8).contains(&x) {
+            return Err(invalid(format!("rANS state {x:#x} out of range")));
+        }
+        Ok(StreamReader { bytes, at: STATE_BYTES, x })
+    }
+
+    fn renormalize(&mut self) -> Result<(), FormatError> {
+        while self.x < RANS_L {
+            let byte = *self.bytes.get(self.at).ok_or_else(|| truncated(self.bytes.len()))?;
+            self.x = (self.x << 8) | u32::from(byte);
+            self.at += 1;
+        }
+        Ok(())
+    }
+
+    fn symbol(&mut self, model: &ByteModel) -> Result<u8, FormatError> {
+        let slot = self.x & (PROB_SCALE - 1);
+        let escape_start = u32::from(model.start[ESCAPE]);
+        let s = match &model.slots {
+            Some(slots) if slot < escape_start => usize::from(slots[slot as usize]),
+            _ => ESCAPE,
+        };
+        self.x = u32::from(model.freq[s]) * (self.x >> PROB_BITS) + slot - u32::from(model.start[s]);
+        self.renormalize()?;
+        if s != ESCAPE {
+            return Ok(s as u8);
+        }
+        let raw = self.x as u8;
+        self.x >>= 8;
+        self.renormalize()?;
+        Ok(raw)
+    }
+
+    fn finish(&self) -> Result<(), FormatError> {
+        if self.at != self.bytes.len() || self.x != RANS_L {
+            return Err(invalid(format!(
+                "rANS stream ends at byte {} of {} in state {:#x}",
+                self.at,
+                self.bytes.len(),
+                self.x
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Inverse of `encode`: writes the layout of `runs` runs over `entries` entries into `shuffled`.
+pub fn decode(
+    models: &ColumnModels,
+    payload: &[u8],
+    runs: usize,
+    entries: usize,
+    shuffled: &mut Vec<u8>,
+) -> Result<(), FormatError> {
+    let layout = models.layout;
+    let columns = layout.columns();
+    let bitmap = payload.get(..columns.div_ceil(8)).ok_or_else(|| truncated(payload.len()))?;
+    let constants = (0..columns).filter(|c| bitmap[c / 8] & (1 << (c % 8)) != 0).count();
+    if !columns.is_multiple_of(8) && bitmap[columns / 8] >> (columns % 8) != 0 {
+        return Err(invalid("constant-column bitmap has bits past the last column".into()));
+    }
+    let stream_at = bitmap.len() + constants;
+    let constant_bytes = payload.get(bitmap.len()..stream_at).ok_or_else(|| truncated(payload.len()))?;
+    let mut stream = StreamReader::new(&payload[stream_at..])?;
+    shuffled.clear();
+    shuffled.reserve(layout.len(runs, entries));
+    let mut walk = ContextWalk::new(layout, runs, entries);
+    let mut next_constant = constant_bytes.iter();
+    for column in 0..columns {
+        let rows = walk.begin(column);
+        let constant = (bitmap[column / 8] & (1 << (column % 8)) != 0).then(|| *next_constant.next().expect("counted"));
+        for row in 0..rows {
+            let byte = match constant {
+                Some(byte) => byte,
+                None => stream.symbol(&models.models[walk.model(column, row)])?,
+            };
+            shuffled.push(byte);
+            walk.saw(row, byte);
+        }
+    }
+    stream.finish()
+}
+
+fn truncated(len: usize) -> FormatError {
+    invalid(format!("payload of {len} bytes ends early"))
+}
+
+fn invalid(detail: String) -> FormatError {
+    FormatError::Invalid { what: WHAT, detail }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const BACKLINK_LAYOUT: Layout = Layout { key_width: 24, rest_width: 40 };
+
+    /// A layout of `runs` runs over `entries` entries whose bytes are mostly zero, with
+    /// `spread` distinct other values: skewed like real XOR columns.
+    fn layout_bytes(runs: usize, entries: usize, seed: u64, spread: u8) -> Vec<u8> {
+        let mut x = seed | 1;
+        (0..BACKLINK_LAYOUT.len(runs, entries))
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                if x.is_multiple_of(3) { (x >> 8) as u8 % spread.max(1) } else { 0 }
+            })
+            .collect()
+    }
+
+    fn models_from(samples: &[(usize, usize, Vec<u8>)]) -> ColumnModels {
+        let mut counts = ModelCounts::new(BACKLINK_LAYOUT);
+        for (runs, entries, bytes) in samples {
+            counts.add(bytes, *runs, *entries);
+        }
+        counts.finish()
+    }
+
+    fn round_trip(models: &ColumnModels, runs: usize, entries: usize, bytes: &[u8]) -> Vec<u8> {
+        let (mut steps, mut payload, mut decoded) = (Vec::new(), Vec::new(), Vec::new());
+        encode(models, bytes, runs, entries, &mut steps, &mut payload);
+        decode(models, &payload, runs, entries, &mut decoded).expect("a payload we wrote decodes");
+        decoded
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Any bytes round-trip under any models, including bytes the models never saw
+        /// (escapes) and untrained models.
+        #[test]
+        fn layouts_round_trip_under_models_learnt_elsewhere(
+            entries in 1..300usize,
+            run_share in 1..=100usize,
+            seed in any::<u64>(),
+            spread in 1..=255u8,
+            trained_spread in 1..=255u8,
+            trained in any::<bool>(),
+        ) {
+            let runs = (entries * run_share / 100).max(1);
+            let bytes = layout_bytes(runs, entries, seed, spread);
+            let samples = if trained { vec![(runs, entries, layout_bytes(runs, entries, !seed, trained_spread))] } else { vec![] };
+            let models = models_from(&samples);
+            prop_assert_eq!(round_trip(&models, runs, entries, &bytes), bytes);
+        }
+
+        /// A damaged payload is an error or decodes to some bytes; it never panics or reads
+        /// past its end.
+        #[test]
+        fn damaged_payloads_never_panic(seed in any::<u64>(), at in any::<usize>(), flip in 1..=255u8, cut in any::<bool>()) {
+            let (runs, entries) = (40, 100);
+            let bytes = layout_bytes(runs, entries, seed, 40);
+            let models = models_from(&[(runs, entries, bytes.clone())]);
+            let (mut steps, mut payload, mut decoded) = (Vec::new(), Vec::new(), Vec::new());
+            encode(&models, &bytes, runs, entries, &mut steps, &mut payload);
+            let at = at % payload.len();
+            if cut { payload.truncate(at) } else { payload[at] ^= flip }
+            if decode(&models, &payload, runs, entries, &mut decoded).is_ok() {
+                prop_assert_eq!(decoded.len(), bytes.len());
+            }
+        }
+    }
+
+    #[test]
+    fn models_learnt_from_the_data_code_it_in_fewer_bytes_than_raw() {
+        let (runs, entries) = (100, 256);
+        let bytes = layout_bytes(runs, entries, 7, 16);
+        let models = models_from(&[(runs, entries, bytes.clone())]);
+        let (mut steps, mut payload) = (Vec::new(), Vec::new());
+        encode(&models, &bytes, runs, entries, &mut steps, &mut payload);
+        // Two thirds zeros and 16 other values: about 2.5 bits a byte.
+        assert!(payload.len() * 3 < bytes.len(), "{} bytes coded from {}", payload.len(), bytes.len());
+    }
+
+    #[test]
+    fn constant_columns_cost_one_byte_and_nothing_in_the_stream() {
+        let (runs, entries) = (10, 20);
+        let bytes = vec![0u8; BACKLINK_LAYOUT.len(runs, entries)];
+        let models = models_from(&[]);
+        let (mut steps, mut payload) = (Vec::new(), Vec::new());
+        encode(&models, &bytes, runs, entries, &mut steps, &mut payload);
+        let columns = BACKLINK_LAYOUT.columns();
+        assert_eq!(payload.len(), columns.div_ceil(8) + columns + STATE_BYTES);
+        assert!(steps.is_empty());
+        assert_eq!(round_trip(&models, runs, entries, &bytes), bytes);
+    }
+
+    #[test]
+    fn quantized_models_sum_to_the_scale_and_keep_every_seen_symbol() {
+        let mut counts = [0u32; 256];
+        counts[0] = u32::MAX;
+        counts[1..200].iter_mut().for_each(|c| *c = 1);
+        let model = ByteModel::from_counts(&counts);
+        assert_eq!(model.freq.iter().map(|&f| u32::from(f)).sum::<u32>(), PROB_SCALE);
+        assert!(model.freq[..200].iter().all(|&f| f >= 1));
+        assert!(model.freq[200..256].iter().all(|&f| f == 0));
+        assert_eq!(model.freq[ESCAPE], 1);
+        let all = ByteModel::from_counts(&[1; 256]);
+        assert_eq!(all.freq[ESCAPE], 0, "no escape when every byte was seen");
+        assert_eq!(ByteModel::from_counts(&[0; 256]).freq[ESCAPE], PROB_SCALE as u16);
+    }
+
+    #[test]
+    fn models_round_trip_and_a_bad_sum_is_rejected() {
+        let models = models_from(&[(5, 9, layout_bytes(5, 9, 3, 50))]);
+        let mut bytes = models.encode();
+        assert_eq!(ColumnModels::decode(BACKLINK_LAYOUT, &bytes).unwrap(), models);
+        bytes[0] ^= 1;
+        assert!(ColumnModels::decode(BACKLINK_LAYOUT, &bytes).is_err());
+        assert!(ColumnModels::decode(BACKLINK_LAYOUT, &bytes[1..]).is_err());
+    }
+}
