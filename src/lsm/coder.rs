@@ -12,9 +12,11 @@
 //! - Every `ByteModel`'s frequencies (256 symbols and the escape) sum to exactly `PROB_SCALE`;
 //!   a symbol with frequency 0 is coded as the escape followed by its 8 raw bits, so any byte can
 //!   be coded under any model (an untrained model is all escape).
-//! - A payload holds the constant-column bitmap, the constant bytes, then one rANS stream. The
-//!   decoder reads exactly the stream's bytes and ends in the encoder's initial state, or the
-//!   payload is rejected; it never reads past the payload and never panics on its bytes.
+//! - A payload holds the constant-column bitmap, the constant bytes, then one rANS stream of
+//!   `LANES` interleaved states (coded byte `k` on state `k % LANES`) and 16-bit words. The
+//!   decoder reads exactly the stream's words and ends with every state where the encoder
+//!   started, or the payload is rejected; it never reads past the payload, never branches on
+//!   whether a state needs a word (one always suffices), and never panics on its bytes.
 //! - Counts saturate, model bytes are bounded (`ColumnModels::decode` checks every sum), and a
 //!   layout is at most `MAX_FRAME_RAW_BYTES` plus its run lengths.
 
@@ -23,12 +25,16 @@ use super::filter::FormatError;
 /// Probabilities are multiples of 2^-12.
 const PROB_BITS: u32 = 12;
 pub const PROB_SCALE: u32 = 1 << PROB_BITS;
-/// rANS state lower bound: the state stays in `[RANS_L, RANS_L << 8)` between symbols.
-const RANS_L: u32 = 1 << 23;
+/// rANS state lower bound: the state stays in `[RANS_L, 2^32)` between symbols. With 12-bit
+/// probabilities one 16-bit word always brings a state back above it, so a decoder reads at most
+/// one word per step and needs no loop (and no hard-to-predict branch).
+const RANS_L: u32 = 1 << 16;
+/// Bytes a renormalization moves: one u16 LE word.
+const WORD_BYTES: usize = 2;
 /// Index of the escape in a model's frequencies.
 const ESCAPE: usize = 256;
 const SYMBOLS: usize = 257;
-/// Bytes of the rANS state written at the start of the stream.
+/// Bytes of each rANS state written at the start of the stream.
 const STATE_BYTES: usize = 4;
 /// Each 8-byte field of a key or rest is one context group; the run length (2 bytes) is one too.
 const FIELD_BYTES: usize = 8;
@@ -109,8 +115,10 @@ impl ContextWalk {
 pub struct ByteModel {
     freq: [u16; SYMBOLS],
     start: [u16; SYMBOLS],
-    /// Symbol of each slot below the escape's (`None` when every slot is the escape's).
-    slots: Option<Box<[u8]>>,
+    /// Symbol of each slot below the escape's slots (0 in the escape's, which `escape_start`
+    /// tells apart).
+    slots: Box<[u8; PROB_SCALE as usize]>,
+    escape_start: u32,
 }
 
 impl ByteModel {
@@ -122,16 +130,12 @@ impl ByteModel {
             sum += u32::from(f);
         }
         assert_eq!(sum, PROB_SCALE, "a model's frequencies sum to the scale");
-        let escape_start = usize::from(start[ESCAPE]);
-        let slots = (escape_start > 0).then(|| {
-            let mut slots = vec![0u8; escape_start].into_boxed_slice();
-            for s in 0..ESCAPE {
-                let range = usize::from(start[s])..usize::from(start[s]) + usize::from(freq[s]);
-                slots[range].fill(s as u8);
-            }
-            slots
-        });
-        ByteModel { freq, start, slots }
+        let mut slots = Box::new([0u8; PROB_SCALE as usize]);
+        for s in 0..ESCAPE {
+            let range = usize::from(start[s])..usize::from(start[s]) + usize::from(freq[s]);
+            slots[range].fill(s as u8);
+        }
+        ByteModel { freq, start, slots, escape_start: u32::from(start[ESCAPE]) }
     }
 
     /// Quantizes counts to `PROB_SCALE`: every seen symbol at least 1, the escape 1 unless all
@@ -260,13 +264,18 @@ impl ColumnModels {
 }
 
 /// One rANS coding step, in the order the decoder takes them (a frame's steps are kept in a
-/// reusable buffer: rANS codes them last first).
+/// reusable buffer: rANS codes them last first), on one of the `LANES` interleaved states.
 #[derive(Clone, Copy, Debug)]
 pub struct Step {
     start: u16,
     freq: u16,
     bits: u8,
+    lane: u8,
 }
+
+/// Interleaved rANS states: coded byte `k` of a frame is on state `k % LANES`, so a decoder
+/// works on independent states in turn instead of waiting on one.
+const LANES: usize = 4;
 
 /// Appends the payload of one frame's layout (`runs` runs over `entries` entries): a bitmap of
 /// the constant columns (bit `i % 8` of byte `i / 8`), each constant column's byte, then the rANS
@@ -287,7 +296,7 @@ pub fn encode(
     out.resize(bitmap_at + columns.div_ceil(8), 0);
     steps.clear();
     let mut walk = ContextWalk::new(layout, runs, entries);
-    let mut at = 0;
+    let (mut at, mut coded) = (0, 0usize);
     for column in 0..columns {
         let rows = walk.begin(column);
         let bytes = &shuffled[at..at + rows];
@@ -299,7 +308,8 @@ pub fn encode(
         }
         for (row, &byte) in bytes.iter().enumerate() {
             if !constant {
-                push_steps(&models.models[walk.model(column, row)], byte, steps);
+                push_steps(&models.models[walk.model(column, row)], byte, (coded % LANES) as u8, steps);
+                coded += 1;
             }
             walk.saw(row, byte);
         }
@@ -308,85 +318,97 @@ pub fn encode(
 }
 
 /// The steps of one byte: its own, or the escape's and then its 8 raw bits.
-fn push_steps(model: &ByteModel, byte: u8, steps: &mut Vec<Step>) {
+fn push_steps(model: &ByteModel, byte: u8, lane: u8, steps: &mut Vec<Step>) {
     let s = usize::from(byte);
+    let bits = PROB_BITS as u8;
     if model.freq[s] > 0 {
-        steps.push(Step { start: model.start[s], freq: model.freq[s], bits: PROB_BITS as u8 });
+        steps.push(Step { start: model.start[s], freq: model.freq[s], bits, lane });
     } else {
-        steps.push(Step { start: model.start[ESCAPE], freq: model.freq[ESCAPE], bits: PROB_BITS as u8 });
-        steps.push(Step { start: u16::from(byte), freq: 1, bits: 8 });
+        steps.push(Step { start: model.start[ESCAPE], freq: model.freq[ESCAPE], bits, lane });
+        steps.push(Step { start: u16::from(byte), freq: 1, bits: 8, lane });
     }
 }
 
 /// rANS-codes `steps` (last first, as rANS is last-in first-out) and appends the stream: the
-/// final state (u32 LE), then the renormalization bytes in the order the decoder reads them.
+/// final states (u32 LE each, lane 0 first), then the renormalization bytes in the order the
+/// decoder reads them.
 fn write_stream(steps: &[Step], out: &mut Vec<u8>) {
-    let mut reversed = Vec::with_capacity(steps.len() + STATE_BYTES);
-    let mut x = RANS_L;
+    let mut words: Vec<u16> = Vec::with_capacity(steps.len() / 2);
+    let mut states = [RANS_L; LANES];
     for step in steps.iter().rev() {
+        let x = &mut states[usize::from(step.lane)];
         let freq = u32::from(step.freq);
-        let x_max = ((RANS_L >> step.bits) << 8) * freq;
-        while x >= x_max {
-            reversed.push(x as u8);
-            x >>= 8;
+        let x_max = (u64::from(RANS_L >> step.bits) << 16) * u64::from(freq);
+        if u64::from(*x) >= x_max {
+            words.push(*x as u16);
+            *x >>= 16;
         }
-        x = ((x / freq) << step.bits) + (x % freq) + u32::from(step.start);
+        debug_assert!(u64::from(*x) < x_max);
+        *x = ((*x / freq) << step.bits) + (*x % freq) + u32::from(step.start);
     }
-    out.extend_from_slice(&x.to_le_bytes());
-    out.extend(reversed.iter().rev());
+    states.iter().for_each(|x| out.extend_from_slice(&x.to_le_bytes()));
+    words.iter().rev().for_each(|word| out.extend_from_slice(&word.to_le_bytes()));
 }
 
-/// Reads a rANS stream from the front.
+/// Reads a rANS stream's words from the front; the states live with the caller (in registers).
 struct StreamReader<'a> {
     bytes: &'a [u8],
     at: usize,
-    x: u32,
 }
 
 impl<'a> StreamReader<'a> {
-    fn new(bytes: &'a [u8]) -> Result<Self, FormatError> {
-        let state = bytes.get(..STATE_BYTES).ok_or_else(|| truncated(bytes.len()))?;
-        let x = u32::from_le_bytes(state.try_into().expect("four bytes"));
-        if !(RANS_L..RANS_L << 8).contains(&x) {
-            return Err(invalid(format!("rANS state {x:#x} out of range")));
+    /// The stream and its initial states.
+    fn new(bytes: &'a [u8]) -> Result<(Self, [u32; LANES]), FormatError> {
+        let mut states = [0u32; LANES];
+        for (lane, x) in states.iter_mut().enumerate() {
+            let at = lane * STATE_BYTES;
+            let state = bytes.get(at..at + STATE_BYTES).ok_or_else(|| truncated(bytes.len()))?;
+            *x = u32::from_le_bytes(state.try_into().expect("four bytes"));
+            if *x < RANS_L {
+                return Err(invalid(format!("rANS state {x:#x} out of range")));
+            }
         }
-        Ok(StreamReader { bytes, at: STATE_BYTES, x })
+        Ok((StreamReader { bytes, at: LANES * STATE_BYTES }, states))
     }
 
-    fn renormalize(&mut self) -> Result<(), FormatError> {
-        while self.x < RANS_L {
-            let byte = *self.bytes.get(self.at).ok_or_else(|| truncated(self.bytes.len()))?;
-            self.x = (self.x << 8) | u32::from(byte);
-            self.at += 1;
-        }
-        Ok(())
-    }
-
-    fn symbol(&mut self, model: &ByteModel) -> Result<u8, FormatError> {
-        let slot = self.x & (PROB_SCALE - 1);
-        let escape_start = u32::from(model.start[ESCAPE]);
-        let s = match &model.slots {
-            Some(slots) if slot < escape_start => usize::from(slots[slot as usize]),
-            _ => ESCAPE,
+    /// Reads one word into a state that fell below `RANS_L`, without branching on it: the
+    /// word is read (or taken as 0 past the end, which `finish` then rejects) either way.
+    #[inline(always)]
+    fn renormalize(&mut self, x: &mut u32) {
+        let low = *x < RANS_L;
+        let word = match self.bytes.get(self.at..self.at + WORD_BYTES) {
+            Some(word) => u32::from(u16::from_le_bytes([word[0], word[1]])),
+            None => 0,
         };
-        self.x = u32::from(model.freq[s]) * (self.x >> PROB_BITS) + slot - u32::from(model.start[s]);
-        self.renormalize()?;
-        if s != ESCAPE {
-            return Ok(s as u8);
-        }
-        let raw = self.x as u8;
-        self.x >>= 8;
-        self.renormalize()?;
-        Ok(raw)
+        *x = if low { (*x << 16) | word } else { *x };
+        self.at += usize::from(low) * WORD_BYTES;
     }
 
-    fn finish(&self) -> Result<(), FormatError> {
-        if self.at != self.bytes.len() || self.x != RANS_L {
+    /// Decodes one byte under `model` from state `x`.
+    #[inline(always)]
+    fn symbol(&mut self, x: &mut u32, model: &ByteModel) -> u8 {
+        let slot = *x & (PROB_SCALE - 1);
+        let s = if slot < model.escape_start { usize::from(model.slots[slot as usize]) } else { ESCAPE };
+        *x = u32::from(model.freq[s]) * (*x >> PROB_BITS) + slot - u32::from(model.start[s]);
+        self.renormalize(x);
+        if s != ESCAPE {
+            return s as u8;
+        }
+        let raw = *x as u8;
+        *x >>= 8;
+        self.renormalize(x);
+        raw
+    }
+
+    /// A stream read exactly to its end (never past it: a read past the end counts bytes it did
+    /// not find) and back in the encoder's initial states.
+    fn finish(&self, states: [u32; LANES]) -> Result<(), FormatError> {
+        if self.at != self.bytes.len() || states != [RANS_L; LANES] {
             return Err(invalid(format!(
-                "rANS stream ends at byte {} of {} in state {:#x}",
+                "rANS stream ends at byte {} of {} in states {:x?}",
                 self.at,
                 self.bytes.len(),
-                self.x
+                states
             )));
         }
         Ok(())
@@ -404,30 +426,48 @@ pub fn decode(
     let layout = models.layout;
     let columns = layout.columns();
     let bitmap = payload.get(..columns.div_ceil(8)).ok_or_else(|| truncated(payload.len()))?;
-    let constants = (0..columns).filter(|c| bitmap[c / 8] & (1 << (c % 8)) != 0).count();
+    let is_constant = |column: usize| bitmap[column / 8] & (1 << (column % 8)) != 0;
     if !columns.is_multiple_of(8) && bitmap[columns / 8] >> (columns % 8) != 0 {
         return Err(invalid("constant-column bitmap has bits past the last column".into()));
     }
-    let stream_at = bitmap.len() + constants;
-    let constant_bytes = payload.get(bitmap.len()..stream_at).ok_or_else(|| truncated(payload.len()))?;
-    let mut stream = StreamReader::new(&payload[stream_at..])?;
+    let stream_at = bitmap.len() + (0..columns).filter(|&c| is_constant(c)).count();
+    let mut constants = payload.get(bitmap.len()..stream_at).ok_or_else(|| truncated(payload.len()))?.iter();
+    // `states[i]` is the state of the coded byte `i` places ahead.
+    let (mut stream, mut states) = StreamReader::new(&payload[stream_at..])?;
     shuffled.clear();
-    shuffled.reserve(layout.len(runs, entries));
+    shuffled.resize(layout.len(runs, entries), 0);
     let mut walk = ContextWalk::new(layout, runs, entries);
-    let mut next_constant = constant_bytes.iter();
+    let mut at = 0;
     for column in 0..columns {
         let rows = walk.begin(column);
-        let constant = (bitmap[column / 8] & (1 << (column % 8)) != 0).then(|| *next_constant.next().expect("counted"));
-        for row in 0..rows {
-            let byte = match constant {
-                Some(byte) => byte,
-                None => stream.symbol(&models.models[walk.model(column, row)])?,
-            };
-            shuffled.push(byte);
-            walk.saw(row, byte);
+        let out = &mut shuffled[at..at + rows];
+        at += rows;
+        let zero_prefix = &mut walk.zero_prefix[..rows];
+        if is_constant(column) {
+            let byte = *constants.next().expect("one constant per set bit");
+            out.fill(byte);
+            zero_prefix.iter_mut().for_each(|zero| *zero &= byte == 0);
+            continue;
         }
+        let pair = [&models.models[column * CONTEXTS], &models.models[column * CONTEXTS + 1]];
+        // `LANES` rows at a time, one on each state, then the rest.
+        let whole = out.len() / LANES * LANES;
+        let (out, out_rest) = out.split_at_mut(whole);
+        let (zero_prefix, zero_rest) = zero_prefix.split_at_mut(whole);
+        for (bytes, zeros) in out.chunks_exact_mut(LANES).zip(zero_prefix.chunks_exact_mut(LANES)) {
+            for lane in 0..LANES {
+                bytes[lane] = stream.symbol(&mut states[lane], pair[usize::from(zeros[lane])]);
+                zeros[lane] &= bytes[lane] == 0;
+            }
+        }
+        for (lane, (byte, zero)) in out_rest.iter_mut().zip(zero_rest.iter_mut()).enumerate() {
+            *byte = stream.symbol(&mut states[lane], pair[usize::from(*zero)]);
+            *zero &= *byte == 0;
+        }
+        states.rotate_left(out_rest.len());
     }
-    stream.finish()
+    // Every state ends where the encoder started, whichever lane each is now.
+    stream.finish(states)
 }
 
 fn truncated(len: usize) -> FormatError {
@@ -531,7 +571,7 @@ mod tests {
         let (mut steps, mut payload) = (Vec::new(), Vec::new());
         encode(&models, &bytes, runs, entries, &mut steps, &mut payload);
         let columns = BACKLINK_LAYOUT.columns();
-        assert_eq!(payload.len(), columns.div_ceil(8) + columns + STATE_BYTES);
+        assert_eq!(payload.len(), columns.div_ceil(8) + columns + LANES * STATE_BYTES);
         assert!(steps.is_empty());
         assert_eq!(round_trip(&models, runs, entries, &bytes), bytes);
     }

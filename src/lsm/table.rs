@@ -1804,6 +1804,23 @@ mod tests {
         assert_eq!(read_frames(&meta, &data, 0..2), key_runs_golden_entries());
     }
 
+    /// Files written in payload encoding 4 with a version-3 meta (column models) must keep
+    /// decoding to the same entries: the encoding-3 golden table's entries, with models.
+    #[test]
+    fn golden_encoding_4_files_still_decode() {
+        let data = std::fs::read(format!("{}/tests/data/table_golden_v4.data", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        let meta_bytes =
+            std::fs::read(format!("{}/tests/data/table_golden_meta_v3.meta", env!("CARGO_MANIFEST_DIR"))).unwrap();
+        assert_eq!(&meta_bytes[..6], b"BLKM\x03\x00");
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert!(meta.models.is_some());
+        assert_eq!(meta.frames.iter().map(|f| f.entries).collect::<Vec<_>>(), [305, 7]);
+        for frame in &meta.frames {
+            assert_eq!(&data[frame.offset as usize..][..8], &[b'B', b'L', b'K', b'F', 1, 4, 64, 0]);
+        }
+        assert_eq!(read_frames(&meta, &data, 0..2), key_runs_golden_entries());
+    }
+
     /// Meta files written in version 2 (a compressed frame index) must keep decoding to the same
     /// index: the encoding-3 golden table's meta, written again in version 2.
     #[test]
@@ -1916,20 +1933,21 @@ mod tests {
     }
 
     /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
-    /// writes the current encoding's files (payload encoding 3's data, meta version 2: give new
+    /// writes the current encoding's files (payload encoding 4's data, meta version 3: give new
     /// names to the next ones). It never overwrites a file: older golden files stay as written.
     #[test]
     #[ignore]
     fn write_golden_table_files() {
-        let (data, meta, _) = build(&key_runs_golden_entries(), &options(305 * Backlink::WIDTH));
+        let options = TableOptions { model_min_entries: 0, ..options(305 * Backlink::WIDTH) };
+        let (data, meta, _) = build(&key_runs_golden_entries(), &options);
         let write_new = |name: &str, bytes: &[u8]| {
             let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
             let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path);
             let mut file = file.unwrap_or_else(|e| panic!("{path}: {e} (golden files are never rewritten)"));
             file.write_all(bytes).unwrap();
         };
-        write_new("table_golden_v3.data", &data);
-        write_new("table_golden_meta_v2.meta", &meta);
+        write_new("table_golden_v4.data", &data);
+        write_new("table_golden_meta_v3.meta", &meta);
     }
 
     fn revocation(key: u64, rev: u64) -> Revocation {
