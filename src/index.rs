@@ -292,7 +292,7 @@ impl FlushJob<'_> {
         if let Some((memtable, id)) = &self.links {
             let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
             let flushed = Thresholds::of_flush(revocations);
-            let links = compaction::freshest(memtable.iter().copied()).filter_map(|link| flushed.settle(link));
+            let links = || compaction::freshest(memtable.iter().copied()).filter_map(|link| flushed.settle(link));
             let record = index.write_table(&index.links, id, memtable.len(), links)?;
             if record.entries == 0 {
                 index.links.remove_local(id).map_err(io_err(index.links.dir()))?;
@@ -302,7 +302,7 @@ impl FlushJob<'_> {
             }
         }
         if let Some((memtable, id)) = &self.thresholds {
-            records.push(index.write_table(&index.thresholds, id, memtable.len(), memtable.iter().copied())?);
+            records.push(index.write_table(&index.thresholds, id, memtable.len(), || memtable.iter().copied())?);
         }
         let flush = FlushRecord { tables: records.clone(), position: self.position, accounts: self.accounts };
         index.catalog.commit_flush(&flush)?;
@@ -628,13 +628,13 @@ impl Index {
         })
     }
 
-    /// Writes a flush's sorted, unique entries as table `id` of `tree`.
-    fn write_table<E: Entry>(
+    /// Writes a flush's sorted, unique entries (given twice by `entries`) as table `id` of `tree`.
+    fn write_table<E: Entry, I: Iterator<Item = E>>(
         &self,
         tree: &Tree<E>,
         id: &str,
         count_hint: usize,
-        entries: impl Iterator<Item = E>,
+        entries: impl Fn() -> I,
     ) -> Result<TableRecord, IndexError> {
         let summary = tree.write_sorted(id, count_hint, entries).map_err(io_err(tree.dir()))?;
         Ok(table_record::<E>(id.to_string(), summary))

@@ -3,10 +3,10 @@
 //! The first byte picks the entry type (bit 0: backlinks or revocations) and the mode (bit 2):
 //! - decode: the rest is a meta file, its checksum fixed up first when bit 1 is set;
 //! - build: the rest is entries (sorted and deduplicated) and, in its first byte, the frame size;
-//!   they are written as a table and read back.
+//!   they are written as a table (with column models when bit 3 is set) and read back.
 //!
 //! Invariants checked (src/lsm/table.rs states them):
-//! - A meta file that decodes re-encodes (as version 2) to bytes that decode to the same meta and
+//! - A meta file that decodes re-encodes (as version 3 with models, else 2, or 1) to bytes that decode to the same meta and
 //!   re-encode to themselves; its frame ranges and byte ranges stay in bounds, and reading frames
 //!   from data of the wrong length is an error, not a panic.
 //! - A built table decodes to exactly its entries (meta and frames), its filter admits every key,
@@ -26,8 +26,8 @@ fuzz_target!(|data: &[u8]| {
     match (mode & 4 == 0, mode & 1 == 0) {
         (true, true) => check_decode::<Backlink>(rest, mode & 2 != 0),
         (true, false) => check_decode::<Revocation>(rest, mode & 2 != 0),
-        (false, true) => check_build::<Backlink>(rest),
-        (false, false) => check_build::<Revocation>(rest),
+        (false, true) => check_build::<Backlink>(rest, mode & 8 != 0),
+        (false, false) => check_build::<Revocation>(rest, mode & 8 != 0),
     }
 });
 
@@ -53,12 +53,12 @@ fn check_decode<E: Entry>(bytes: &[u8], fix_checksum: bool) {
     }
 }
 
-fn check_build<E: Entry>(bytes: &[u8]) {
+fn check_build<E: Entry>(bytes: &[u8], modelled: bool) {
     let Some((&frame_size, rest)) = bytes.split_first() else { return };
     let entries = common::sorted_entries::<E>(rest);
     // 1 to 16 entries per frame, so that small inputs still make many frames.
     let frame_bytes = E::WIDTH * (1 + usize::from(frame_size % 16));
-    let (data, meta_bytes) = common::build_table(&entries, frame_bytes);
+    let (data, meta_bytes) = common::build_table(&entries, frame_bytes, modelled);
     let meta = TableMeta::<E>::decode(&meta_bytes).expect("a meta we wrote decodes");
     assert_eq!(meta.entries, entries.len() as u64);
     assert_eq!(meta.last, entries.last().copied());

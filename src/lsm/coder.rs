@@ -110,7 +110,7 @@ impl ContextWalk {
     }
 }
 
-/// One quantized byte distribution with an escape; decoding tables are built when it has symbols.
+/// One quantized byte distribution with an escape, and its decoding table.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ByteModel {
     freq: [u16; SYMBOLS],
@@ -138,8 +138,9 @@ impl ByteModel {
         ByteModel { freq, start, slots, escape_start: u32::from(start[ESCAPE]) }
     }
 
-    /// Quantizes counts to `PROB_SCALE`: every seen symbol at least 1, the escape 1 unless all
-    /// 256 were seen (0 then), the rounding taken from the most frequent symbols.
+    /// Quantizes counts to `PROB_SCALE`: every seen symbol at least 1, the escape weighed as one
+    /// count unless all 256 were seen (0 then), the rounding taken from or given to the most
+    /// frequent symbols.
     fn from_counts(counts: &[u32; 256]) -> Self {
         let seen = counts.iter().filter(|&&c| c > 0).count();
         let mut weights = [0u64; SYMBOLS];
@@ -324,6 +325,9 @@ fn push_steps(model: &ByteModel, byte: u8, lane: u8, steps: &mut Vec<Step>) {
     if model.freq[s] > 0 {
         steps.push(Step { start: model.start[s], freq: model.freq[s], bits, lane });
     } else {
+        // Learnt models escape every byte they never saw; only a decoded model may lack an
+        // escape, and only learnt ones are used for writing.
+        assert!(model.freq[ESCAPE] > 0, "byte {byte} has no code in this model");
         steps.push(Step { start: model.start[ESCAPE], freq: model.freq[ESCAPE], bits, lane });
         steps.push(Step { start: u16::from(byte), freq: 1, bits: 8, lane });
     }

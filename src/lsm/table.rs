@@ -6,8 +6,8 @@
 //! - Entries are strictly increasing across the whole table (byte order == `Ord`).
 //! - A frame holds `1..=max_frame_entries::<E>()` entries (at most `MAX_FRAME_RAW_BYTES` before
 //!   compression) and an xxh3-64 over its header and payload. The meta file ends with an xxh3-64
-//!   over everything before it. Lengths are checked against fixed maxima (and a version-2 meta's
-//!   frame count against what its compressed index can expand to) before anything is allocated
+//!   over everything before it. Lengths are checked against fixed maxima (and a version-2 or 3
+//!   meta's frame count against what its compressed index can expand to) before anything is allocated
 //!   from them, and checksums before any payload is trusted.
 //! - `frames[0].offset == 0`, each frame starts where the previous one ends, the last one ends at
 //!   `data_len`; the entry counts sum to `entries`.
@@ -19,10 +19,10 @@
 //!   build, never stored): searches narrow through them first.
 //! - Decoding returns a `FormatError` for any inconsistency and never panics; on error the output
 //!   vector is left as it was, so a caller never sees entries from a bad frame.
-//! - A table has column models (meta version 3) exactly when it was built with at least
-//!   `model_min_entries` entries; only such a table has encoding-4 frames. The builder learns the
-//!   models from every `MODEL_SAMPLE_STRIDE`th frame, so it spills every raw frame and encodes
-//!   them all at `finish`.
+//! - A table has column models (meta version 3) exactly when it held at least
+//!   `max(1, model_min_entries)` entries when its builder decided them; only such a table has
+//!   encoding-4 frames. The builder learns the models from every `MODEL_SAMPLE_STRIDE`th frame of
+//!   at most its first `spill_bytes` (spilled raw meanwhile), then encodes every frame once.
 
 use super::coder::{self, ColumnModels, Layout, ModelCounts};
 use super::entry::Entry;
@@ -56,6 +56,10 @@ pub const MAX_FRAMES: usize = 1 << 24;
 /// Tables of at least this many entries get column models (payload encoding 4) by default; the
 /// models (up to ~30 KB in the meta, compressed) would cost smaller tables more than they save.
 pub const DEFAULT_MODEL_MIN_ENTRIES: u64 = 1 << 16;
+/// Raw bytes a builder spills before it decides its models: 4 M backlinks, 8 M revocations. On
+/// the 10 M-link benchmark half of this (models from the first 2 M backlinks of its 3.9 M-entry
+/// merged tables) left the tables 3.8 % larger than models from all of them.
+pub const DEFAULT_SPILL_BYTES: usize = 256 << 20;
 /// A table's column models are learnt from every `MODEL_SAMPLE_STRIDE`th frame: on the
 /// benchmark's tables that sample coded them as well as all frames did (within 0.2 %).
 const MODEL_SAMPLE_STRIDE: usize = 16;
@@ -128,6 +132,9 @@ pub struct TableOptions {
     pub filter_fpr: f64,
     /// Tables with at least this many entries get column models and payload encoding 4.
     pub model_min_entries: u64,
+    /// Raw bytes of the first frames a builder keeps aside while it learns the column models
+    /// (local disk); the models of a larger table are learnt from its first `spill_bytes`.
+    pub spill_bytes: usize,
 }
 
 impl Default for TableOptions {
@@ -137,6 +144,7 @@ impl Default for TableOptions {
             zstd_level: DEFAULT_ZSTD_LEVEL,
             filter_fpr: DEFAULT_FILTER_FPR,
             model_min_entries: DEFAULT_MODEL_MIN_ENTRIES,
+            spill_bytes: DEFAULT_SPILL_BYTES,
         }
     }
 }
@@ -214,26 +222,39 @@ struct FrameStart<E> {
     entries: usize,
 }
 
-/// Where a builder keeps its raw frames until `finish`: a table's column models are learnt from
-/// a sample of all its frames before the first one is encoded. A file for real tables (a few
-/// bytes of page cache per entry, never resident memory), a vector in tests and benches.
+/// Where a builder keeps its first raw frames while it learns the table's column models from a
+/// sample of them (at most `spill_bytes`): a file for real tables (page cache and disk, never
+/// resident memory), a vector in tests and benches.
 pub trait Spill: Read + Write + Seek + Send {}
 impl<T: Read + Write + Seek + Send> Spill for T {}
 
-/// Writes a table: entries are spilled raw, frame by frame, and `finish` learns the column models
-/// (tables of `model_min_entries` or more), encodes every frame to `data_out` and returns the
-/// meta. After an I/O error the builder refuses further use.
+/// How a builder encodes: still learning (frames go to the spill), or decided (frames are
+/// encoded as they fill, under the models if the table has any).
+enum Coding {
+    Learning { spilled_frames: usize, spilled_bytes: usize },
+    Decided(Option<ColumnModels>),
+}
+
+/// Writes a table. The first frames are spilled raw while every `MODEL_SAMPLE_STRIDE`th is
+/// counted for the column models; when the spill reaches `spill_bytes` or the table ends, the
+/// models are decided (a table of at least `model_min_entries` entries gets them), the spilled
+/// frames are encoded to `data_out`, and later frames are encoded as they fill. `finish` returns
+/// the meta. After an I/O error the builder refuses further use.
 pub struct TableBuilder<E: Entry, W: Write> {
     data_out: W,
     spill: Box<dyn Spill>,
+    spill_bytes: usize,
+    coding: Coding,
+    counts: ModelCounts,
     encoder: FrameEncoder,
     entries_per_frame: usize,
     model_min_entries: u64,
     /// Encoded entries of the frame being filled.
     pending: Vec<u8>,
-    /// Every frame spilled so far, and the one being filled (last, when `pending` is not empty).
+    /// The frame being filled (set while `pending` is not empty) and the spilled ones.
     starts: Vec<FrameStart<E>>,
-    counts: ModelCounts,
+    frames: Vec<FrameInfo<E>>,
+    data_len: u64,
     /// One hash per distinct key, in order; the filter is built from them at `finish`.
     key_hashes: Vec<KeyHash>,
     filter_fpr: f64,
@@ -245,12 +266,25 @@ pub struct TableBuilder<E: Entry, W: Write> {
 }
 
 impl<E: Entry, W: Write> TableBuilder<E, W> {
-    /// A builder that spills to memory (tests, benches, small tables). `expected_keys` only
-    /// reserves room for key hashes: the filter is sized at `finish` from the exact number of
-    /// distinct keys pushed (a streaming writer, such as a compaction, cannot know it up front).
-    /// Fails on invalid options.
+    /// A builder that spills to memory (tests, benches). `expected_keys` only reserves room for
+    /// key hashes: the filter is sized at `finish` from the exact number of distinct keys pushed
+    /// (a streaming writer, such as a compaction, cannot know it up front). Fails on invalid
+    /// options.
     pub fn new(data_out: W, opts: &TableOptions, expected_keys: usize) -> io::Result<Self> {
         Self::with_spill(data_out, Box::new(io::Cursor::new(Vec::new())), opts, expected_keys)
+    }
+
+    /// A builder whose column models are already decided (`learn_models`): it encodes every
+    /// frame as it fills and never spills.
+    pub fn with_models(
+        data_out: W,
+        models: Option<ColumnModels>,
+        opts: &TableOptions,
+        expected_keys: usize,
+    ) -> io::Result<Self> {
+        let mut builder = Self::new(data_out, opts, expected_keys)?;
+        builder.coding = Coding::Decided(models);
+        Ok(builder)
     }
 
     /// A builder that spills to `spill` (an empty, readable and writable file).
@@ -265,12 +299,16 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         Ok(TableBuilder {
             data_out,
             spill,
+            spill_bytes: opts.spill_bytes,
+            coding: Coding::Learning { spilled_frames: 0, spilled_bytes: 0 },
+            counts: ModelCounts::new(layout_of::<E>()),
             encoder: FrameEncoder::new(opts.zstd_level)?,
             entries_per_frame,
             model_min_entries: opts.model_min_entries,
             pending: Vec::with_capacity(entries_per_frame * E::WIDTH),
             starts: Vec::new(),
-            counts: ModelCounts::new(layout_of::<E>()),
+            frames: Vec::new(),
+            data_len: 0,
             key_hashes: Vec::with_capacity(expected_keys.min(MAX_RESERVED_KEYS)),
             filter_fpr: opts.filter_fpr,
             last: None,
@@ -303,23 +341,28 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         self.entries += 1;
         self.stamps = (self.stamps.0.min(entry.stamp()), self.stamps.1.max(entry.stamp()));
         if self.pending.len() == self.entries_per_frame * E::WIDTH {
-            self.or_fail(Self::spill_frame)?;
+            self.or_fail(Self::end_frame)?;
         }
         Ok(())
     }
 
-    /// Encodes every frame and returns the data sink, the meta file bytes and a summary.
+    /// Encodes what is left and returns the data sink, the meta file bytes and a summary.
     pub fn finish(mut self) -> io::Result<(W, Vec<u8>, TableSummary)> {
         self.check_usable()?;
-        self.or_fail(Self::spill_frame)?;
-        let models = (self.entries > 0 && self.entries >= self.model_min_entries).then(|| self.counts.finish());
-        let (frames, data_len) = self.or_fail(|builder| builder.encode_frames(models.as_ref()))?;
+        self.or_fail(|builder| {
+            builder.end_frame()?;
+            builder.decide()
+        })?;
         self.data_out.flush()?;
         let mut filter = FilterBuilder::new(self.key_hashes.len(), self.filter_fpr);
         for hash in self.key_hashes.drain(..) {
             filter.insert(hash);
         }
-        let meta = TableMeta::new(filter.finish(), frames, self.last, self.entries, data_len, models);
+        let Coding::Decided(models) = std::mem::replace(&mut self.coding, Coding::Decided(None)) else {
+            unreachable!("finish decides the coding")
+        };
+        let frames = std::mem::take(&mut self.frames);
+        let meta = TableMeta::new(filter.finish(), frames, self.last, self.entries, self.data_len, models);
         let mut meta_bytes = Vec::new();
         meta.encode(&mut meta_bytes);
         let summary = TableSummary {
@@ -350,7 +393,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     }
 
     fn start_frame(&mut self, entry: &E) -> io::Result<()> {
-        if self.starts.len() >= MAX_FRAMES {
+        if self.frames.len() + self.starts.len() >= MAX_FRAMES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a table holds at most {MAX_FRAMES} frames"),
@@ -368,43 +411,91 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         result
     }
 
-    /// Writes the frame being filled to the spill, counting its bytes for the models when it is
-    /// one of the sampled frames.
-    fn spill_frame(&mut self) -> io::Result<()> {
+    /// Ends the frame being filled: spills it while learning (counting every sampled frame's
+    /// bytes, and deciding once the spill is full), else encodes it.
+    fn end_frame(&mut self) -> io::Result<()> {
         if self.pending.is_empty() {
             return Ok(());
         }
         let entries = self.pending.len() / E::WIDTH;
         assert!((1..=self.entries_per_frame).contains(&entries));
-        let index = self.starts.len() - 1;
-        self.starts[index].entries = entries;
-        if index.is_multiple_of(MODEL_SAMPLE_STRIDE) {
-            self.encoder.count::<E>(&self.pending, &mut self.counts);
+        self.starts.last_mut().expect("a frame is being filled").entries = entries;
+        match &mut self.coding {
+            Coding::Decided(_) => {
+                let start = self.starts.pop().expect("a frame is being filled");
+                self.write_frame(start)?;
+            }
+            Coding::Learning { spilled_frames, spilled_bytes } => {
+                if spilled_frames.is_multiple_of(MODEL_SAMPLE_STRIDE) {
+                    self.encoder.count::<E>(&self.pending, &mut self.counts);
+                }
+                *spilled_frames += 1;
+                *spilled_bytes += self.pending.len();
+                let full = *spilled_bytes >= self.spill_bytes;
+                self.spill.write_all(&self.pending)?;
+                if full {
+                    self.decide()?;
+                }
+            }
         }
-        self.spill.write_all(&self.pending)?;
         self.pending.clear();
         Ok(())
     }
 
-    /// Reads the spilled frames back in order and writes each one encoded: encoding 4 under
-    /// `models`, else 3 or 2. Returns the frame index and the data length.
-    fn encode_frames(&mut self, models: Option<&ColumnModels>) -> io::Result<(Vec<FrameInfo<E>>, u64)> {
+    /// Decides the models (once) and encodes the spilled frames.
+    fn decide(&mut self) -> io::Result<()> {
+        if matches!(self.coding, Coding::Decided(_)) {
+            return Ok(());
+        }
+        let modelled = self.entries > 0 && self.entries >= self.model_min_entries;
+        self.coding = Coding::Decided(modelled.then(|| self.counts.finish()));
         self.spill.seek(SeekFrom::Start(0))?;
-        let mut frames = Vec::with_capacity(self.starts.len());
-        let mut data_len = 0u64;
-        for start in &self.starts {
+        for start in std::mem::take(&mut self.starts) {
             self.pending.resize(start.entries * E::WIDTH, 0);
             self.spill.read_exact(&mut self.pending)?;
-            let frame = self.encoder.encode::<E>(&self.pending, models)?;
-            self.data_out.write_all(frame)?;
-            let len = frame.len() as u32;
-            let entries = start.entries as u32;
-            frames.push(FrameInfo { first: start.first, continues: start.continues, offset: data_len, len, entries });
-            data_len += u64::from(len);
+            self.write_frame(start)?;
         }
         self.pending.clear();
-        Ok((frames, data_len))
+        Ok(())
     }
+
+    /// Encodes `pending` as the frame `start` and appends it to the data.
+    fn write_frame(&mut self, start: FrameStart<E>) -> io::Result<()> {
+        let Coding::Decided(models) = &self.coding else { unreachable!("frames are written once decided") };
+        let frame = self.encoder.encode::<E>(&self.pending, models.as_ref())?;
+        self.data_out.write_all(frame)?;
+        let (len, entries) = (frame.len() as u32, start.entries as u32);
+        let info = FrameInfo { first: start.first, continues: start.continues, offset: self.data_len, len, entries };
+        self.frames.push(info);
+        self.data_len += u64::from(len);
+        Ok(())
+    }
+}
+
+/// The column models a builder would learn from sorted, unique `entries` (every
+/// `MODEL_SAMPLE_STRIDE`th frame of them, all of them read), for `TableBuilder::with_models`;
+/// `None` when they are fewer than `model_min_entries` (or none).
+pub fn learn_models<E: Entry>(entries: impl Iterator<Item = E>, opts: &TableOptions) -> Option<ColumnModels> {
+    let per_frame = opts.entries_per_frame::<E>();
+    let mut sampler = FrameEncoder::sampler();
+    let mut counts = ModelCounts::new(layout_of::<E>());
+    let (mut raw, mut total) = (Vec::with_capacity(per_frame * E::WIDTH), 0u64);
+    for (i, entry) in entries.enumerate() {
+        total += 1;
+        if (i / per_frame).is_multiple_of(MODEL_SAMPLE_STRIDE) {
+            let at = raw.len();
+            raw.resize(at + E::WIDTH, 0);
+            entry.encode(&mut raw[at..]);
+        }
+        if raw.len() == per_frame * E::WIDTH {
+            sampler.count::<E>(&raw, &mut counts);
+            raw.clear();
+        }
+    }
+    if !raw.is_empty() {
+        sampler.count::<E>(&raw, &mut counts);
+    }
+    (total > 0 && total >= opts.model_min_entries).then(|| counts.finish())
 }
 
 /// The byte columns of payload encodings 3 and 4 for `E`.
@@ -507,8 +598,16 @@ struct FrameEncoder {
 
 impl FrameEncoder {
     fn new(zstd_level: i32) -> io::Result<Self> {
-        let compressor = zstd::bulk::Compressor::new(zstd_level)?;
-        Ok(FrameEncoder {
+        Ok(Self::with_compressor(zstd::bulk::Compressor::new(zstd_level)?))
+    }
+
+    /// An encoder only for `count` (its compressor never compresses).
+    fn sampler() -> Self {
+        Self::with_compressor(zstd::bulk::Compressor::default())
+    }
+
+    fn with_compressor(compressor: zstd::bulk::Compressor<'static>) -> Self {
+        FrameEncoder {
             compressor,
             spread: Vec::new(),
             keys: Vec::new(),
@@ -518,7 +617,7 @@ impl FrameEncoder {
             steps: Vec::new(),
             payload: Vec::new(),
             frame: Vec::new(),
-        })
+        }
     }
 
     /// Encodes sorted raw entries of `E` as one frame and returns its bytes: with `models`,
@@ -530,25 +629,10 @@ impl FrameEncoder {
         const { assert!(E::KEY_WIDTH < E::WIDTH && MAX_FRAME_RAW_BYTES / E::WIDTH <= u16::MAX as usize) };
         let entries = raw.len() / width;
         self.spread_runs::<E>(raw);
-        self.payload.clear();
-        let mut encoding = ENCODING_SPREAD_KEY_RUNS_MODELLED;
-        if let Some(models) = models {
-            coder::encode(models, &self.shuffled, self.runs.len(), entries, &mut self.steps, &mut self.payload);
-        }
-        if models.is_none() || self.payload.len() > raw.len() {
-            // Encoding 3 stores each run's key once plus its length instead of every entry's key.
-            encoding = if self.runs.len() * (E::KEY_WIDTH + RUN_LEN_BYTES) <= entries * E::KEY_WIDTH {
-                ENCODING_SPREAD_KEY_RUNS_ZSTD
-            } else {
-                self.shuffled.clear();
-                xor_delta_transpose(&self.spread, width, &mut self.shuffled);
-                ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD
-            };
-            assert!(self.shuffled.len() <= raw.len());
-            self.payload.clear();
-            self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
-            self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
-        }
+        let encoding = match models {
+            Some(models) if self.code_under(models, entries) <= raw.len() => ENCODING_SPREAD_KEY_RUNS_MODELLED,
+            _ => self.compress::<E>(entries)?,
+        };
         let payload_len = self.payload.len();
         assert!(payload_len <= MAX_FRAME_PAYLOAD_BYTES);
         self.frame.clear();
@@ -560,6 +644,30 @@ impl FrameEncoder {
         self.frame.extend_from_slice(&checksum.to_le_bytes());
         assert_eq!(self.frame.len(), FRAME_OVERHEAD + payload_len);
         Ok(&self.frame)
+    }
+
+    /// Codes the layout in `shuffled` under `models` into `payload` (encoding 4); returns its length.
+    fn code_under(&mut self, models: &ColumnModels, entries: usize) -> usize {
+        self.payload.clear();
+        coder::encode(models, &self.shuffled, self.runs.len(), entries, &mut self.steps, &mut self.payload);
+        self.payload.len()
+    }
+
+    /// Compresses the spread entries into `payload` with zstd: encoding 3's layout (already in
+    /// `shuffled`) when it is no longer than encoding 2's, which stores every entry's key.
+    fn compress<E: Entry>(&mut self, entries: usize) -> io::Result<u8> {
+        let encoding = if self.runs.len() * (E::KEY_WIDTH + RUN_LEN_BYTES) <= entries * E::KEY_WIDTH {
+            ENCODING_SPREAD_KEY_RUNS_ZSTD
+        } else {
+            self.shuffled.clear();
+            xor_delta_transpose(&self.spread, E::WIDTH, &mut self.shuffled);
+            ENCODING_SPREAD_XOR_TRANSPOSE_ZSTD
+        };
+        assert!(self.shuffled.len() <= entries * E::WIDTH);
+        self.payload.clear();
+        self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
+        self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
+        Ok(encoding)
     }
 
     /// Counts the bytes of encoding 4's layout of sorted raw entries for a table's models.
@@ -860,11 +968,16 @@ fn push_increasing<E: Entry>(raw: &[u8], out: &mut Vec<E>) -> Result<(), FormatE
     Ok(())
 }
 
-/// Decodes one whole frame (exactly its bytes) of a table without column models (an encoding-4
-/// frame is an error), verifying magic, lengths, checksum and order. On error `out` is unchanged.
-pub fn decode_frame<E: Entry>(bytes: &[u8], out: &mut Vec<E>) -> Result<(), FormatError> {
+/// Decodes one whole frame (exactly its bytes) of a table with the column models `models` (an
+/// encoding-4 frame without them is an error), verifying magic, lengths, checksum and order. On
+/// error `out` is unchanged.
+pub fn decode_frame<E: Entry>(
+    bytes: &[u8],
+    models: Option<&ColumnModels>,
+    out: &mut Vec<E>,
+) -> Result<(), FormatError> {
     let original = out.len();
-    let result = with_decoder(|decoder| decoder.decode(bytes, None, out));
+    let result = with_decoder(|decoder| decoder.decode(bytes, models, out));
     if result.is_err() {
         out.truncate(original);
     }
@@ -1057,12 +1170,12 @@ impl<E: Entry> TableMeta<E> {
         out.extend_from_slice(&self.entries.to_le_bytes());
         out.extend_from_slice(&self.data_len.to_le_bytes());
         out.extend_from_slice(&(self.filter.encoded_len() as u32).to_le_bytes());
-        if let Some(models) = &models {
-            // Version 3 writes an index length of 0 for an index kept as fixed records.
+        // Versions 2 and 3 give the index length (0 in version 3 for fixed records), 3 the models'.
+        if version >= META_COLUMNS_VERSION {
             out.extend_from_slice(&(index.as_ref().map_or(0, Vec::len) as u32).to_le_bytes());
+        }
+        if let Some(models) = &models {
             out.extend_from_slice(&(models.len() as u32).to_le_bytes());
-        } else if let Some(index) = &index {
-            out.extend_from_slice(&(index.len() as u32).to_le_bytes());
         }
         self.filter.encode(out);
         if let Some(last) = &self.last {
@@ -1476,10 +1589,11 @@ mod tests {
 
     /// Round trip plus `frames_overlapping` against a plain filter over the full list.
     /// Builds `entries` as a table, with column models (payload encoding 4) when `modelled`,
-    /// and checks every way of reading it.
-    fn check_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool, ranges: &[(E, E)]) {
+    /// learnt from the frames within the first `spill_bytes`, and checks every way of reading it.
+    fn check_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool, spill_bytes: usize, ranges: &[(E, E)]) {
         let model_min_entries = if modelled { 0 } else { u64::MAX };
-        let (data, meta_bytes, summary) = build(entries, &TableOptions { model_min_entries, ..options(frame_bytes) });
+        let options = TableOptions { model_min_entries, spill_bytes, ..options(frame_bytes) };
+        let (data, meta_bytes, summary) = build(entries, &options);
         let meta = TableMeta::<E>::decode(&meta_bytes).unwrap();
         assert_eq!(meta.models.is_some(), modelled && !entries.is_empty());
         let mut reencoded = Vec::new();
@@ -1514,9 +1628,10 @@ mod tests {
             entries in prop::collection::vec(backlink_strategy(), 0..300),
             frame_bytes in prop_oneof![1..400usize, 400..70_000usize],
             modelled in any::<bool>(),
+            spill_bytes in 0..20_000usize,
             ranges in prop::collection::vec((backlink_strategy(), backlink_strategy()), 1..12),
         ) {
-            check_table(&sorted_set(entries), frame_bytes, modelled, &ranges);
+            check_table(&sorted_set(entries), frame_bytes, modelled, spill_bytes, &ranges);
         }
 
         #[test]
@@ -1524,9 +1639,10 @@ mod tests {
             entries in prop::collection::vec(revocation_strategy(), 0..300),
             frame_bytes in prop_oneof![1..200usize, 200..70_000usize],
             modelled in any::<bool>(),
+            spill_bytes in 0..10_000usize,
             ranges in prop::collection::vec((revocation_strategy(), revocation_strategy()), 1..12),
         ) {
-            check_table(&sorted_set(entries), frame_bytes, modelled, &ranges);
+            check_table(&sorted_set(entries), frame_bytes, modelled, spill_bytes, &ranges);
         }
     }
 
@@ -1930,6 +2046,15 @@ mod tests {
         assert_eq!(read_frames(&meta, &data, 0..4000), entries);
         let (_, realistic, _) = build(&realistic_backlinks(20_000, 500, 50_000, 7), &TableOptions::default());
         assert_eq!(&realistic[4..6], &[2, 0], "realistic indexes are written as version 2");
+
+        // With column models: version 3, an index length of 0 and the fixed records.
+        let modelled = TableOptions { model_min_entries: 0, ..options(Revocation::WIDTH) };
+        let (data, meta_bytes, _) = build(&entries, &modelled);
+        assert_eq!(&meta_bytes[4..6], &[3, 0], "written as version 3");
+        assert_eq!(&meta_bytes[36..40], &[0; 4], "with the index as fixed records");
+        let meta = TableMeta::<Revocation>::decode(&meta_bytes).unwrap();
+        assert!(meta.models.is_some());
+        assert_eq!(read_frames(&meta, &data, 0..4000), entries);
     }
 
     /// Run with `--ignored` only when the format changes on purpose (and bump the versions):
@@ -1972,7 +2097,7 @@ mod tests {
             let frame = encoder.encode::<Revocation>(&raw_of(entries), None).unwrap().to_vec();
             assert_eq!(frame[5], encoding, "{} entries", entries.len());
             let mut out = Vec::new();
-            decode_frame::<Revocation>(&frame, &mut out).unwrap();
+            decode_frame::<Revocation>(&frame, None, &mut out).unwrap();
             assert_eq!(&out, entries);
         }
     }
@@ -2004,14 +2129,14 @@ mod tests {
         let entries = [revocation(1, 0), revocation(1, 5), revocation(2, 0)];
         let frame = |runs: Option<&[u16]>| handmade_frame::<Revocation>(3, 3, &key_runs_payload(&entries, runs));
         let mut out = Vec::new();
-        decode_frame::<Revocation>(&frame(None), &mut out).unwrap();
+        decode_frame::<Revocation>(&frame(None), None, &mut out).unwrap();
         assert_eq!(out, entries, "the handmade frame is right before it is spoiled");
         for (runs, error) in [
             ([0, 3], "a key run of length 0"),
             ([3, 1], "key runs hold more entries than the frame"),
             ([1, 1], "key runs hold fewer entries than the frame"),
         ] {
-            let found = decode_frame::<Revocation>(&frame(Some(&runs)), &mut out).unwrap_err();
+            let found = decode_frame::<Revocation>(&frame(Some(&runs)), None, &mut out).unwrap_err();
             assert!(found.to_string().contains(error), "{runs:?}: {found}");
         }
         // Raw lengths no encoding-3 payload of three entries has: a stray byte, and three runs
@@ -2020,7 +2145,7 @@ mod tests {
         stray.push(0);
         let all_runs = key_runs_payload(&[revocation(1, 0), revocation(2, 0), revocation(3, 0)], None);
         for payload in [stray, all_runs] {
-            let found = decode_frame::<Revocation>(&handmade_frame::<Revocation>(3, 3, &payload), &mut out);
+            let found = decode_frame::<Revocation>(&handmade_frame::<Revocation>(3, 3, &payload), None, &mut out);
             assert!(found.unwrap_err().to_string().contains("no encoding-3 payload"));
         }
         assert_eq!(out.len(), 3, "failed decodes must not append");
@@ -2080,16 +2205,16 @@ mod tests {
         let mut encoder = FrameEncoder::new(3).unwrap();
         let mut out = Vec::new();
         let good = encoder.encode::<Revocation>(&raw_of(&[entry(1), entry(2)]), None).unwrap().to_vec();
-        decode_frame::<Revocation>(&good, &mut out).unwrap();
+        decode_frame::<Revocation>(&good, None, &mut out).unwrap();
         assert_eq!(out, [entry(1), entry(2)]);
         for entries in [[entry(2), entry(2)], [entry(3), entry(2)]] {
             let frame = encoder.encode::<Revocation>(&raw_of(&entries), None).unwrap().to_vec();
-            let error = decode_frame::<Revocation>(&frame, &mut out).unwrap_err();
+            let error = decode_frame::<Revocation>(&frame, None, &mut out).unwrap_err();
             assert!(error.to_string().contains("not strictly increasing"), "{error}");
         }
         assert_eq!(out.len(), 2, "failed decodes must not append");
         let mut wrong_width: Vec<Backlink> = Vec::new();
-        assert!(matches!(decode_frame(&good, &mut wrong_width), Err(FormatError::OutOfRange { .. })));
+        assert!(matches!(decode_frame(&good, None, &mut wrong_width), Err(FormatError::OutOfRange { .. })));
     }
 
     /// SplitMix64, for realistic data that never changes between runs.
@@ -2172,6 +2297,76 @@ mod tests {
         let zstd_only = (zstd_data.len() + zstd_meta_len(&zstd_meta)) as f64 / entries.len() as f64;
         println!("with models {modelled:.2} bytes/entry (data and meta), zstd only {zstd_only:.2}");
         assert!(modelled < zstd_only, "column models cost more than they save: {modelled:.2} vs {zstd_only:.2}");
+    }
+
+    /// A spill in memory that remembers the most bytes it ever held.
+    struct MeasuredSpill {
+        bytes: io::Cursor<Vec<u8>>,
+        most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    }
+
+    impl Write for MeasuredSpill {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            let written = self.bytes.write(buf)?;
+            self.most.fetch_max(self.bytes.get_ref().len(), std::sync::atomic::Ordering::Relaxed);
+            Ok(written)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Read for MeasuredSpill {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.bytes.read(buf)
+        }
+    }
+
+    impl Seek for MeasuredSpill {
+        fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+            self.bytes.seek(to)
+        }
+    }
+
+    /// A table larger than the spill learns its models from the spilled frames, encodes the rest
+    /// as they fill, and never spills more than `spill_bytes` and one frame.
+    #[test]
+    fn a_table_larger_than_its_spill_streams_after_learning_from_its_first_frames() {
+        let entries = realistic_backlinks(20_000, 500, 20_000, 5);
+        let options =
+            TableOptions { model_min_entries: 0, spill_bytes: 10 * DEFAULT_FRAME_BYTES, ..TableOptions::default() };
+        let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
+        let mut builder = TableBuilder::with_spill(Vec::new(), Box::new(spill), &options, 0).unwrap();
+        entries.iter().for_each(|entry| builder.push(entry).unwrap());
+        let (data, meta_bytes, _) = builder.finish().unwrap();
+        let most = most.load(std::sync::atomic::Ordering::Relaxed);
+        assert!((10 * DEFAULT_FRAME_BYTES..=11 * DEFAULT_FRAME_BYTES).contains(&most), "spilled {most} bytes");
+        let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+        assert!(meta.models.is_some() && meta.frames.len() > 70);
+        for frame in &meta.frames {
+            assert_eq!(data[frame.offset as usize + 5], ENCODING_SPREAD_KEY_RUNS_MODELLED);
+        }
+        assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
+    }
+
+    /// Models learnt up front from entries in memory (a flush) are the ones a builder learns from
+    /// its spill (a merge), so both write the same table; too few entries learn none.
+    #[test]
+    fn models_learnt_up_front_write_the_same_table_as_models_learnt_from_the_spill() {
+        let entries = realistic_backlinks(30_000, 800, 30_000, 11);
+        let options = TableOptions { model_min_entries: 1000, ..TableOptions::default() };
+        let spilled = build(&entries, &options);
+        let models = learn_models(entries.iter().copied(), &options);
+        assert!(models.is_some());
+        let mut builder = TableBuilder::with_models(Vec::new(), models, &options, 0).unwrap();
+        entries.iter().for_each(|entry| builder.push(entry).unwrap());
+        assert_eq!(builder.finish().unwrap(), spilled);
+        assert!(learn_models(entries[..999].iter().copied(), &options).is_none());
+        assert!(
+            learn_models(std::iter::empty::<Backlink>(), &TableOptions { model_min_entries: 0, ..options }).is_none()
+        );
     }
 
     fn zstd_meta_len(meta: &TableMeta<Backlink>) -> usize {

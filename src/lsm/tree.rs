@@ -20,7 +20,9 @@ use crate::lsm::cache::{FrameCache, next_serial};
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
 use crate::lsm::run::Run;
-use crate::lsm::table::{FormatError, TableBuilder, TableMeta, TableOptions, TableSummary, decode_frames};
+use crate::lsm::table::{
+    FormatError, TableBuilder, TableMeta, TableOptions, TableSummary, decode_frames, learn_models,
+};
 use crate::store::object::{Store, StoreError};
 use crate::verify::{ObjectKind, Place, report_corruption};
 use bytes::Bytes;
@@ -383,26 +385,41 @@ impl<E: Entry> Tree<E> {
     }
 
     /// Writes sorted, unique entries as table `id`; `count_hint` reserves room for key hashes.
-    pub fn write_sorted(
+    /// `entries` gives them twice: once to learn the column models from, once to write (entries
+    /// in memory, such as a frozen memtable's, need no spill that way).
+    pub fn write_sorted<I: Iterator<Item = E>>(
         &self,
         id: &str,
         count_hint: usize,
-        entries: impl Iterator<Item = E>,
+        entries: impl Fn() -> I,
     ) -> std::io::Result<TableSummary> {
-        let mut writer = self.table_writer(id, count_hint)?;
-        for entry in entries {
+        let models = learn_models(entries(), &self.options);
+        let (file, tmp_data) = self.tmp_data_file(id)?;
+        let builder = TableBuilder::with_models(file, models, &self.options, count_hint)?;
+        let mut writer = self.writer_for(id, builder, tmp_data);
+        for entry in entries() {
             writer.push(&entry)?;
         }
         writer.finish()
     }
 
-    /// A writer of table `id` whose files become visible (durably) only at `finish`.
+    /// A writer of table `id` whose files become visible (durably) only at `finish`; it spills
+    /// its first frames while it learns its column models.
     pub fn table_writer(&self, id: &str, count_hint: usize) -> std::io::Result<TableWriter<E>> {
-        let data_path = self.local_path(id, "data");
-        let tmp_data = data_path.with_extension("data.tmp");
-        let file = BufWriter::new(File::create(&tmp_data)?);
+        let (file, tmp_data) = self.tmp_data_file(id)?;
         let builder = TableBuilder::with_spill(file, Box::new(anonymous_spill(&tmp_data)?), &self.options, count_hint)?;
-        Ok(TableWriter { builder, tmp_data, data_path, meta_path: self.local_path(id, "meta"), dir: self.dir.clone() })
+        Ok(self.writer_for(id, builder, tmp_data))
+    }
+
+    /// The temporary data file of table `id`, and its path.
+    fn tmp_data_file(&self, id: &str) -> std::io::Result<(BufWriter<File>, PathBuf)> {
+        let tmp_data = self.local_path(id, "data").with_extension("data.tmp");
+        Ok((BufWriter::new(File::create(&tmp_data)?), tmp_data))
+    }
+
+    fn writer_for(&self, id: &str, builder: TableBuilder<E, BufWriter<File>>, tmp_data: PathBuf) -> TableWriter<E> {
+        let (data_path, meta_path, dir) = (self.local_path(id, "data"), self.local_path(id, "meta"), self.dir.clone());
+        TableWriter { builder, tmp_data, data_path, meta_path, dir }
     }
 
     /// Deletes the local files of table `id` (a retired table; missing files are fine).

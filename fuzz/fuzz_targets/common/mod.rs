@@ -9,7 +9,8 @@
 #![allow(dead_code)]
 
 use backlinks::lsm::entry::Entry;
-use backlinks::lsm::table::{TableBuilder, TableOptions};
+use backlinks::lsm::coder::ColumnModels;
+use backlinks::lsm::table::{TableBuilder, TableMeta, TableOptions};
 use xxhash_rust::xxh3::xxh3_64;
 
 const CHECKSUM_LEN: usize = 8;
@@ -32,10 +33,12 @@ pub fn sorted_entries<E: Entry>(bytes: &[u8]) -> Vec<E> {
     entries
 }
 
-/// Writes `entries` (strictly increasing) as a table of frames of about `frame_bytes` raw bytes;
-/// returns the data file and the meta file.
-pub fn build_table<E: Entry>(entries: &[E], frame_bytes: usize) -> (Vec<u8>, Vec<u8>) {
-    let options = TableOptions { frame_bytes, ..TableOptions::default() };
+/// Writes `entries` (strictly increasing) as a table of frames of about `frame_bytes` raw bytes,
+/// with column models (payload encoding 4) when `modelled`; returns the data file and the meta
+/// file.
+pub fn build_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool) -> (Vec<u8>, Vec<u8>) {
+    let model_min_entries = if modelled { 0 } else { u64::MAX };
+    let options = TableOptions { frame_bytes, model_min_entries, ..TableOptions::default() };
     let mut builder = TableBuilder::<E, Vec<u8>>::new(Vec::new(), &options, entries.len()).expect("valid options");
     for entry in entries {
         builder.push(entry).expect("entries are strictly increasing");
@@ -45,4 +48,19 @@ pub fn build_table<E: Entry>(entries: &[E], frame_bytes: usize) -> (Vec<u8>, Vec
     assert_eq!(summary.data_len, data.len() as u64);
     assert_eq!(summary.meta_len, meta.len() as u64);
     (data, meta)
+}
+
+/// Column models learnt from a fixed, seeded table of `E`: what encoding-4 frames are decoded
+/// under when the fuzzer makes up the frames.
+pub fn fixed_models<E: Entry>() -> ColumnModels {
+    let mut state = 0x5eed_u64;
+    let bytes: Vec<u8> = (0..E::WIDTH * 600)
+        .map(|i| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            // Mostly small field values, as sorted real entries have.
+            if i % 8 < 6 { 0 } else { (state >> 56) as u8 }
+        })
+        .collect();
+    let (_, meta) = build_table(&sorted_entries::<E>(&bytes), 16 * 1024, true);
+    TableMeta::<E>::decode(&meta).expect("a meta we wrote decodes").models.expect("built with models")
 }
