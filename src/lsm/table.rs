@@ -61,7 +61,7 @@ pub const DEFAULT_MODEL_MIN_ENTRIES: u64 = 1 << 16;
 /// merged tables) left the tables 3.8 % larger than models from all of them.
 pub const DEFAULT_SPILL_BYTES: usize = 256 << 20;
 /// A table's column models are learnt from every `MODEL_SAMPLE_STRIDE`th frame: on the
-/// benchmark's tables that sample coded them as well as all frames did (within 0.2 %).
+/// benchmark's link tables that sample coded them as well as all frames did (within 0.4 %).
 const MODEL_SAMPLE_STRIDE: usize = 16;
 /// Most key hashes a builder reserves room for up front (it grows past this as keys arrive).
 const MAX_RESERVED_KEYS: usize = 1 << 20;
