@@ -21,10 +21,11 @@
 //!   layout is at most `MAX_FRAME_RAW_BYTES` plus its run lengths.
 
 use super::filter::FormatError;
+use super::table::{transpose_into, untransposed};
 
 /// Probabilities are multiples of 2^-12.
 const PROB_BITS: u32 = 12;
-pub const PROB_SCALE: u32 = 1 << PROB_BITS;
+const PROB_SCALE: u32 = 1 << PROB_BITS;
 /// rANS state lower bound: the state stays in `[RANS_L, 2^32)` between symbols. With 12-bit
 /// probabilities one 16-bit word always brings a state back above it, so a decoder reads at most
 /// one word per step and needs no loop (and no hard-to-predict branch).
@@ -71,13 +72,13 @@ impl Layout {
     }
 
     /// Length of a layout of `runs` runs over `entries` entries.
-    pub fn len(&self, runs: usize, entries: usize) -> usize {
+    fn len(&self, runs: usize, entries: usize) -> usize {
         runs * (self.key_width + 2) + entries * self.rest_width
     }
 }
 
-/// Walks a layout's columns in order, telling `visit` each column's index, its bytes' range in
-/// the layout, and the context of each row (kept in `zero_prefix`, one flag per row).
+/// The context of each row while a layout's columns are walked in order: `zero_prefix[row]` is
+/// true while every byte of the current field seen so far in that row is zero.
 struct ContextWalk {
     layout: Layout,
     runs: usize,
@@ -115,10 +116,9 @@ impl ContextWalk {
 pub struct ByteModel {
     freq: [u16; SYMBOLS],
     start: [u16; SYMBOLS],
-    /// Symbol of each slot below the escape's slots (0 in the escape's, which `escape_start`
-    /// tells apart).
+    /// Symbol of each slot below the escape's slots (0 in the escape's, which start at
+    /// `start[ESCAPE]`).
     slots: Box<[u8; PROB_SCALE as usize]>,
-    escape_start: u32,
 }
 
 impl ByteModel {
@@ -135,7 +135,7 @@ impl ByteModel {
             let range = usize::from(start[s])..usize::from(start[s]) + usize::from(freq[s]);
             slots[range].fill(s as u8);
         }
-        ByteModel { freq, start, slots, escape_start: u32::from(start[ESCAPE]) }
+        ByteModel { freq, start, slots }
     }
 
     /// Quantizes counts to `PROB_SCALE`: every seen symbol at least 1, the escape weighed as one
@@ -146,12 +146,9 @@ impl ByteModel {
         let mut weights = [0u64; SYMBOLS];
         weights[..256].iter_mut().zip(counts).for_each(|(w, &c)| *w = u64::from(c));
         weights[ESCAPE] = u64::from(seen < 256);
-        let total: u64 = weights.iter().sum::<u64>().max(1);
+        // At least 1: an escape, or a byte seen.
+        let total: u64 = weights.iter().sum();
         let mut freq = [0u16; SYMBOLS];
-        if seen == 0 {
-            freq[ESCAPE] = PROB_SCALE as u16;
-            return Self::from_freqs(freq);
-        }
         for (f, &w) in freq.iter_mut().zip(&weights) {
             if w > 0 {
                 *f = (w * u64::from(PROB_SCALE) / total).max(1) as u16;
@@ -227,9 +224,9 @@ impl ColumnModels {
 
     /// The frequencies as u16 LE, transposed: every model's low bytes, then every high byte.
     pub fn encode(&self) -> Vec<u8> {
-        let freqs = || self.models.iter().flat_map(|m| m.freq.iter().copied());
-        let mut out: Vec<u8> = freqs().map(|f| f as u8).collect();
-        out.extend(freqs().map(|f| (f >> 8) as u8));
+        let freq = |i: usize| self.models[i / SYMBOLS].freq[i % SYMBOLS];
+        let mut out = Vec::with_capacity(Self::encoded_len(self.layout));
+        transpose_into(self.models.len() * SYMBOLS, |i| freq(i).to_le_bytes(), &mut out);
         assert_eq!(out.len(), Self::encoded_len(self.layout));
         out
     }
@@ -244,11 +241,11 @@ impl ColumnModels {
                 found: bytes.len() as u64,
             });
         }
-        let (low, high) = bytes.split_at(expected / 2);
-        let mut models = Vec::with_capacity(layout.columns() * CONTEXTS);
-        for m in 0..layout.columns() * CONTEXTS {
+        let count = layout.columns() * CONTEXTS;
+        let mut models = Vec::with_capacity(count);
+        for m in 0..count {
             let freq: [u16; SYMBOLS] =
-                std::array::from_fn(|s| u16::from_le_bytes([low[m * SYMBOLS + s], high[m * SYMBOLS + s]]));
+                std::array::from_fn(|s| u16::from_le_bytes(untransposed(bytes, count * SYMBOLS, m * SYMBOLS + s)));
             let sum: u32 = freq.iter().map(|&f| u32::from(f)).sum();
             if sum != PROB_SCALE {
                 let detail = format!("model {m} sums to {sum}, not {PROB_SCALE}");
@@ -257,10 +254,6 @@ impl ColumnModels {
             models.push(ByteModel::from_freqs(freq));
         }
         Ok(ColumnModels { layout, models })
-    }
-
-    pub fn layout(&self) -> Layout {
-        self.layout
     }
 }
 
@@ -302,16 +295,16 @@ pub fn encode(
         let rows = walk.begin(column);
         let bytes = &shuffled[at..at + rows];
         at += rows;
-        let constant = bytes.iter().all(|&b| b == bytes[0]);
-        if constant {
+        if bytes.iter().all(|&b| b == bytes[0]) {
             out[bitmap_at + column / 8] |= 1 << (column % 8);
             out.push(bytes[0]);
-        }
-        for (row, &byte) in bytes.iter().enumerate() {
-            if !constant {
+        } else {
+            for (row, &byte) in bytes.iter().enumerate() {
                 push_steps(&models.models[walk.model(column, row)], byte, (coded % LANES) as u8, steps);
                 coded += 1;
             }
+        }
+        for (row, &byte) in bytes.iter().enumerate() {
             walk.saw(row, byte);
         }
     }
@@ -392,7 +385,7 @@ impl<'a> StreamReader<'a> {
     #[inline(always)]
     fn symbol(&mut self, x: &mut u32, model: &ByteModel) -> u8 {
         let slot = *x & (PROB_SCALE - 1);
-        let s = if slot < model.escape_start { usize::from(model.slots[slot as usize]) } else { ESCAPE };
+        let s = if slot < u32::from(model.start[ESCAPE]) { usize::from(model.slots[slot as usize]) } else { ESCAPE };
         *x = u32::from(model.freq[s]) * (*x >> PROB_BITS) + slot - u32::from(model.start[s]);
         self.renormalize(x);
         if s != ESCAPE {

@@ -896,7 +896,7 @@ impl FrameDecoder {
             self.decompress(payload, header.raw_len)?;
         }
         if header.encoding >= ENCODING_SPREAD_KEY_RUNS_ZSTD {
-            self.join_key_runs::<E>(header.entries)?;
+            self.join_key_runs::<E>(header.runs)?;
         } else {
             untranspose_xor_undelta(&self.shuffled, header.entry_width, &mut self.raw);
         }
@@ -908,12 +908,11 @@ impl FrameDecoder {
         Ok(())
     }
 
-    /// Inverse of `key_runs_transpose` (the header checks bounded the lengths): each run's key
-    /// joined to the rests of its entries. Runs of length 0 and run lengths that do not add up to
-    /// the entry count are rejected.
-    fn join_key_runs<E: Entry>(&mut self, entries: usize) -> Result<(), FormatError> {
+    /// Inverse of `key_runs_transpose` for `runs` runs (the header checks bounded them and the
+    /// layout's length): each run's key joined to the rests of its entries. Runs of length 0 and
+    /// run lengths that do not add up to the entry count are rejected.
+    fn join_key_runs<E: Entry>(&mut self, runs: usize) -> Result<(), FormatError> {
         let (key_width, rest_width) = (E::KEY_WIDTH, E::WIDTH - E::KEY_WIDTH);
-        let runs = (self.shuffled.len() - entries * rest_width) / (key_width + RUN_LEN_BYTES);
         let (keys, tail) = self.shuffled.split_at(runs * key_width);
         let (lengths, rests) = tail.split_at(runs * RUN_LEN_BYTES);
         untranspose_xor_undelta(keys, key_width, &mut self.keys);
