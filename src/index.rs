@@ -293,12 +293,10 @@ impl FlushJob<'_> {
             let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
             let flushed = Thresholds::of_flush(revocations);
             let links = || compaction::freshest(memtable.iter().copied()).filter_map(|link| flushed.settle(link));
-            let record = index.write_table(&index.links, id, memtable.len(), links)?;
-            if record.entries == 0 {
-                index.links.remove_local(id).map_err(io_err(index.links.dir()))?;
+            if links().next().is_none() {
                 links_all_dead = Some(memtable);
             } else {
-                records.push(record);
+                records.push(index.write_table(&index.links, id, memtable.len(), links)?);
             }
         }
         if let Some((memtable, id)) = &self.thresholds {
@@ -453,10 +451,13 @@ impl Index {
         let mut writer = self.writer.lock().expect("writer lock poisoned");
         let stamp = writer.position.clock + 1;
         match change {
-            Change::Create(record_ref, found) => self.write_backlinks(self.backlinks(record_ref, found, stamp)?),
+            Change::Create(record_ref, found) => {
+                self.write_backlinks(self.backlinks(self.source_id(record_ref)?, found, stamp)?)
+            }
             Change::Update(record_ref, found) => {
                 // Everything that can fail first: a failed update writes nothing at its stamp.
-                let (source, backlinks) = (self.source_id(record_ref)?, self.backlinks(record_ref, found, stamp)?);
+                let source = self.source_id(record_ref)?;
+                let backlinks = self.backlinks(source, found, stamp)?;
                 self.write_revocation(source, stamp);
                 self.write_backlinks(backlinks);
             }
@@ -507,7 +508,9 @@ impl Index {
         let written = records.into_iter().try_for_each(|(record_ref, record)| {
             assert_eq!(record_ref.did, did, "a snapshot holds one repository");
             let extraction = extract_links(record, &self.options.extract);
-            self.backlinks(&record_ref, found_links(&extraction), stamp).map(|links| self.write_backlinks(links))
+            self.source_id(&record_ref)
+                .and_then(|source| self.backlinks(source, found_links(&extraction), stamp))
+                .map(|links| self.write_backlinks(links))
         });
         // Even a snapshot cut short wrote at `stamp` (a retry writes a new one over it): no later
         // operation may take the same stamp.
@@ -536,11 +539,10 @@ impl Index {
     /// The backlinks of a record at `stamp`, their strings outlined (written by `write_backlinks`).
     fn backlinks<'l>(
         &self,
-        record_ref: &RecordRef<'_>,
+        source: RecordId,
         found: FoundLinks<impl Iterator<Item = (LinkTarget<'l>, &'l str)>>,
         stamp: u64,
     ) -> Result<Vec<Backlink>, IndexError> {
-        let source = self.source_id(record_ref)?;
         let FoundLinks { links, stats } = found;
         let mut entries = Vec::with_capacity(links.size_hint().0);
         for (target, location) in links {
