@@ -14,7 +14,7 @@ const EVENTS: usize = 20_000;
 fn workload() -> Vec<u8> {
     let mut out = Vec::new();
     let mut state = 42u64;
-    let mut next = |n: u64| backlinks::index::splitmix64(&mut state) % n;
+    let mut next = |n: u64| backlinks::base::rng::splitmix64(&mut state) % n;
     for i in 0..EVENTS {
         let author = format!("did:plc:{:024}", next(5_000));
         let target_author = format!("did:plc:{:024}", next(500));

@@ -7,9 +7,10 @@
 //! background, and finally reports bucket bytes per live link and write amplification (bytes
 //! uploaded / bytes in the bucket at the end).
 
-use backlinks::index::{Index, IndexOptions, splitmix64};
-use backlinks::ingest::jetstream::{Operation, RecordOp, RecordRef};
+use backlinks::base::rng::splitmix64;
+use backlinks::index::{Index, IndexOptions};
 use backlinks::lsm::compaction::CompactionOptions;
+use backlinks::model::operation::{Operation, RecordOp, RecordRef};
 use backlinks::query::{ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use backlinks::store::object::{ObjectInfo, Store, StoreError};

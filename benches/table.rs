@@ -21,7 +21,7 @@ struct SplitMix(u64);
 
 impl SplitMix {
     fn next(&mut self) -> u64 {
-        backlinks::index::splitmix64(&mut self.0)
+        backlinks::base::rng::splitmix64(&mut self.0)
     }
 
     fn below(&mut self, n: u64) -> u64 {

@@ -8,7 +8,9 @@
 # the throughput phases), LATENCY_CONNECTIONS (2, the HTTP latency phase),
 # LOAD_SECONDS (20, per load phase), WARMUP (5), RTT_MS (20, injected per object-store request),
 # COLD_QUERIES (200), KEEP_BASELINE (1: reuse the workload and SQLite baseline already in
-# BENCH_DIR, made by an earlier run with the same LINKS and SEED).
+# BENCH_DIR, made by an earlier run with the same LINKS and SEED), BENCH_BINARIES (a directory
+# holding backlinks, backlinks-workload and suite from an earlier run's BENCH_DIR/bin: measure
+# those instead of building this tree, to compare two versions on one workload).
 #
 # Steps: generate the workload (backlinks-workload), time a bare serde_json parse of it, import it
 # with the real binary under /usr/bin/time -v (events/s, peak RSS, bytes written), load the same
@@ -31,14 +33,18 @@ BENCH_DIR=${BENCH_DIR:-$(mktemp -d -t backlinks-bench.XXXXXX)}
 mkdir -p "$BENCH_DIR"
 echo "bench: $LINKS links in $BENCH_DIR" >&2
 
-cargo build --release --bins
-SUITE=$(cargo bench --bench suite --no-run --message-format=json 2>/dev/null |
-    jq -r 'select(.reason == "compiler-artifact" and .target.name == "suite" and .executable != null) | .executable' |
-    tail -n 1)
 # Private copies: builds by anyone else during the run must not change the binaries under it.
 mkdir -p "$BENCH_DIR/bin"
-cp target/release/backlinks target/release/backlinks-workload "$BENCH_DIR/bin/"
-cp "$SUITE" "$BENCH_DIR/bin/suite"
+if [ -n "${BENCH_BINARIES:-}" ]; then
+    cp "$BENCH_BINARIES/backlinks" "$BENCH_BINARIES/backlinks-workload" "$BENCH_BINARIES/suite" "$BENCH_DIR/bin/"
+else
+    cargo build --release --bins
+    SUITE=$(cargo bench --bench suite --no-run --message-format=json 2>/dev/null |
+        jq -r 'select(.reason == "compiler-artifact" and .target.name == "suite" and .executable != null) | .executable' |
+        tail -n 1)
+    cp target/release/backlinks target/release/backlinks-workload "$BENCH_DIR/bin/"
+    cp "$SUITE" "$BENCH_DIR/bin/suite"
+fi
 SUITE="$BENCH_DIR/bin/suite"
 BIN="$BENCH_DIR/bin/backlinks"
 WORKLOAD="$BENCH_DIR/workload.jsonl"

@@ -9,6 +9,7 @@
 use crate::index::IndexOptions;
 use crate::ingest::backfill::BackfillOptions;
 use crate::store::s3::{S3ConfigKeys, Secret};
+use crate::writer::WriterOptions;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 
@@ -34,9 +35,12 @@ pub struct FileConfig {
     pub memtable_bytes: Option<usize>,
     /// Live ingest flushes when its oldest unflushed event is this many seconds old (default 60).
     pub max_unflushed_secs: Option<u64>,
-    /// Live ingest publishes a manifest (uploading new tables), collects garbage and renews its
-    /// lease this often, in seconds (default 30; at most 30, well within the lease's 60).
+    /// Live ingest and backfill publish a manifest (uploading new tables) and collect garbage
+    /// this often, in seconds (default 30, at most 30).
     pub publish_interval_secs: Option<u64>,
+    /// Every writer (serve, import, backfill) deletes a retired table this many seconds after its
+    /// retirement (default 600): readers holding an older manifest have that long to finish.
+    pub gc_grace_secs: Option<u64>,
     pub frame_bytes: Option<usize>,
     pub zstd_level: Option<i32>,
     pub filter_fpr: Option<f64>,
@@ -113,6 +117,19 @@ impl FileConfig {
         toml::Value::Table(table)
             .try_into()
             .map_err(|e: toml::de::Error| ConfigError::Parse { path: origin, message: e.to_string() })
+    }
+
+    /// How a writer publishes and collects garbage, from the file (defaults for what it leaves
+    /// out). `import` publishes only when it ends, whatever the file says.
+    pub fn writer_options(&self) -> WriterOptions {
+        let mut options = WriterOptions::default();
+        if let Some(secs) = self.publish_interval_secs {
+            options.publish_every_ms = Some(secs.clamp(1, 30) * 1_000);
+        }
+        if let Some(secs) = self.gc_grace_secs {
+            options.gc_grace_ms = secs.saturating_mul(1_000);
+        }
+        options
     }
 
     /// Engine options from the file, with defaults for what it leaves out.
@@ -239,6 +256,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("s3_force_path_style", EnvKind::Scalar),
     ("max_unflushed_secs", EnvKind::Scalar),
     ("publish_interval_secs", EnvKind::Scalar),
+    ("gc_grace_secs", EnvKind::Scalar),
     ("backfill_relay", EnvKind::List),
     ("backfill_pds", EnvKind::List),
     ("backfill_repo", EnvKind::List),

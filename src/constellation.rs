@@ -2,7 +2,7 @@
 //! `getBacklinkDids`, answered from the same index as listBacklinks, for the clients that exist.
 //!
 //! Paths. Constellation names where a link sits with a path without `$` (`subject.uri`, also
-//! written `.subject.uri`) in which a strong reference ends in `.uri`. Ours (DESIGN.md) puts a strong
+//! written `.subject.uri`) in which a strong reference ends in `.uri`. Ours (docs/design.md) puts a strong
 //! reference at the object's own path (`$.subject`) and keeps `.uri` only on a `uri` field of any
 //! other object. So a constellation path ending in `.uri` stands for two of our locations, `$.X`
 //! (a strong ref) and `$.X.uri` (a plain string field), and both are asked for; any other path

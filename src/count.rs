@@ -21,8 +21,7 @@
 
 use crate::index::{Index, IndexError};
 use crate::lsm::entry::Entry;
-use crate::lsm::filter::KeyHash;
-use crate::lsm::tree::TableHandle;
+use crate::lsm::handle::TableHandle;
 use crate::model::ids::{Backlink, RecordId};
 use crate::model::syntax::parse_target;
 use crate::outline::OutlineKind;
@@ -148,14 +147,10 @@ impl TargetScope {
     fn of(index: &Index, target: RecordId) -> Self {
         let (lo, hi) = (Backlink::min_for_key(target), Backlink::max_for_key(target));
         let snapshot = index.links.snapshot(&[(lo, hi)]);
-        let hash = KeyHash::of(&target.to_bytes());
-        // A compacted run holds the target in one shard's table; a delta run is one table.
         let spans = snapshot
-            .runs
-            .iter()
-            .map(|run| run.table_for(&target))
-            .filter(|table| table.meta.may_contain(hash))
-            .map(|table| TableSpan { table: table.clone(), frames: table.meta.frames_for_key(target) })
+            .tables_for_key(&target)
+            .into_iter()
+            .map(|table| TableSpan { frames: table.meta.frames_for_key(target), table })
             .filter(|span| !span.frames.is_empty())
             .collect();
         TargetScope { target, memtable_entries: snapshot.memtable_entries, spans }
@@ -232,8 +227,8 @@ fn tally(index: &Index, live: &[Backlink], raw_total: u64, raw_sampled: u64) -> 
 mod tests {
     use super::*;
     use crate::index::IndexOptions;
-    use crate::ingest::jetstream::{Operation, RecordOp, RecordRef};
     use crate::lsm::table::TableOptions;
+    use crate::model::operation::{Operation, RecordOp, RecordRef};
     use crate::model::tid::format_tid;
     use crate::query::list_backlinks;
     use std::borrow::Cow;

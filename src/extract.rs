@@ -1,5 +1,5 @@
-//! Links in a record: every string that is an `at://` URI or a DID, with its location (DESIGN.md,
-//! "Which strings are links, and their location").
+//! Links in a record: every string that is an `at://` URI or a DID, with its location
+//! (docs/design.md, "Which strings are links" and "Locations").
 //!
 //! Invariants:
 //! - A location is the JSON path to the link, rooted at `$`: `.key` per object field, `[]` per

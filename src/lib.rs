@@ -8,16 +8,15 @@
 //! `status` (HTML pages), `metrics` (Prometheus), `verify` (corruption reports and checks),
 //! `buckets` (an index of positions shared by the outline cache and compaction) and `config`.
 
-pub mod buckets;
+pub mod base;
 pub mod catalog;
-pub mod compactor;
 pub mod config;
 pub mod constellation;
 pub mod count;
 pub mod extract;
 pub mod index;
 pub mod ingest;
-pub mod lease;
+pub mod liveness;
 pub mod lsm;
 pub mod manifest;
 pub mod metrics;
@@ -28,3 +27,4 @@ pub mod server;
 pub mod status;
 pub mod store;
 pub mod verify;
+pub mod writer;

@@ -1,7 +1,7 @@
 //! The `backlinks` command line: serve, import, backfill, query, verify.
 
 use anyhow::{Context, bail};
-use backlinks::compactor::Compactor;
+use backlinks::base::clock::{system_clock, unix_ms};
 use backlinks::config::{DEFAULT_JETSTREAM, DEFAULT_LISTEN, FileConfig};
 use backlinks::index::{Index, IndexError, IndexOptions};
 use backlinks::ingest::backfill::gate::SnapshotGate;
@@ -10,7 +10,6 @@ use backlinks::ingest::backfill::{self as backfills, Backfill, Source};
 use backlinks::ingest::import_lines_with;
 use backlinks::ingest::live::{Instance, LiveIngest, LiveOptions};
 use backlinks::ingest::read_ahead::ReadAhead;
-use backlinks::lease::WriterLease;
 use backlinks::metrics::{MeteredStore, Metrics};
 use backlinks::query::list_backlinks;
 use backlinks::server::systemd::{Notifier, feed_watchdog, watchdog_interval};
@@ -19,6 +18,7 @@ use backlinks::status::IngestMode;
 use backlinks::store::dir::DirStore;
 use backlinks::store::object::Store;
 use backlinks::store::pinned::PinnedStore;
+use backlinks::writer::{Finished, Writer, WriterOptions};
 use clap::{Args, Parser, Subcommand};
 use std::io::Write;
 use std::path::PathBuf;
@@ -191,11 +191,6 @@ fn open_store(url: Option<&str>, data_dir: &std::path::Path, file: &FileConfig) 
     }
 }
 
-/// Wall-clock milliseconds, read only here at the top and passed down (GC and retirement times).
-fn unix_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
-
 /// Table-id randomness, drawn once here and injected (never drawn deep inside).
 fn entropy_seed() -> u64 {
     use std::hash::{BuildHasher, Hasher};
@@ -209,6 +204,14 @@ fn open_index(setup: &Setup, read_only: bool) -> anyhow::Result<Arc<Index>> {
     let index = Index::open(&setup.data_dir, setup.store.clone(), options, entropy_seed())
         .with_context(|| format!("opening the index in {}", setup.data_dir.display()))?;
     Ok(Arc::new(index))
+}
+
+/// The bucket prefix's writer for this data directory: its lease taken (as this directory's
+/// owner), the directory restored from the bucket if it is new, merges started.
+async fn start_writer(index: &Arc<Index>, setup: &Setup, options: WriterOptions) -> anyhow::Result<Writer> {
+    let owner = backlinks::writer::lease::owner_id(&setup.data_dir, entropy_seed())?;
+    let runtime = tokio::runtime::Handle::current();
+    Ok(Writer::start(index.clone(), Some(&owner), system_clock(), options, runtime).await?)
 }
 
 #[tokio::main]
@@ -242,21 +245,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // A replica writes its own data directory (the manifests it follows), so it takes its lock too.
     let index = open_index(&setup, false)?;
     // A live writer takes the bucket prefix's lease before it touches the bucket (as import does).
-    let lease = match ingesting {
-        true => {
-            let owner = backlinks::lease::owner_id(&setup.data_dir, entropy_seed())?;
-            Some(WriterLease::acquire(setup.store.clone(), &owner, unix_ms(), LEASE_TTL_MS, LEASE_SETTLE).await?)
+    let writer = match ingesting {
+        true => Some(start_writer(&index, &setup, config.writer_options()).await?),
+        false => {
+            if index.restore_if_empty(unix_ms()).await? {
+                tracing::info!(position = ?index.position(), "restored the data directory from the bucket");
+            }
+            None
         }
-        false => None,
     };
-    if index.restore_if_empty(unix_ms()).await? {
-        tracing::info!(position = ?index.position(), "restored the data directory from the bucket");
-    }
     if read_only {
         start_following(index.clone(), REPLICA_POLL);
     }
-    let live = match lease {
-        Some(lease) => {
+    let live = match writer {
+        Some(writer) => {
             // Every live write goes through backfill's gate, so snapshots (now or later) and live
             // commits are ordered by revision.
             let backfill = open_backfill(&index, &setup.data_dir, &config).await?;
@@ -265,7 +267,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 metrics.attach_backfill(backfill.progress.clone());
                 tokio::spawn(backfill_beside_live(backfill.clone(), sources));
             }
-            Some(start_live_ingest(&index, &config, lease, backfill.gate().clone())?)
+            Some(start_live_ingest(writer, &config, backfill.gate().clone())?)
         }
         None => None,
     };
@@ -313,11 +315,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Follows the configured Jetstream instances (default: the public ones, v2 first) from the
-/// index's durable cursor. Returns the ingest and the preferred instance's URL.
+/// index's durable cursor, writing through `writer`. Returns the ingest and the preferred
+/// instance's URL.
 fn start_live_ingest(
-    index: &Arc<Index>,
+    writer: Writer,
     config: &FileConfig,
-    lease: WriterLease,
     gate: Arc<SnapshotGate>,
 ) -> anyhow::Result<(LiveIngest, String)> {
     let urls = config.jetstream.clone().unwrap_or_else(|| DEFAULT_JETSTREAM.iter().map(|s| s.to_string()).collect());
@@ -327,12 +329,8 @@ fn start_live_ingest(
     if let Some(secs) = config.max_unflushed_secs {
         options.max_unflushed_ms = secs.clamp(1, 3_600) * 1_000;
     }
-    if let Some(secs) = config.publish_interval_secs {
-        options.publish_every_ms = secs.clamp(1, 30) * 1_000;
-    }
     let source = urls.first().cloned().unwrap_or_default();
-    let live =
-        LiveIngest::start(index.clone(), options, Some(lease), Arc::new(unix_ms), tokio::runtime::Handle::current())?;
+    let live = LiveIngest::start(writer, options, system_clock(), tokio::runtime::Handle::current())?;
     Ok((live, source))
 }
 
@@ -388,6 +386,8 @@ fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
     set("http_threads", (server.http_threads as i64).into());
     set("cache_max_age_secs", (server.cache_max_age.as_secs() as i64).into());
     set("count_exact_limit", (server.count.exact_scan_limit as i64).into());
+    let writer = config.writer_options();
+    set("gc_grace_secs", ((writer.gc_grace_ms / 1_000) as i64).into());
     backlinks::config::redact_secrets(&mut table);
     Ok(toml::to_string(&table)?)
 }
@@ -420,10 +420,6 @@ async fn shutdown_signal(notifier: Option<Arc<Notifier>>) {
     }
 }
 
-/// How long a writer's lease on the bucket prefix lasts without renewal, and how long a new
-/// writer waits before reading its lease back (see `backlinks::lease`).
-const LEASE_TTL_MS: u64 = 60_000;
-const LEASE_SETTLE: std::time::Duration = std::time::Duration::from_millis(200);
 /// Bytes the import reads at a time, on its reading thread (four such chunks in flight).
 const IMPORT_CHUNK_BYTES: usize = 256 << 10;
 
@@ -448,29 +444,23 @@ fn start_following(index: Arc<Index>, every: std::time::Duration) {
 async fn import(args: ImportArgs) -> anyhow::Result<()> {
     let setup = setup(&args.common)?;
     let index = open_index(&setup, false)?;
-    let owner = backlinks::lease::owner_id(&setup.data_dir, entropy_seed())?;
-    let lease = WriterLease::acquire(setup.store.clone(), &owner, unix_ms(), LEASE_TTL_MS, LEASE_SETTLE).await?;
-    index.restore_if_empty(unix_ms()).await?;
+    // The import publishes once, at its end; merges run on the compactor's thread meanwhile.
+    let options = WriterOptions { publish_every_ms: None, ..setup.file.writer_options() };
+    let mut writer = start_writer(&index, &setup, options).await?;
     let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
-    // Merges run on the compactor's thread while the import goes on.
-    let compactor = Compactor::spawn(index.clone(), tokio::runtime::Handle::current(), Arc::new(unix_ms));
-    let (writer, runtime) = (index.clone(), tokio::runtime::Handle::current());
-    let report = tokio::task::spawn_blocking(move || {
-        let mut lease = lease;
+    let (importing, runtime) = (index.clone(), tokio::runtime::Handle::current());
+    let (report, writer) = tokio::task::spawn_blocking(move || {
         let mut after_flush = |_: &Index| {
-            compactor.nudge();
-            runtime.block_on(lease.renew(unix_ms())).map_err(|e| IndexError::Lease(e.to_string()))
+            writer.flushed();
+            runtime.block_on(writer.tick()).map(drop).map_err(IndexError::from)
         };
         let input = ReadAhead::spawn(file, IMPORT_CHUNK_BYTES)
             .map_err(|source| IndexError::Io { path: "<input>".into(), source })?;
-        let report = import_lines_with(&writer, input, &mut after_flush);
-        let merges = compactor.finish();
-        report.and_then(|report| Ok((report, lease, merges?)))
+        let report = import_lines_with(&importing, input, &mut after_flush)?;
+        Ok::<_, IndexError>((report, writer))
     })
     .await??;
-    let (report, lease, merges) = report;
-    let manifest = index.publish_manifest().await?;
-    lease.release().await?;
+    let finished = writer.finish().await?;
     for (line, reason) in &report.examples {
         tracing::warn!(line, %reason, "skipped malformed line");
     }
@@ -482,10 +472,10 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         "tooLong": report.too_long,
         "flushes": report.flushes,
         "flushSeconds": seconds(&index.counters.flush_micros),
-        "compactions": merges,
+        "compactions": finished.merges,
         "compactionSeconds": seconds(&index.counters.compaction_micros),
         "clock": index.position().clock,
-        "manifest": manifest,
+        "manifest": finished.manifest,
     });
     println!("{summary}");
     Ok(())
@@ -534,9 +524,7 @@ async fn open_backfill(
     Ok(backfills::open(index.clone(), data_dir, options, Arc::new(unix_ms)).await?)
 }
 
-/// How often the standalone backfill publishes a manifest and a repos.db checkpoint (and renews
-/// its lease), and how often a terminal-less one logs its progress.
-const BACKFILL_PUBLISH_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+/// How often a terminal-less backfill logs its progress.
 const BACKFILL_LOG_EVERY_MS: u64 = 30_000;
 /// How often `serve` checkpoints repos.db while it backfills (live ingest publishes manifests).
 const SERVE_CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
@@ -549,48 +537,35 @@ async fn backfill(args: BackfillArgs) -> anyhow::Result<()> {
         bail!("nothing to backfill: give --relay, --pds, --repo or --car (or their config keys)");
     }
     let index = open_index(&setup, false)?;
-    let owner = backlinks::lease::owner_id(&setup.data_dir, entropy_seed())?;
-    let mut lease = WriterLease::acquire(setup.store.clone(), &owner, unix_ms(), LEASE_TTL_MS, LEASE_SETTLE).await?;
-    index.restore_if_empty(unix_ms()).await?;
+    let mut writer = start_writer(&index, &setup, config.writer_options()).await?;
     let backfill = open_backfill(&index, &setup.data_dir, &config).await?;
-    let compactor = Compactor::spawn(index.clone(), tokio::runtime::Handle::current(), Arc::new(unix_ms));
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let run = backfill.run(sources);
     tokio::pin!(run);
-    let mut publish = tokio::time::interval(BACKFILL_PUBLISH_EVERY);
-    let mut show = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut each_second = tokio::time::interval(std::time::Duration::from_secs(1));
     let mut last_log_ms = unix_ms();
     let outcome = loop {
         tokio::select! {
             outcome = &mut run => break outcome,
-            _ = publish.tick() => {
-                publish_backfill(&index, &backfill, &mut lease).await?;
-                compactor.nudge();
+            _ = each_second.tick() => {
+                show_progress(&backfill.progress, terminal, &mut last_log_ms);
+                // Merges keep up with what snapshots add; each manifest gets its repos.db checkpoint.
+                writer.flushed();
+                if writer.tick().await?.is_some() {
+                    backfill.save_checkpoint().await?;
+                }
             }
-            _ = show.tick() => show_progress(&backfill.progress, terminal, &mut last_log_ms),
         }
     };
     if terminal {
         eprintln!("\r{}", backfill.progress.bar(unix_ms(), 30));
     }
     outcome?;
-    let merges = tokio::task::spawn_blocking(move || compactor.finish()).await??;
-    let (manifest, checkpoint) = publish_backfill(&index, &backfill, &mut lease).await?;
-    lease.release().await?;
-    println!("{}", backfill_summary(&backfill, &index, merges, manifest, checkpoint)?);
-    Ok(())
-}
-
-/// Publishes a manifest (uploading new tables), checkpoints repos.db under it, renews the lease.
-async fn publish_backfill(
-    index: &Index,
-    backfill: &Backfill,
-    lease: &mut WriterLease,
-) -> anyhow::Result<(String, Option<String>)> {
-    lease.renew(unix_ms()).await?;
-    let manifest = index.publish_manifest().await?;
+    let finished = writer.drain_and_publish().await?;
     let checkpoint = backfill.save_checkpoint().await?;
-    Ok((manifest, checkpoint))
+    writer.release().await?;
+    println!("{}", backfill_summary(&backfill, &index, finished, checkpoint)?);
+    Ok(())
 }
 
 fn show_progress(progress: &BackfillProgress, terminal: bool, last_log_ms: &mut u64) {
@@ -606,8 +581,7 @@ fn show_progress(progress: &BackfillProgress, terminal: bool, last_log_ms: &mut 
 fn backfill_summary(
     backfill: &Backfill,
     index: &Index,
-    compactions: usize,
-    manifest: String,
+    finished: Finished,
     checkpoint: Option<String>,
 ) -> anyhow::Result<String> {
     let load = |v: &std::sync::atomic::AtomicU64| v.load(std::sync::atomic::Ordering::Relaxed);
@@ -622,9 +596,9 @@ fn backfill_summary(
         "retries": load(&progress.retries),
         "rateLimited": load(&progress.rate_limited),
         "repos": statuses,
-        "compactions": compactions,
+        "compactions": finished.merges,
         "clock": index.position().clock,
-        "manifest": manifest,
+        "manifest": finished.manifest,
         "checkpoint": checkpoint,
     })
     .to_string())

@@ -8,7 +8,10 @@
 //!   hex digits, trees are known, counts and sizes are bounded. A hostile manifest is an error,
 //!   never a path outside `tables/`.
 
-use crate::catalog::{AccountState, IngestPosition, RunKind, TableRecord};
+use crate::catalog::IngestPosition;
+use crate::lsm::record::{RunKind, TableRecord};
+use crate::model::account::AccountState;
+use crate::model::ids::TreeKind;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_128;
 
@@ -17,8 +20,8 @@ pub const MANIFEST_FORMAT: u32 = 1;
 const MAX_TABLES: usize = 1_000_000;
 const MAX_OBJECT_BYTES: u64 = 1 << 40;
 const MAX_MANIFEST_BYTES: usize = 256 << 20;
-/// The JSON repeats its field names for every table and hidden account: the 10 M-link
-/// benchmark's manifest shrank 1,081,293 -> 65,103 bytes (pretty JSON before, BENCHMARKS.md).
+/// The JSON repeats its field names for every table and hidden account, which zstd folds away
+/// (about sixteenfold on the 10 M-link benchmark's manifest, BENCHMARKS.md).
 const MANIFEST_ZSTD_LEVEL: i32 = 3;
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,7 +87,7 @@ impl Manifest {
             .into_iter()
             .map(|t| ManifestTable {
                 compacted: t.run_kind == RunKind::Compacted,
-                tree: t.tree,
+                tree: t.tree.name().to_string(),
                 id: t.id,
                 run_id: t.run_id,
                 shard: t.shard,
@@ -150,7 +153,7 @@ impl Manifest {
             return Err(format!("{} tables is over the limit", self.tables.len()));
         }
         for table in &self.tables {
-            if !matches!(table.tree.as_str(), "links" | "thresholds") {
+            if TreeKind::from_name(&table.tree).is_none() {
                 return Err(format!("unknown tree {:?}", table.tree));
             }
             if !is_table_id(&table.id) || !is_table_id(&table.run_id) {
@@ -207,7 +210,7 @@ mod tests {
     fn table(id: &str) -> TableRecord {
         TableRecord {
             id: id.into(),
-            tree: "links".into(),
+            tree: TreeKind::Links,
             run_id: id.into(),
             run_kind: RunKind::Delta,
             shard: 0,

@@ -19,6 +19,7 @@
 //! - Index figures are read at scrape time from counters and the in-memory table lists: a scrape
 //!   never touches SQLite or the bucket.
 
+use crate::base::corruption::{ObjectKind, Place};
 use crate::index::Index;
 use crate::ingest::backfill::progress::BackfillProgress;
 use crate::ingest::frames::EventKind;
@@ -27,7 +28,6 @@ use crate::lsm::entry::Entry;
 use crate::lsm::tree::Tree;
 use crate::model::ids::{Backlink, Revocation};
 use crate::store::object::{ObjectInfo, Store, StoreError};
-use crate::verify::{ObjectKind, Place};
 use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
@@ -225,10 +225,12 @@ fn index_registry(index: &Index) -> Registry {
         registry.register(name, help, counter(read(value)));
     }
     let reads: Family<SourceLabel, Counter> = Family::default();
-    reads.get_or_create(&SourceLabel { source: "local" }).inc_by(crate::lsm::tree::LOCAL_READS.load(Ordering::Relaxed));
+    reads
+        .get_or_create(&SourceLabel { source: "local" })
+        .inc_by(crate::lsm::handle::LOCAL_READS.load(Ordering::Relaxed));
     reads
         .get_or_create(&SourceLabel { source: "bucket" })
-        .inc_by(crate::lsm::tree::BUCKET_READS.load(Ordering::Relaxed));
+        .inc_by(crate::lsm::handle::BUCKET_READS.load(Ordering::Relaxed));
     registry.register(
         "table_reads",
         "Ranged reads of table data, by where they were served from (cache hits: local)",
@@ -242,13 +244,13 @@ fn index_registry(index: &Index) -> Registry {
     let frame_bytes: Family<TreeLabel, Gauge> = Family::default();
     for (tree, cache_hits, cache_misses, bytes) in [
         (
-            Backlink::TREE,
+            Backlink::TREE.name(),
             &index.links.frame_cache.hits,
             &index.links.frame_cache.misses,
             index.links.frame_cache.bytes(),
         ),
         (
-            Revocation::TREE,
+            Revocation::TREE.name(),
             &index.thresholds.frame_cache.hits,
             &index.thresholds.frame_cache.misses,
             index.thresholds.frame_cache.bytes(),
@@ -295,7 +297,7 @@ fn corrupt_objects() -> Family<CorruptionLabels, Counter> {
     for kind in ObjectKind::ALL {
         for place in Place::ALL {
             let labels = CorruptionLabels { kind: kind.label(), place: place.label() };
-            family.get_or_create(&labels).inc_by(crate::verify::corrupt_objects(kind, place));
+            family.get_or_create(&labels).inc_by(crate::base::corruption::corrupt_objects(kind, place));
         }
     }
     family
@@ -372,20 +374,20 @@ fn register_tree_figures(registry: &mut Registry, links: &Tree<Backlink>, thresh
     let entries: Family<TreeLabel, Gauge> = Family::default();
     let bytes: Family<TreeLabel, Gauge> = Family::default();
     let memtable: Family<TreeLabel, Gauge> = Family::default();
-    let add = |tree: &'static str, records: Vec<crate::catalog::TableRecord>, memtable_bytes: usize| {
+    let add = |tree: &'static str, records: Vec<crate::lsm::record::TableRecord>, memtable_bytes: usize| {
         let label = TreeLabel { tree };
         tables.get_or_create(&label).set(records.len() as i64);
         entries.get_or_create(&label).set(records.iter().map(|r| r.entries as i64).sum());
         bytes.get_or_create(&label).set(records.iter().map(|r| (r.data_len + r.meta_len) as i64).sum());
         memtable.get_or_create(&label).set(memtable_bytes as i64);
-        for kind in [crate::catalog::RunKind::Delta, crate::catalog::RunKind::Compacted] {
+        for kind in [crate::lsm::record::RunKind::Delta, crate::lsm::record::RunKind::Compacted] {
             let distinct: HashSet<&str> =
                 records.iter().filter(|r| r.run_kind == kind).map(|r| r.run_id.as_str()).collect();
             runs.get_or_create(&RunLabels { tree, kind: kind.as_str() }).set(distinct.len() as i64);
         }
     };
-    add(Backlink::TREE, records_of(links), links.memtable_bytes());
-    add(Revocation::TREE, records_of(thresholds), thresholds.memtable_bytes());
+    add(Backlink::TREE.name(), records_of(links), links.memtable_bytes());
+    add(Revocation::TREE.name(), records_of(thresholds), thresholds.memtable_bytes());
     registry.register("tables", "Tables, by tree", tables);
     registry.register("runs", "Runs, by tree and kind", runs);
     registry.register("table_entries", "Entries in tables, by tree", entries);
@@ -393,7 +395,7 @@ fn register_tree_figures(registry: &mut Registry, links: &Tree<Backlink>, thresh
     registry.register("memtable_bytes", "Bytes in the active memtable, by tree", memtable);
 }
 
-fn records_of<E: Entry>(tree: &Tree<E>) -> Vec<crate::catalog::TableRecord> {
+fn records_of<E: Entry>(tree: &Tree<E>) -> Vec<crate::lsm::record::TableRecord> {
     tree.tables().iter().map(|table| table.record.clone()).collect()
 }
 
@@ -468,7 +470,7 @@ impl Store for MeteredStore {
 mod tests {
     use super::*;
     use crate::index::IndexOptions;
-    use crate::ingest::jetstream::{Operation, RecordOp, RecordRef};
+    use crate::model::operation::{Operation, RecordOp, RecordRef};
     use crate::store::dir::DirStore;
 
     /// The value of the sample line `name{labels} value`, exactly as rendered.

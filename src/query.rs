@@ -20,12 +20,11 @@
 //!   source and the source's account is not hidden.
 
 use crate::index::{Index, IndexError};
-use crate::lsm::entry::Entry;
-use crate::lsm::filter::KeyHash;
-use crate::lsm::run::{Run, shard_hash};
+use crate::liveness::read_thresholds;
+use crate::lsm::entry::{Entry, within};
+use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::table::FrameInfo;
-use crate::lsm::tree::{ReadError, TableHandle};
-use crate::model::ids::{Backlink, RecordId, Revocation};
+use crate::model::ids::{Backlink, RecordId};
 use crate::model::syntax::{parse_target, validate_nsid};
 use crate::outline::OutlineKind;
 use std::collections::BTreeMap;
@@ -386,13 +385,6 @@ fn whole_target_entries(frames: &[FrameInfo<Backlink>], i: usize, target: Record
     if frames[i].first.target == target && next_continues { frames[i].entries as usize } else { 0 }
 }
 
-/// The part of a sorted slice within `lo..=hi`.
-fn within<'a, E: Ord>(sorted: &'a [E], lo: &E, hi: &E) -> &'a [E] {
-    let start = sorted.partition_point(|e| e < lo);
-    let end = start + sorted[start..].partition_point(|e| e <= hi);
-    &sorted[start..end]
-}
-
 /// Round 1: candidate backlinks of the pass (freshest per position) and the horizon reached.
 async fn read_candidates(
     index: &Index,
@@ -401,14 +393,8 @@ async fn read_candidates(
 ) -> Result<(Vec<Backlink>, Option<Horizon>), QueryError> {
     let (lo, hi) = pass.bounds();
     let snapshot = index.links.snapshot(&[(lo, hi)]);
-    let (hash, shard_hash) = (KeyHash::of(&pass.target.to_bytes()), shard_hash(&pass.target));
-    let plans: Vec<Plan> = snapshot
-        .runs
-        .iter()
-        .map(|run| run.table_for_hash(shard_hash))
-        .filter(|table| table.meta.may_contain(hash))
-        .filter_map(|table| plan_table(table, pass, want))
-        .collect();
+    let tables = snapshot.tables_for_key(&pass.target);
+    let plans: Vec<Plan> = tables.iter().filter_map(|table| plan_table(table, pass, want)).collect();
     let store = index.store.as_ref();
     let reads = futures::future::try_join_all(
         plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone())),
@@ -437,114 +423,6 @@ pub fn freshest_per_position(mut entries: Vec<Backlink>) -> Vec<Backlink> {
     out
 }
 
-/// The highest revocation stamp of each key asked for (0 for a key never revoked).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Thresholds {
-    /// Sorted by key, one per key.
-    by_key: Vec<(RecordId, u64)>,
-}
-
-impl Thresholds {
-    fn new(keys: &[RecordId]) -> Self {
-        let mut by_key: Vec<(RecordId, u64)> = keys.iter().map(|k| (*k, 0)).collect();
-        by_key.sort_unstable();
-        by_key.dedup_by_key(|(k, _)| *k);
-        Thresholds { by_key }
-    }
-
-    /// The threshold of `key`; 0 for a key that was not asked for.
-    pub fn get(&self, key: &RecordId) -> u64 {
-        self.by_key.binary_search_by(|(k, _)| k.cmp(key)).map_or(0, |i| self.by_key[i].1)
-    }
-
-    fn raise(&mut self, key: &RecordId, rev: u64) {
-        if let Ok(i) = self.by_key.binary_search_by(|(k, _)| k.cmp(key)) {
-            self.by_key[i].1 = self.by_key[i].1.max(rev);
-        }
-    }
-
-    /// Raises `key`'s threshold to its newest revocation in a sorted slice of revocations.
-    fn raise_from(&mut self, key: &RecordId, sorted: &[Revocation]) {
-        if let Some(newest) = within(sorted, &Revocation::min_for_key(*key), &Revocation::max_for_key(*key)).last() {
-            self.raise(key, newest.rev);
-        }
-    }
-}
-
-/// Round 2: the highest revocation stamp of each key (record-level and repo-level sources).
-pub async fn read_thresholds(index: &Index, keys: &[RecordId]) -> Result<Thresholds, QueryError> {
-    let ranges: Vec<_> = keys.iter().map(|k| (Revocation::min_for_key(*k), Revocation::max_for_key(*k))).collect();
-    let snapshot = index.thresholds.snapshot(&ranges);
-    let hashes: Vec<(KeyHash, u64)> = keys.iter().map(|k| (KeyHash::of(&k.to_bytes()), shard_hash(k))).collect();
-    let mut reads = Vec::new();
-    for run in snapshot.runs.iter() {
-        for (table, keys) in keys_by_table(run, keys, &hashes) {
-            let frames = keys.iter().map(|key| {
-                table.meta.frames_overlapping(&Revocation::min_for_key(*key), &Revocation::max_for_key(*key))
-            });
-            for frames in coalesce(frames.collect()) {
-                reads.push((table.clone(), frames, keys.clone()));
-            }
-        }
-    }
-    let store = index.store.as_ref();
-    let fetched = futures::future::try_join_all(
-        reads.iter().map(|(table, frames, _)| table.read_frame_slices(store, frames.clone())),
-    )
-    .await?;
-    let mut thresholds = Thresholds::new(keys);
-    for revocation in &snapshot.memtable_entries {
-        thresholds.raise(&revocation.source, revocation.rev);
-    }
-    // Each read is sorted: search it for the keys it was made for instead of scanning it.
-    for ((_, _, read_keys), slices) in reads.iter().zip(&fetched) {
-        for slice in slices {
-            read_keys.iter().for_each(|key| thresholds.raise_from(key, slice));
-        }
-    }
-    Ok(thresholds)
-}
-
-/// The keys each table of `run` may hold (its shard of them, admitted by its filter); `hashes`
-/// are each key's filter hash and shard hash, computed once for all runs.
-fn keys_by_table<E: Entry>(
-    run: &Run<E>,
-    keys: &[RecordId],
-    hashes: &[(KeyHash, u64)],
-) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
-    let mut by_table: Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> = Vec::new();
-    // Every key's filter line is requested before any is tested, so the cache misses overlap
-    // (this probe loop was 6 % of a warm server's CPU, by profile).
-    for (hash, shard_hash) in hashes {
-        run.table_for_hash(*shard_hash).meta.prefetch(*hash);
-    }
-    for (key, (hash, shard_hash)) in keys.iter().zip(hashes) {
-        let table = run.table_for_hash(*shard_hash);
-        if !table.meta.may_contain(*hash) {
-            continue;
-        }
-        match by_table.iter_mut().find(|(t, _)| Arc::ptr_eq(t, table)) {
-            Some((_, members)) => members.push(*key),
-            None => by_table.push((table.clone(), vec![*key])),
-        }
-    }
-    by_table
-}
-
-/// Merges overlapping or adjacent frame ranges into maximal runs (one ranged read each).
-fn coalesce(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
-    ranges.retain(|r| !r.is_empty());
-    ranges.sort_by_key(|r| r.start);
-    let mut runs: Vec<Range<usize>> = Vec::new();
-    for range in ranges {
-        match runs.last_mut() {
-            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
-            _ => runs.push(range),
-        }
-    }
-    runs
-}
-
 /// Keeps the candidates that are live, visible and admitted by the filters.
 pub async fn live_only(
     index: &Index,
@@ -556,7 +434,7 @@ pub async fn live_only(
     let mut keys: Vec<RecordId> = candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();
     keys.sort_unstable();
     keys.dedup();
-    let thresholds = read_thresholds(index, &keys).await?;
+    let thresholds = read_thresholds(&index.thresholds, index.store.as_ref(), &keys).await?;
     Ok(candidates.into_iter().filter(|c| c.survives(|key| thresholds.get(key))).collect())
 }
 
@@ -654,10 +532,6 @@ mod tests {
         Cursor { source: RecordId { rkey: 1, collection: 2, did: 1 << 63 | 3 }, location: 4, inclusive: false };
     const CURSOR_TEXT: &str = "0100000000000000010000000000000002800000000000000300000000000000040";
 
-    fn revocation(did: u64, rev: u64) -> Revocation {
-        Revocation { source: RecordId::repo(did), rev }
-    }
-
     #[test]
     fn json_bytes_equal_the_json_value() {
         let item = |location: &str, uri: &str| (location.to_string(), uri.to_string());
@@ -672,29 +546,6 @@ mod tests {
         assert_eq!(page.to_json_bytes(), serde_json::to_vec(&page.to_json()).unwrap());
         let empty = ListPage::default();
         assert_eq!(empty.to_json_bytes(), br#"{"backlinks":{},"cursor":null}"#);
-    }
-
-    #[test]
-    fn within_takes_exactly_the_inclusive_range() {
-        let sorted = [1, 3, 3, 5, 7, 9];
-        assert_eq!(within(&sorted, &3, &7), &[3, 3, 5, 7]);
-        assert_eq!(within(&sorted, &4, &4), &[] as &[i32]);
-        assert_eq!(within(&sorted, &0, &100), &sorted);
-        assert_eq!(within(&sorted, &10, &20), &[] as &[i32]);
-    }
-
-    #[test]
-    fn thresholds_take_the_newest_revocation_of_each_key_asked_for() {
-        let (a, b, c) = (RecordId::repo(1), RecordId::repo(2), RecordId::repo(3));
-        let mut thresholds = Thresholds::new(&[b, a, b]);
-        let slice = [revocation(1, 4), revocation(1, 9), revocation(2, 5), revocation(3, 50)];
-        for key in [a, b] {
-            thresholds.raise_from(&key, &slice);
-        }
-        thresholds.raise(&a, 7);
-        thresholds.raise(&c, 99);
-        assert_eq!((thresholds.get(&a), thresholds.get(&b), thresholds.get(&c)), (9, 5, 0));
-        assert_eq!(thresholds.by_key.len(), 2, "one slot per distinct key asked for");
     }
 
     #[test]

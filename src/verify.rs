@@ -1,104 +1,38 @@
-//! Integrity: how corruption is reported when a reader meets it, and `backlinks verify`, which
-//! looks for it everywhere.
+//! `backlinks verify`: looks for corruption everywhere, instead of waiting for a reader to meet it.
 //!
 //! Every object backlinks writes carries a checksum (docs/format.md, "Checksums"): each frame of
 //! a `.data` file and the whole `.meta` file end with an xxh3-64, a manifest's name holds the
 //! xxh3-128 of its body, and an outline range ends with an xxh3-64 inside its zstd frame. A
-//! reader that finds a mismatch calls `report_corruption`, which logs the object at error level
-//! and counts it (`backlinks_corrupt_objects_total{kind, place}` in `/metrics`); the reader then
-//! fails with an error that names the object, so a query answers with an XRPC 500, never with
-//! the bytes.
+//! reader that finds a mismatch reports it (`base::corruption`) and fails with an error that
+//! names the object, so a query answers with an XRPC 500, never with the bytes.
 //!
 //! `verify_bucket` checks every object the bucket's CURRENT manifest names; `verify_local` checks
 //! the local copies (metas, cached data) of every table the local catalog names. Both return one
 //! line per object.
 //!
 //! Invariants:
-//! - The counters only grow, and their labels come from the fixed `ObjectKind` x `Place` set.
 //! - A verification holds at most `MAX_VERIFY_READ` bytes of a data file (plus one frame) at a
 //!   time, whatever the file's size, and at most `MAX_META_BYTES` of a meta.
 //! - A verification never writes, moves or deletes anything, and never stops at the first bad
 //!   object: it reports them all.
 
-use crate::catalog::{Catalog, TableRecord};
+use crate::catalog::Catalog;
 use crate::lsm::entry::Entry;
-use crate::lsm::table::{FormatError, TableMeta, decode_frames};
-use crate::lsm::tree::table_key;
+use crate::lsm::handle::table_key;
+use crate::lsm::record::TableRecord;
+use crate::lsm::table::{TableMeta, decode_frames};
 use crate::manifest::{Manifest, ManifestTable};
-use crate::model::ids::{Backlink, Revocation};
+use crate::model::ids::{Backlink, Revocation, TreeKind};
 use crate::outline::OutlineKind;
 use crate::store::dir::DirStore;
 use crate::store::object::{Store, StoreError};
-use std::fmt::Display;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Most bytes of a data file one verification read fetches.
 pub const MAX_VERIFY_READ: u64 = 8 << 20;
 /// Largest meta file a verification reads (a meta holds a filter of at most 256 MiB).
 pub const MAX_META_BYTES: u64 = 300 << 20;
-
-/// The kinds of checksummed object.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ObjectKind {
-    Data,
-    Meta,
-    Manifest,
-    Outline,
-}
-
-/// Where the corrupt copy was.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Place {
-    Bucket,
-    /// The local data directory (a meta, or the cached copy of a data file).
-    Local,
-}
-
-impl ObjectKind {
-    pub const ALL: [ObjectKind; 4] = [ObjectKind::Data, ObjectKind::Meta, ObjectKind::Manifest, ObjectKind::Outline];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            ObjectKind::Data => "data",
-            ObjectKind::Meta => "meta",
-            ObjectKind::Manifest => "manifest",
-            ObjectKind::Outline => "outline",
-        }
-    }
-}
-
-impl Place {
-    pub const ALL: [Place; 2] = [Place::Bucket, Place::Local];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            Place::Bucket => "bucket",
-            Place::Local => "local",
-        }
-    }
-}
-
-/// Corrupt objects met by readers of this process, by kind and place.
-static CORRUPT_OBJECTS: [[AtomicU64; 2]; 4] = [const { [const { AtomicU64::new(0) }; 2] }; 4];
-
-fn counter(kind: ObjectKind, place: Place) -> &'static AtomicU64 {
-    let kind = ObjectKind::ALL.iter().position(|k| *k == kind).expect("every kind is in ALL");
-    let place = Place::ALL.iter().position(|p| *p == place).expect("every place is in ALL");
-    &CORRUPT_OBJECTS[kind][place]
-}
-
-/// Logs and counts a corrupt object a reader met. The caller still fails with an error naming it.
-pub fn report_corruption(kind: ObjectKind, place: Place, object: &str, detail: &dyn Display) {
-    counter(kind, place).fetch_add(1, Ordering::Relaxed);
-    tracing::error!(kind = kind.label(), place = place.label(), object, %detail, "corrupt object: checksum or format check failed");
-}
-
-/// How many corrupt objects of `kind` at `place` readers of this process met.
-pub fn corrupt_objects(kind: ObjectKind, place: Place) -> u64 {
-    counter(kind, place).load(Ordering::Relaxed)
-}
 
 /// What a verification found about one object.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -241,8 +175,8 @@ pub async fn verify_local(data_dir: &Path) -> Result<Report, crate::catalog::Cat
 }
 
 async fn check_local_table(local: &DirStore, record: &TableRecord, shown: &str) -> Report {
-    let cached = local.list(&table_key(&record.tree, &record.id, "data")).await.is_ok_and(|found| !found.is_empty());
-    let mut report = check_table(local, &record.tree, &record.id, None, shown).await;
+    let cached = local.list(&table_key(record.tree, &record.id, "data")).await.is_ok_and(|found| !found.is_empty());
+    let mut report = check_table(local, record.tree.name(), &record.id, None, shown).await;
     if !cached {
         // Not cached locally (read by range from the bucket): only the meta is expected here.
         report.checked.retain(|c| !c.object.ends_with(".data"));
@@ -265,10 +199,11 @@ async fn check_outline_range(store: &dyn Store, kind: &str, key: &str) -> Status
 /// Checks one table's meta and data in `store`; `expected` (from a manifest) adds size checks.
 /// Objects are named `<shown><key>`.
 async fn check_table(store: &dyn Store, tree: &str, id: &str, expected: Option<&ManifestTable>, shown: &str) -> Report {
-    match tree {
-        Backlink::TREE => check_table_of::<Backlink>(store, id, expected, shown).await,
-        Revocation::TREE => check_table_of::<Revocation>(store, id, expected, shown).await,
-        other => {
+    match TreeKind::from_name(tree) {
+        Some(TreeKind::Links) => check_table_of::<Backlink>(store, id, expected, shown).await,
+        Some(TreeKind::Thresholds) => check_table_of::<Revocation>(store, id, expected, shown).await,
+        None => {
+            let other = tree;
             let mut report = Report::default();
             report.push(format!("{shown}tables/{other}/{id}"), Status::Corrupt(format!("unknown tree {other:?}")));
             report
@@ -374,12 +309,6 @@ async fn object_size(store: &dyn Store, key: &str) -> Result<u64, Status> {
     found.iter().find(|o| o.key == key).map(|o| o.size).ok_or(Status::Missing)
 }
 
-/// A `FormatError` for an object that failed a check outside the LSM formats (a manifest, an
-/// outline range), so that every corruption travels as `ReadError::Corrupt`.
-pub fn format_error(what: &'static str, detail: impl Display) -> FormatError {
-    FormatError::Invalid { what, detail: detail.to_string() }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -470,12 +399,5 @@ mod tests {
              MISSING    tables/links/b.data\n\
              3 objects checked: 1 ok, 1 corrupt, 1 missing, 0 unreadable\n"
         );
-    }
-
-    #[test]
-    fn reports_are_counted_by_kind_and_place() {
-        let before = corrupt_objects(ObjectKind::Outline, Place::Local);
-        report_corruption(ObjectKind::Outline, Place::Local, "outlines/did/x", &"test");
-        assert_eq!(corrupt_objects(ObjectKind::Outline, Place::Local), before + 1);
     }
 }

@@ -3,13 +3,13 @@
 //! brings the record back. Each case drives the gate with snapshots and live events and checks
 //! the answers against what the repository holds at its newest revision.
 
-use backlinks::catalog::AccountState;
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::backfill::gate::{GateLimits, LiveOutcome, SnapshotGate, SnapshotOutcome};
 use backlinks::ingest::backfill::repos::ReposDb;
 use backlinks::ingest::car::{RepoCommit, RepoRecord};
 use backlinks::ingest::frames::StreamEvent;
-use backlinks::ingest::jetstream::{Operation, RecordOp, RecordRef};
+use backlinks::model::account::AccountState;
+use backlinks::model::operation::{Operation, RecordOp, RecordRef};
 use backlinks::model::tid::format_tid;
 use backlinks::query::{ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;

@@ -345,8 +345,8 @@ async fn background_compaction_during_ingest_keeps_answers() {
     let root = tempfile::tempdir().unwrap();
     let index =
         Arc::new(Index::open(root.path(), Arc::new(DirStore::new(root.path().join("bucket"))), options(), 9).unwrap());
-    let clock: backlinks::compactor::Clock = Arc::new(|| 1);
-    let compactor = backlinks::compactor::Compactor::spawn(index.clone(), runtime.clone(), clock);
+    let clock: backlinks::base::clock::Clock = Arc::new(|| 1);
+    let compactor = backlinks::writer::compactor::Compactor::spawn(index.clone(), runtime.clone(), clock);
     let writer = index.clone();
     let merges = std::thread::spawn(move || {
         let text = events(1500);

@@ -1,6 +1,6 @@
 //! End to end with the real binary: `import` the real Jetstream capture (plus a tail of deletes,
 //! updates and account events), `serve --no-ingest` on a free port, and check every target's
-//! listBacklinks against the answers DESIGN.md's rules give, written out by hand below. Then
+//! listBacklinks against the answers the rules of docs/design.md give, written out by hand below. Then
 //! `backlinks query` must print exactly the same JSON, and bad parameters must get XRPC 400s.
 
 mod support;

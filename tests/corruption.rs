@@ -6,12 +6,13 @@
 
 mod support;
 
+use backlinks::base::corruption::{ObjectKind, Place, corrupt_objects};
 use backlinks::count::{CountOptions, count_backlinks};
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::query::{ListParams, QueryError, list_backlinks};
 use backlinks::store::dir::DirStore;
-use backlinks::verify::{ObjectKind, Place, Status, corrupt_objects, verify_bucket, verify_local};
+use backlinks::verify::{Status, verify_bucket, verify_local};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! `extract_links` against real data:
 //! - every record of a real Jetstream v1 capture (tests/data/jetstream), with the expected links
-//!   written out by hand from the rules of DESIGN.md;
+//!   written out by hand from the rules of docs/design.md;
 //! - every at-uri, DID and strong-reference field reachable from the record lexicons
 //!   (tests/data/lexicons): a walk of each record schema predicts the location of each such field,
 //!   builds a record holding a value there, and checks that exactly that link comes out.

@@ -4,13 +4,15 @@
 
 mod support;
 
-use backlinks::compactor::Clock;
-use backlinks::index::{Index, IndexOptions, splitmix64};
+use backlinks::base::clock::Clock;
+use backlinks::base::rng::splitmix64;
+use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::frames::EventKind;
 use backlinks::ingest::live::{Instance, LiveIngest, LiveOptions};
 use backlinks::lsm::compaction::CompactionOptions;
 use backlinks::query::{Cursor, ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
+use backlinks::writer::{Writer, WriterOptions};
 use serde_json::json;
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -66,8 +68,14 @@ fn fast_options(instances: &[String]) -> LiveOptions {
     options.rewind_us = 2_000;
     options.idle_timeout = Duration::from_secs(10);
     options.max_unflushed_ms = 500;
-    options.publish_every_ms = 1_000;
     options
+}
+
+/// The writer live ingest writes through: no lease (the bucket is the test's alone), a manifest
+/// every second on `clock`.
+fn writer(index: &Arc<Index>, clock: Clock, runtime: &tokio::runtime::Runtime) -> Writer {
+    let options = WriterOptions { publish_every_ms: Some(1_000), ..WriterOptions::default() };
+    runtime.block_on(Writer::start(index.clone(), None, clock, options, runtime.handle().clone())).unwrap()
 }
 
 /// A record of this test's universe as an at-uri.
@@ -250,7 +258,8 @@ fn golden_capture_over_every_wire_matches_import() {
 
 /// Live ingest into `index` on the system clock, no writer lease.
 fn start_ingest(index: &Arc<Index>, options: LiveOptions, runtime: &tokio::runtime::Runtime) -> LiveIngest {
-    LiveIngest::start(index.clone(), options, None, system_clock(), runtime.handle().clone()).unwrap()
+    let writer = writer(index, system_clock(), runtime);
+    LiveIngest::start(writer, options, system_clock(), runtime.handle().clone()).unwrap()
 }
 
 #[test]
@@ -420,7 +429,8 @@ fn unflushed_events_are_flushed_by_age_on_the_injected_clock() {
     };
     let mut options = fast_options(&[server.v1_url()]);
     options.queue_events = 4; // a tiny queue: the socket waits on the engine all the time
-    let ingest = LiveIngest::start(index.clone(), options, None, clock, runtime.handle().clone()).unwrap();
+    let ingest =
+        LiveIngest::start(writer(&index, clock.clone(), &runtime), options, clock, runtime.handle().clone()).unwrap();
     let last = last_time_us(&lines);
     wait_for_cursor(&index, &ingest, last, Duration::from_secs(30));
     std::thread::sleep(Duration::from_millis(600));

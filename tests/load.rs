@@ -45,7 +45,7 @@ fn events(count: usize) -> Vec<String> {
     let mut state = 7u64;
     (0..count)
         .map(|i| {
-            let roll = backlinks::index::splitmix64(&mut state);
+            let roll = backlinks::base::rng::splitmix64(&mut state);
             let author = format!("did:plc:author{:018}", roll as usize % AUTHORS);
             let rkey = backlinks::model::tid::format_tid(1_710_000_000_000_000 + i as u64 * 13);
             let (p, r) = ((roll >> 20) as usize % POSTERS, (roll >> 40) as usize % POSTS_PER_POSTER);
@@ -141,7 +141,7 @@ fn read_chunked(stream: &mut BufReader<TcpStream>) -> std::io::Result<Vec<u8>> {
 
 /// The query a client sends next, and the JSON field its answer must have.
 fn next_query(state: &mut u64) -> (String, &'static str) {
-    let roll = backlinks::index::splitmix64(state);
+    let roll = backlinks::base::rng::splitmix64(state);
     let (p, r) = (roll as usize % POSTERS, (roll >> 16) as usize % POSTS_PER_POSTER);
     let encode = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
     let limit = 1 + (roll >> 32) % 100;

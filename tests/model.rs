@@ -334,7 +334,7 @@ proptest! {
 fn compaction_generations_keep_answers() {
     let mut harness = Harness::new();
     let mut state = 11u64;
-    let mut next = |n: usize| (backlinks::index::splitmix64(&mut state) % n as u64) as usize;
+    let mut next = |n: usize| (backlinks::base::rng::splitmix64(&mut state) % n as u64) as usize;
     let mut second_generation = false;
     for step in 0..600 {
         let op = match next(10) {
@@ -360,7 +360,10 @@ fn compaction_generations_keep_answers() {
             // A compaction may cascade (its output completes another tier), so look at which
             // compacted runs are gone afterwards rather than at the first pick alone.
             let compacted = |runs: &[Arc<backlinks::lsm::run::Run<backlinks::model::ids::Backlink>>]| -> Vec<String> {
-                runs.iter().filter(|r| r.kind == backlinks::catalog::RunKind::Compacted).map(|r| r.id.clone()).collect()
+                runs.iter()
+                    .filter(|r| r.kind == backlinks::lsm::record::RunKind::Compacted)
+                    .map(|r| r.id.clone())
+                    .collect()
             };
             let before = compacted(&harness.index.links.runs());
             harness.run(&Op::Compact);
@@ -398,7 +401,7 @@ fn entries_of<E: backlinks::lsm::entry::Entry>(
 ) -> Vec<(bool, E)> {
     let mut entries = Vec::new();
     for run in tree.runs().iter() {
-        let compacted = run.kind == backlinks::catalog::RunKind::Compacted;
+        let compacted = run.kind == backlinks::lsm::record::RunKind::Compacted;
         for table in &run.tables {
             let frames = 0..table.meta.frames.len();
             let read = harness.runtime.block_on(table.read_frames_with(harness.index.store.as_ref(), frames, false));

@@ -12,7 +12,8 @@ use backlinks::ingest::import_lines;
 use backlinks::manifest::Manifest;
 use backlinks::store::faulty::{Fault, FaultRule, FaultyStore, Operation, Outcome};
 use backlinks::store::object::{Store, StoreError};
-use backlinks::store::s3::{RetryPolicy, RetryingStore, S3Settings, S3Store, Secret};
+use backlinks::store::retry::{RetryPolicy, RetryingStore};
+use backlinks::store::s3::{S3Settings, S3Store, Secret};
 use bytes::Bytes;
 use futures::StreamExt;
 use std::collections::BTreeMap;
@@ -217,7 +218,7 @@ async fn index_publishes_an_import_into_the_bucket() {
     assert_eq!(sizes, expected, "the bucket holds exactly the manifest's tables, at their sizes");
     let manifests: Vec<String> = store.list("manifests/").await.unwrap().into_iter().map(|o| o.key).collect();
     assert_eq!(manifests, [format!("manifests/{name}")]);
-    // Nothing lands outside the bucket layout of DESIGN.md.
+    // Nothing lands outside the bucket layout of docs/format.md.
     let layout = ["CURRENT", "manifests/", "tables/", "outlines/", "checkpoints/"];
     for object in store.list("").await.unwrap() {
         assert!(layout.iter().any(|p| object.key.starts_with(p)), "unexpected object {}", object.key);

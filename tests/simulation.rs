@@ -24,8 +24,9 @@
 
 mod support;
 
+use backlinks::base::rng::splitmix64;
 use backlinks::count::{Count, CountOptions, count_backlinks};
-use backlinks::index::{Index, IndexOptions, splitmix64};
+use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::jetstream::parse_event;
 use backlinks::lsm::compaction::CompactionOptions;
 use backlinks::lsm::table::TableOptions;

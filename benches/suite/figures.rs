@@ -9,9 +9,10 @@
 //!   positive is a false positive.
 
 use crate::{cpu, sqlite};
-use backlinks::index::{Index, IndexOptions, splitmix64};
+use backlinks::base::rng::splitmix64;
+use backlinks::index::{Index, IndexOptions};
 use backlinks::lsm::filter::KeyHash;
-use backlinks::lsm::tree::TableHandle;
+use backlinks::lsm::handle::TableHandle;
 use backlinks::model::ids::Backlink;
 use backlinks::model::ids::{OUTLINED_BIT, RecordId};
 use backlinks::query::{ListParams, list_backlinks};
@@ -58,8 +59,9 @@ fn open_index(data_dir: &Path, read_only: bool) -> anyhow::Result<(Index, Arc<Di
 pub fn bucket(data_dir: &Path, db: &Path, fs_written: Option<u64>) -> anyhow::Result<serde_json::Value> {
     let live_links: i64 = sqlite::open_read_only(db)?.query_row("SELECT count(*) FROM links", [], |r| r.get(0))?;
     let (index, store) = open_index(data_dir, false)?;
-    let table_bytes =
-        |records: &[backlinks::catalog::TableRecord]| -> u64 { records.iter().map(|t| t.data_len + t.meta_len).sum() };
+    let table_bytes = |records: &[backlinks::lsm::record::TableRecord]| -> u64 {
+        records.iter().map(|t| t.data_len + t.meta_len).sum()
+    };
     let live_tables = index.catalog.tables()?;
     let retired: Vec<_> = index.catalog.obsolete_tables(u64::MAX / 2)?.into_iter().map(|(t, _)| t).collect();
     let written = table_bytes(&live_tables) + table_bytes(&retired);

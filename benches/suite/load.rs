@@ -10,7 +10,8 @@
 //!   bounded by the duration (at most `MAX_QUERIES` per client).
 
 use crate::{cpu, sqlite};
-use backlinks::index::{Index, IndexOptions, splitmix64};
+use backlinks::base::rng::splitmix64;
+use backlinks::index::{Index, IndexOptions};
 use backlinks::query::{ListParams, list_backlinks};
 use backlinks::server::LIST_BACKLINKS;
 use backlinks::store::dir::DirStore;

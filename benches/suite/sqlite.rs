@@ -9,7 +9,8 @@
 //! - Loading commits every `BATCH_EVENTS` events, so memory stays bounded whatever the file.
 
 use backlinks::extract::{ExtractLimits, extract_links};
-use backlinks::ingest::jetstream::{Operation, RecordRef, parse_event};
+use backlinks::ingest::jetstream::parse_event;
+use backlinks::model::operation::{Operation, RecordRef};
 use backlinks::model::syntax::LinkTarget;
 use rusqlite::{Connection, OpenFlags, params};
 use std::io::BufRead;
@@ -163,7 +164,7 @@ pub fn pick_targets(db: &Path, out: &Path, per_band: usize, seed: u64) -> anyhow
         let count: i64 = row.get(1)?;
         let Some(band) = BANDS.iter().position(|(lo, hi)| (*lo..=*hi).contains(&count)) else { continue };
         seen[band] += 1;
-        let slot = backlinks::index::splitmix64(&mut state) % seen[band];
+        let slot = backlinks::base::rng::splitmix64(&mut state) % seen[band];
         if reservoirs[band].len() < per_band {
             reservoirs[band].push((row.get(0)?, count));
         } else if (slot as usize) < per_band {
@@ -172,7 +173,7 @@ pub fn pick_targets(db: &Path, out: &Path, per_band: usize, seed: u64) -> anyhow
     }
     let mut picked: Vec<(String, i64)> = reservoirs.into_iter().flatten().collect();
     for i in (1..picked.len()).rev() {
-        picked.swap(i, (backlinks::index::splitmix64(&mut state) % (i as u64 + 1)) as usize);
+        picked.swap(i, (backlinks::base::rng::splitmix64(&mut state) % (i as u64 + 1)) as usize);
     }
     let text: String = picked.iter().map(|(target, _)| format!("{target}\n")).collect();
     std::fs::write(out, text)?;

@@ -6,7 +6,7 @@
 //!   `max_location_len`, and each (target, location) appears once.
 //! - Every target is a link again when rendered back to text.
 //! - When nothing was left out (all "left out" counters zero), the result equals, link for link and
-//!   in order, an independent unbounded walk written here from DESIGN.md's rules.
+//!   in order, an independent unbounded walk written here from the rules of docs/design.md.
 //! - The extraction is deterministic: a second run gives the same result.
 #![no_main]
 
@@ -56,7 +56,7 @@ fn render(target: LinkTarget<'_>) -> String {
     }
 }
 
-/// DESIGN.md "Which strings are links", without limits: (target, location), first seen first.
+/// docs/design.md "Which strings are links", without limits: (target, location), first seen first.
 fn reference_links(record: &Value) -> Vec<(LinkTarget<'_>, String)> {
     let mut found = Vec::new();
     walk(record, "$".to_string(), &mut found);

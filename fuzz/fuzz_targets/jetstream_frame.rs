@@ -17,7 +17,7 @@ use backlinks::ingest::frames::{
     Frame, FrameDecoder, FrameError, LEGACY_DICTIONARY, Protocol, StreamEvent, V2_DICTIONARY, format_time_us,
     parse_time_us,
 };
-use backlinks::ingest::jetstream::{Operation, RecordRef};
+use backlinks::model::operation::{Operation, RecordRef};
 use backlinks::model::syntax::{validate_did, validate_nsid, validate_record_key};
 use libfuzzer_sys::fuzz_target;
 use std::cell::RefCell;

@@ -668,10 +668,9 @@ mod tests {
         (0..text.len()).step_by(2).map(|at| u8::from_str_radix(&text[at..at + 2], 16).unwrap()).collect()
     }
 
-    /// Found by the `car` fuzz target: a 10-byte length prefix whose last byte overflows u64. The
-    /// slice parser calls it bad framing; iroh-car's reader, which `read_repo` used to stream
-    /// through, dropped the high bits and saw another length (here a too-big block; with other
-    /// bits, a frame of the wrong size). Both readers now share the slice parser.
+    /// Found by the `car` fuzz target: a 10-byte length prefix whose last byte overflows u64 is
+    /// bad framing, not another length (dropping the high bits would read a too-big block, or a
+    /// frame of the wrong size). Both readers share the slice parser.
     #[test]
     fn an_overflowing_length_prefix_is_bad_framing_in_both_readers() {
         let car = [from_hex(HEADER_HEX), vec![0x8c; 9], vec![0x0c]].concat();

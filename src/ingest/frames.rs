@@ -9,7 +9,9 @@
 //! - Every event carries a resume cursor: v1 its `time_us`, v2 its `seq` (both positive).
 //! - `#info`, `#identity`, `#sync` and unknown payload types never reach the index as writes.
 
-use crate::ingest::jetstream::{self, EventError, Operation, RecordOp, RecordRef};
+use crate::base::dates::{civil_from_days, days_from_civil};
+use crate::ingest::jetstream::{self, EventError};
+use crate::model::operation::{Operation, RecordOp, RecordRef};
 use crate::model::syntax::{validate_did, validate_nsid, validate_record_key};
 use crate::model::tid::parse_tid;
 use serde::Deserialize;
@@ -28,8 +30,6 @@ const V2_PREFIX: &str = "network.bsky.jetstream.subscribeEvents#";
 const KNOWN_PAYLOADS: [&str; 5] = ["commit", "identity", "account", "sync", "info"];
 /// A zstd dictionary starts with this magic number (little-endian), then its 4-byte id.
 const DICTIONARY_MAGIC: u32 = 0xEC30_A437;
-/// Days from 0000-03-01 to 1970-01-01 in the proleptic Gregorian calendar, for `days_from_civil`.
-const UNIX_EPOCH_DAYS: i64 = 719_468;
 
 /// Which wire a connection speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -379,30 +379,6 @@ pub fn format_time_us(time_us: i64) -> String {
     );
     debug_assert_eq!(parse_time_us(&text).ok(), Some(time_us), "format/parse disagree on {time_us}");
     text
-}
-
-/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's algorithm).
-fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
-    let year = if month <= 2 { year - 1 } else { year };
-    let era = year.div_euclid(400);
-    let year_of_era = year - era * 400;
-    let day_of_year = (153 * ((month + 9) % 12) + 2) / 5 + day - 1;
-    let day_of_era = year_of_era * 365 + year_of_era / 4 - year_of_era / 100 + day_of_year;
-    era * 146_097 + day_of_era - UNIX_EPOCH_DAYS
-}
-
-/// (year, month, day) of a day counted from 1970-01-01, proleptic Gregorian (Howard Hinnant's
-/// algorithm): the inverse of `days_from_civil`.
-pub fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    let days = days + UNIX_EPOCH_DAYS;
-    let era = days.div_euclid(146_097);
-    let day_of_era = days - era * 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1_460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let shifted_month = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * shifted_month + 2) / 5 + 1;
-    let month = if shifted_month < 10 { shifted_month + 3 } else { shifted_month - 9 };
-    (year_of_era + era * 400 + i64::from(month <= 2), month, day)
 }
 
 #[cfg(test)]

@@ -5,39 +5,12 @@
 //!   is an `EventError`, which the caller counts and skips.
 //! - An event becomes at most one `Operation`; identity events and unknown kinds become `Skip`.
 
+use crate::model::operation::{Operation, RecordOp, RecordRef};
 use crate::model::syntax::{validate_did, validate_nsid, validate_record_key};
 use crate::model::tid::parse_tid;
 use serde::Deserialize;
 use serde_json::Value;
 use std::borrow::Cow;
-
-/// What an event asks the index to do.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Operation<'a> {
-    Create(RecordOp<'a>),
-    Update(RecordOp<'a>),
-    Delete(RecordRef<'a>),
-    Account {
-        did: Cow<'a, str>,
-        active: bool,
-        status: Option<Cow<'a, str>>,
-    },
-    /// Valid, but nothing to index (identity events, unknown kinds).
-    Skip,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RecordRef<'a> {
-    pub did: Cow<'a, str>,
-    pub collection: Cow<'a, str>,
-    pub rkey: Cow<'a, str>,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct RecordOp<'a> {
-    pub record_ref: RecordRef<'a>,
-    pub record: Value,
-}
 
 /// One parsed event: its cursor (`time_us`), operation, and for commits the repo revision (a TID;
 /// `None` when absent or malformed), which orders it against a backfilled snapshot of the repo.

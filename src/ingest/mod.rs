@@ -14,7 +14,8 @@ pub mod live;
 pub mod prepare;
 pub mod read_ahead;
 
-use crate::index::{Index, IndexError, SetOnDrop};
+use crate::base::drop_flag::SetOnDrop;
+use crate::index::{Index, IndexError};
 use std::io::{BufRead, Read};
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc::sync_channel;

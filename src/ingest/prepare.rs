@@ -13,14 +13,15 @@
 //!   writer, applied ones back, cleared). A batch closes at `MAX_BATCH_OPERATIONS` operations or
 //!   once its strings pass `MAX_BATCH_TEXT` bytes; one operation's strings are bounded by its line.
 //! - While both threads run, nothing allocated on one is freed on the other: the strings an
-//!   operation needs are copied into its batch's one text buffer, which is reused. (Handing over
-//!   parsed JSON values instead was slower than one thread: see BENCHMARKS.md.)
+//!   operation needs are copied into its batch's one text buffer, which is reused (freeing parsed
+//!   JSON values on the other thread costs more than the copy: BENCHMARKS.md).
 //! - A writer that fails stops the parser within a line (`stop`), or at its next hand-over.
 
-use super::jetstream::{self, Operation, RecordRef};
+use super::jetstream;
 use super::{ImportReport, LineRead, MAX_LINE_BYTES, read_bounded_line};
 use crate::extract::{ExtractLimits, ExtractStats, extract_links};
 use crate::index::{Change, FoundLinks, Index, IndexError, NoLinks};
+use crate::model::operation::{Operation, RecordRef};
 use crate::model::syntax::LinkTarget;
 use std::borrow::Cow;
 use std::io::BufRead;

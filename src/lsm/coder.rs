@@ -20,8 +20,8 @@
 //! - Counts saturate, model bytes are bounded (`ColumnModels::decode` checks every sum), and a
 //!   layout is at most `MAX_FRAME_RAW_BYTES` plus its run lengths.
 
-use super::filter::FormatError;
-use super::table::{transpose_into, untransposed};
+use super::bytes::FormatError;
+use super::bytes::{transpose_into, untransposed};
 
 /// Probabilities are multiples of 2^-12.
 const PROB_BITS: u32 = 12;

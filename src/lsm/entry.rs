@@ -9,7 +9,7 @@
 //!   big-endian `stamp()`. Of two entries with the same identity the larger stamp wins, and
 //!   because the stamp is the last field, duplicates sort next to each other, oldest first.
 
-use crate::model::ids::{Backlink, RecordId, Revocation, be_u64};
+use crate::model::ids::{Backlink, RecordId, Revocation, TreeKind, be_u64};
 use std::fmt::Debug;
 use std::hash::Hash;
 
@@ -20,8 +20,8 @@ pub trait Entry: Copy + Ord + Eq + Hash + Debug + Send + Sync + 'static {
     const KEY_WIDTH: usize = RecordId::WIDTH;
     /// Encoded size of the identity prefix; `WIDTH - IDENTITY_WIDTH == 8` (the stamp).
     const IDENTITY_WIDTH: usize;
-    /// Name of the tree, used in paths: `tables/<TREE>/<id>.data`.
-    const TREE: &'static str;
+    /// The tree that holds this entry type (its name is used in paths: `tables/<name>/<id>.data`).
+    const TREE: TreeKind;
     /// Byte offsets of the encoded record keys (big-endian `u64`s: TIDs, outlined ids with the
     /// top bit set, or 0 in the repository form), which frames store spread (`tid::spread`,
     /// payload encodings 2 and 3).
@@ -42,7 +42,7 @@ pub trait Entry: Copy + Ord + Eq + Hash + Debug + Send + Sync + 'static {
 impl Entry for Backlink {
     const WIDTH: usize = Backlink::WIDTH;
     const IDENTITY_WIDTH: usize = 56;
-    const TREE: &'static str = "links";
+    const TREE: TreeKind = TreeKind::Links;
     /// The target's and the source's.
     const RKEY_OFFSETS: &'static [usize] = &[0, 24];
 
@@ -88,7 +88,7 @@ impl Entry for Backlink {
 impl Entry for Revocation {
     const WIDTH: usize = Revocation::WIDTH;
     const IDENTITY_WIDTH: usize = 24;
-    const TREE: &'static str = "thresholds";
+    const TREE: TreeKind = TreeKind::Thresholds;
     /// The revoked source's.
     const RKEY_OFFSETS: &'static [usize] = &[0];
 
@@ -129,6 +129,13 @@ pub fn encode_to_vec<E: Entry>(entry: &E) -> Vec<u8> {
     let mut out = vec![0u8; E::WIDTH];
     entry.encode(&mut out);
     out
+}
+
+/// The part of a sorted slice within `lo..=hi`.
+pub fn within<'a, E: Ord>(sorted: &'a [E], lo: &E, hi: &E) -> &'a [E] {
+    let start = sorted.partition_point(|e| e < lo);
+    let end = start + sorted[start..].partition_point(|e| e <= hi);
+    &sorted[start..end]
 }
 
 #[cfg(test)]
@@ -172,5 +179,14 @@ mod tests {
             check_laws(Revocation { source: s, rev: r1 }, Revocation { source: t, rev: r2 });
             check_laws(Revocation { source: s, rev: r1 }, Revocation { source: s, rev: r2 });
         }
+    }
+
+    #[test]
+    fn within_takes_exactly_the_inclusive_range() {
+        let sorted = [1, 3, 3, 5, 7, 9];
+        assert_eq!(within(&sorted, &3, &7), &[3, 3, 5, 7]);
+        assert_eq!(within(&sorted, &4, &4), &[] as &[i32]);
+        assert_eq!(within(&sorted, &0, &100), &sorted);
+        assert_eq!(within(&sorted, &10, &20), &[] as &[i32]);
     }
 }

@@ -14,25 +14,9 @@
 //! - The encoding is frozen (little-endian, see docs/format.md "Filter"); a golden test pins it.
 //!   Changing `PART_SIZES`, the block choice or the bit layout changes every stored filter.
 
+use crate::lsm::bytes::{FormatError, check_range};
 use crate::model::ids::RecordId;
 use xxhash_rust::xxh3::xxh3_128;
-
-/// Errors for every on-disk format in the LSM (filter, frame, data and meta files).
-#[derive(Debug, thiserror::Error)]
-pub enum FormatError {
-    #[error("{what}: truncated or wrong length: expected {expected} bytes, found {found}")]
-    Length { what: &'static str, expected: u64, found: u64 },
-    #[error("{what}: bad magic {found:02x?}")]
-    Magic { what: &'static str, found: [u8; 4] },
-    #[error("{what}: unsupported version {found}")]
-    Version { what: &'static str, found: u64 },
-    #[error("{what}: checksum mismatch (stored {stored:#018x}, computed {computed:#018x})")]
-    Checksum { what: &'static str, stored: u64, computed: u64 },
-    #[error("{what}: {field} = {value} is outside {min}..={max}")]
-    OutOfRange { what: &'static str, field: &'static str, value: u64, min: u64, max: u64 },
-    #[error("{what}: {detail}")]
-    Invalid { what: &'static str, detail: String },
-}
 
 /// Bits in one block: one 64-byte cache line.
 pub const BLOCK_BITS: u32 = 512;
@@ -359,25 +343,17 @@ fn decode_header(bytes: &[u8]) -> Result<FilterShape, FormatError> {
         return Err(FormatError::Version { what: WHAT, found: bytes[4] as u64 });
     }
     let k = bytes[5] as usize;
-    check_range("k", k as u64, 1, MAX_K as u64)?;
+    check_range(WHAT, "k", k as u64, 1, MAX_K as u64)?;
     if bytes[6..8] != [0, 0] {
         return Err(FormatError::Invalid { what: WHAT, detail: "reserved bytes 6..8 are not zero".into() });
     }
     let blocks = u32::from_le_bytes(bytes[8..12].try_into().expect("4 bytes")) as usize;
-    check_range("block count", blocks as u64, 1, MAX_BLOCKS as u64)?;
+    check_range(WHAT, "block count", blocks as u64, 1, MAX_BLOCKS as u64)?;
     let shape = FilterShape { k, blocks };
     if bytes.len() != shape.encoded_len() {
         return Err(FormatError::Length { what: WHAT, expected: shape.encoded_len() as u64, found });
     }
     Ok(shape)
-}
-
-fn check_range(field: &'static str, value: u64, min: u64, max: u64) -> Result<(), FormatError> {
-    if (min..=max).contains(&value) {
-        Ok(())
-    } else {
-        Err(FormatError::OutOfRange { what: WHAT, field, value, min, max })
-    }
 }
 
 fn decode_block(bytes: &[u8]) -> Block {
@@ -426,7 +402,7 @@ mod tests {
 
     impl SplitMix {
         fn next(&mut self) -> u64 {
-            crate::index::splitmix64(&mut self.0)
+            crate::base::rng::splitmix64(&mut self.0)
         }
     }
 

@@ -4,12 +4,16 @@
 //! in-bucket format (frames + meta); `filter` the one-hash blocked bloom filter in each meta;
 //! `tree` ties memtables and tables together for one entry type.
 
+pub mod bytes;
 pub mod cache;
 pub mod coder;
 pub mod compaction;
 pub mod entry;
 pub mod filter;
+pub mod handle;
 pub mod memtable;
+pub mod record;
 pub mod run;
+pub mod scan;
 pub mod table;
 pub mod tree;

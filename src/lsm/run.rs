@@ -7,9 +7,9 @@
 //!   reader of one key opens one table per compacted run.
 //! - A delta run has `shard_count == 1`, so `shard_of` sends every key to its only table.
 
-use crate::catalog::RunKind;
 use crate::lsm::entry::Entry;
-use crate::lsm::tree::TableHandle;
+use crate::lsm::handle::TableHandle;
+use crate::lsm::record::RunKind;
 use crate::model::ids::RecordId;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;

@@ -10,272 +10,21 @@
 //! - The run list is an immutable `Arc<Vec<_>>` swapped as a whole (a flush adds a delta run, a
 //!   compaction swaps its input runs for its output run in one step); a reader's snapshot never
 //!   changes under it. Runs are kept oldest first.
-//! - Entries reach a reader only from frames that passed their checksums. A corrupt frame is
-//!   reported (`verify::report_corruption`) and fails the read with an error naming the object;
-//!   a corrupt local copy of an uploaded table is deleted and the read served from the bucket
-//!   (a table not yet uploaded exists nowhere else, so its local copy is never deleted).
 
-use crate::catalog::TableRecord;
-use crate::lsm::cache::{FrameCache, next_serial};
+use crate::base::durable::{sync_dir, write_durably};
+use crate::lsm::cache::FrameCache;
 use crate::lsm::entry::Entry;
+use crate::lsm::filter::KeyHash;
+use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::memtable::Memtable;
-use crate::lsm::run::Run;
-use crate::lsm::table::{
-    FormatError, TableBuilder, TableMeta, TableOptions, TableSummary, decode_frames, learn_models,
-};
-use crate::store::object::{Store, StoreError};
-use crate::verify::{ObjectKind, Place, report_corruption};
-use bytes::Bytes;
+use crate::lsm::record::TableRecord;
+use crate::lsm::run::{Run, shard_hash};
+use crate::lsm::table::{FormatError, TableBuilder, TableOptions, TableSummary, learn_models};
+use crate::model::ids::RecordId;
 use std::fs::File;
-use std::io::{BufWriter, Write};
-use std::ops::Range;
-use std::os::unix::fs::FileExt;
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-
-/// Decoded entries of a range of frames: all in one vector, or one shared slice per frame.
-enum Decoded<E> {
-    Whole(Vec<E>),
-    Framed(Vec<Arc<[E]>>),
-}
-
-/// The entries of consecutive frames in one vector.
-fn concat<E: Copy>(frames: &[Arc<[E]>]) -> Vec<E> {
-    let mut out = Vec::with_capacity(frames.iter().map(|f| f.len()).sum());
-    frames.iter().for_each(|frame| out.extend_from_slice(frame));
-    out
-}
-
-/// Largest local read done on the calling thread rather than the blocking pool.
-const INLINE_READ_BYTES: u64 = 256 * 1024;
-
-/// Why a read of a table failed. Corruption always names the object.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error("corrupt object {object}: {source}")]
-    Corrupt { object: String, source: FormatError },
-    #[error("reading {object}: {source}")]
-    Io { object: String, source: std::io::Error },
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
-
-/// One table: its catalog record, its decoded meta, and (when cached locally) its data file.
-#[derive(Debug)]
-pub struct TableHandle<E: Entry> {
-    pub record: TableRecord,
-    pub meta: TableMeta<E>,
-    /// The local copy of the data file, while cached (`None`: read by range from the bucket).
-    local_data: RwLock<Option<Arc<File>>>,
-    /// Where the local copy of the data file lives (while cached).
-    data_path: PathBuf,
-    /// The bucket holds the data file: a corrupt local copy can be dropped and read from there.
-    uploaded: AtomicBool,
-    /// `READ_TICKS` at the last read: the cache evicts the least recently read tables first.
-    last_read: AtomicU64,
-    /// Decoded frames of this tree's tables, and this table's key in it.
-    frame_cache: Arc<FrameCache<E>>,
-    serial: u64,
-}
-
-/// A logical clock of table reads (not wall time): orders tables by recency for eviction.
-static READ_TICKS: AtomicU64 = AtomicU64::new(0);
-/// Table data reads served from the local cache, and from the bucket (process-wide, for metrics).
-pub static LOCAL_READS: AtomicU64 = AtomicU64::new(0);
-pub static BUCKET_READS: AtomicU64 = AtomicU64::new(0);
-
-impl<E: Entry> TableHandle<E> {
-    /// Object key of the data file in the bucket.
-    pub fn data_key(&self) -> String {
-        table_key(E::TREE, &self.record.id, "data")
-    }
-
-    /// Reads and decodes frames `frames`: from the frame cache when all of them are there, else
-    /// with one ranged read (local file or the bucket), caching each frame it decodes.
-    pub async fn read_frames(&self, store: &dyn Store, frames: Range<usize>) -> Result<Vec<E>, ReadError> {
-        self.read_frames_with(store, frames, true).await
-    }
-
-    /// The entries of `frames` as sorted slices (together in order), without copying: the
-    /// decoded frames themselves, from the cache or read now (and cached). A query searches them
-    /// for its keys instead of copying whole frames.
-    pub async fn read_frame_slices(&self, store: &dyn Store, frames: Range<usize>) -> Result<Vec<Arc<[E]>>, ReadError> {
-        if frames.is_empty() {
-            return Ok(Vec::new());
-        }
-        if let Some(cached) = self.cached_frames(frames.clone()) {
-            return Ok(cached);
-        }
-        Ok(match self.read_decoded(store, frames, true).await? {
-            Decoded::Whole(entries) => vec![entries.into()],
-            Decoded::Framed(frames) => frames,
-        })
-    }
-
-    /// `read_frames`; a scan that reads every frame once (a compaction) passes `use_cache: false`
-    /// so it neither pollutes the cache nor is slowed by it.
-    pub async fn read_frames_with(
-        &self,
-        store: &dyn Store,
-        frames: Range<usize>,
-        use_cache: bool,
-    ) -> Result<Vec<E>, ReadError> {
-        if frames.is_empty() {
-            return Ok(Vec::new());
-        }
-        if use_cache && let Some(cached) = self.cached_frames(frames.clone()) {
-            return Ok(concat(&cached));
-        }
-        Ok(match self.read_decoded(store, frames, use_cache).await? {
-            Decoded::Whole(entries) => entries,
-            Decoded::Framed(frames) => concat(&frames),
-        })
-    }
-
-    /// Reads and decodes `frames` with one ranged read. A local copy that fails its checksums
-    /// is reported and, when the bucket has the table, dropped for the bucket's copy.
-    async fn read_decoded(
-        &self,
-        store: &dyn Store,
-        frames: Range<usize>,
-        use_cache: bool,
-    ) -> Result<Decoded<E>, ReadError> {
-        let (start, end) = self.meta.byte_range(frames.clone());
-        let replaceable = self.uploaded.load(Ordering::Acquire);
-        let failure = match self.read_range(store, start, end - start).await {
-            Ok((bytes, place)) => match self.decode_range(frames.clone(), start, &bytes, use_cache) {
-                Ok(entries) => return Ok(entries),
-                Err(source) if place == Place::Local && replaceable => source.to_string(),
-                Err(source) => return Err(self.corrupt(place, source)),
-            },
-            // A local copy that cannot even be read (truncated, say) is as bad as a corrupt one.
-            Err(ReadError::Io { source, .. }) if replaceable => source.to_string(),
-            Err(e) => return Err(e),
-        };
-        report_corruption(ObjectKind::Data, Place::Local, &self.local_data_name(), &failure);
-        self.drop_local_copy();
-        BUCKET_READS.fetch_add(1, Ordering::Relaxed);
-        let bytes = store.get_range(&self.data_key(), start, end - start).await?;
-        self.decode_range(frames, start, &bytes, use_cache).map_err(|source| self.corrupt(Place::Bucket, source))
-    }
-
-    /// Every frame of `frames` from the frame cache, or `None` if one is missing.
-    fn cached_frames(&self, frames: Range<usize>) -> Option<Vec<Arc<[E]>>> {
-        frames.map(|i| self.frame_cache.get(self.serial, i as u32)).collect()
-    }
-
-    /// Decodes `frames` from `bytes` (read from data-file offset `start`), checking every frame.
-    /// With `use_cache`, frame by frame, each one cached as it is (no copy); without, all at once.
-    fn decode_range(
-        &self,
-        frames: Range<usize>,
-        start: u64,
-        bytes: &[u8],
-        use_cache: bool,
-    ) -> Result<Decoded<E>, FormatError> {
-        if !use_cache {
-            let mut out = Vec::new();
-            decode_frames(&self.meta, frames, bytes, &mut out)?;
-            return Ok(Decoded::Whole(out));
-        }
-        let mut out = Vec::with_capacity(frames.len());
-        for i in frames {
-            let (frame_start, frame_end) = self.meta.byte_range(i..i + 1);
-            let slice = &bytes[(frame_start - start) as usize..(frame_end - start) as usize];
-            let mut decoded = Vec::new();
-            decode_frames(&self.meta, i..i + 1, slice, &mut decoded)?;
-            let decoded: Arc<[E]> = decoded.into();
-            self.frame_cache.insert(self.serial, i as u32, decoded.clone());
-            out.push(decoded);
-        }
-        Ok(Decoded::Framed(out))
-    }
-
-    /// Logs and counts a corrupt data file, and the error (naming it) that the reader returns.
-    fn corrupt(&self, place: Place, source: FormatError) -> ReadError {
-        let object = match place {
-            Place::Bucket => self.data_key(),
-            Place::Local => self.local_data_name(),
-        };
-        report_corruption(ObjectKind::Data, place, &object, &source);
-        ReadError::Corrupt { object, source }
-    }
-
-    /// How errors name the local copy of the data file.
-    fn local_data_name(&self) -> String {
-        format!("{} (local copy {})", self.data_key(), self.data_path.display())
-    }
-
-    /// Stops reading the local copy and deletes it; the bucket's copy serves from now on.
-    fn drop_local_copy(&self) {
-        if self.local_data.write().expect("table lock poisoned").take().is_none() {
-            return; // another reader dropped it already
-        }
-        if let Err(e) = std::fs::remove_file(&self.data_path) {
-            tracing::warn!(path = %self.data_path.display(), error = %e, "could not delete a corrupt local copy");
-        }
-    }
-
-    /// Reads `len` bytes at `offset` of the data file: from the local copy when there is one.
-    async fn read_range(&self, store: &dyn Store, offset: u64, len: u64) -> Result<(Bytes, Place), ReadError> {
-        self.last_read.store(READ_TICKS.fetch_add(1, Ordering::Relaxed), Ordering::Relaxed);
-        let local = self.local_data.read().expect("table lock poisoned").clone();
-        let Some(file) = local else {
-            BUCKET_READS.fetch_add(1, Ordering::Relaxed);
-            return Ok((store.get_range(&self.data_key(), offset, len).await?, Place::Bucket));
-        };
-        LOCAL_READS.fetch_add(1, Ordering::Relaxed);
-        let object = self.data_key();
-        let read = move || {
-            let mut buf = vec![0u8; len as usize];
-            file.read_exact_at(&mut buf, offset).map(|_| Bytes::from(buf))
-        };
-        // A query's read (a frame or a few, usually in the page cache) is a few microseconds:
-        // handing it to the blocking pool cost more in thread wake-ups than the read itself
-        // (a tenth of a warm query's CPU, by profile). Large reads (compaction) still go there.
-        let bytes = if len <= INLINE_READ_BYTES {
-            read()
-        } else {
-            tokio::task::spawn_blocking(read)
-                .await
-                .map_err(|e| ReadError::Io { object: object.clone(), source: std::io::Error::other(e) })?
-        };
-        let bytes = bytes.map_err(|source| ReadError::Io { object, source })?;
-        Ok((bytes, Place::Local))
-    }
-
-    /// Records that the bucket now holds this table (after its upload).
-    pub fn mark_uploaded(&self) {
-        self.uploaded.store(true, Ordering::Release);
-    }
-}
-
-impl<E: Entry> TableHandle<E> {
-    /// Bytes of the local data copy (0 when not cached).
-    pub fn cached_bytes(&self) -> u64 {
-        if self.local_data.read().expect("table lock poisoned").is_some() { self.record.data_len } else { 0 }
-    }
-
-    pub fn last_read(&self) -> u64 {
-        self.last_read.load(Ordering::Relaxed)
-    }
-
-    /// Drops the local data copy (reads go to the bucket from now on) and deletes its file. The
-    /// caller checks the table is uploaded. Readers holding the open file finish unharmed.
-    pub fn evict_local(&self, dir: &Path) -> std::io::Result<u64> {
-        let Some(_file) = self.local_data.write().expect("table lock poisoned").take() else { return Ok(0) };
-        match std::fs::remove_file(dir.join(format!("{}.data", self.record.id))) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-            _ => Ok(self.record.data_len),
-        }
-    }
-}
-
-/// `tables/<tree>/<id>.<ext>`: the object key of a table file.
-pub fn table_key(tree: &str, id: &str, ext: &str) -> String {
-    format!("tables/{tree}/{id}.{ext}")
-}
 
 #[derive(Debug)]
 struct TreeState<E: Entry> {
@@ -288,6 +37,49 @@ struct TreeState<E: Entry> {
 pub struct Snapshot<E: Entry> {
     pub memtable_entries: Vec<E>,
     pub runs: Arc<Vec<Arc<Run<E>>>>,
+}
+
+impl<E: Entry> Snapshot<E> {
+    /// The tables that may hold entries whose key is `key`, oldest run first: in each run the
+    /// table of the key's shard, when its filter admits the key.
+    pub fn tables_for_key(&self, key: &RecordId) -> Vec<Arc<TableHandle<E>>> {
+        let (hash, shard) = (KeyHash::of_record(key), shard_hash(key));
+        let tables = self.runs.iter().map(|run| run.table_for_hash(shard));
+        tables.filter(|table| table.meta.may_contain(hash)).cloned().collect()
+    }
+
+    /// `tables_for_key` for many keys at once: every table that may hold any of them, with those
+    /// keys (in `keys` order), oldest run first.
+    pub fn tables_for_keys(&self, keys: &[RecordId]) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
+        let hashes: Vec<(KeyHash, u64)> = keys.iter().map(|k| (KeyHash::of_record(k), shard_hash(k))).collect();
+        self.runs.iter().flat_map(|run| keys_by_table(run, keys, &hashes)).collect()
+    }
+}
+
+/// The keys each table of `run` may hold (its shard of them, admitted by its filter); `hashes`
+/// are each key's filter hash and shard hash, computed once for all runs.
+fn keys_by_table<E: Entry>(
+    run: &Run<E>,
+    keys: &[RecordId],
+    hashes: &[(KeyHash, u64)],
+) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
+    let mut by_table: Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> = Vec::new();
+    // Every key's filter line is requested before any is tested, so the cache misses overlap
+    // (this probe loop was 6 % of a warm server's CPU, by profile).
+    for (hash, shard_hash) in hashes {
+        run.table_for_hash(*shard_hash).meta.prefetch(*hash);
+    }
+    for (key, (hash, shard_hash)) in keys.iter().zip(hashes) {
+        let table = run.table_for_hash(*shard_hash);
+        if !table.meta.may_contain(*hash) {
+            continue;
+        }
+        match by_table.iter_mut().find(|(t, _)| Arc::ptr_eq(t, table)) {
+            Some((_, members)) => members.push(*key),
+            None => by_table.push((table.clone(), vec![*key])),
+        }
+    }
+    by_table
 }
 
 #[derive(Debug)]
@@ -450,26 +242,8 @@ impl<E: Entry> Tree<E> {
 
     /// Opens a table whose files are on local disk (meta required; data optional = not cached).
     pub fn open_table(&self, record: TableRecord) -> Result<TableHandle<E>, ReadError> {
-        let meta_path = self.local_path(&record.id, "meta");
-        let object = table_key(E::TREE, &record.id, "meta");
-        let bytes = std::fs::read(&meta_path).map_err(|source| ReadError::Io { object: object.clone(), source })?;
-        let meta = TableMeta::decode(&bytes).map_err(|source| {
-            let object = format!("{object} (local copy {})", meta_path.display());
-            report_corruption(ObjectKind::Meta, Place::Local, &object, &source);
-            ReadError::Corrupt { object, source }
-        })?;
-        let data_path = self.local_path(&record.id, "data");
-        let local_data = File::open(&data_path).ok().map(Arc::new);
-        Ok(TableHandle {
-            uploaded: AtomicBool::new(record.uploaded),
-            record,
-            meta,
-            local_data: RwLock::new(local_data),
-            data_path,
-            last_read: AtomicU64::new(0),
-            frame_cache: self.frame_cache.clone(),
-            serial: next_serial(),
-        })
+        let (meta_path, data_path) = (self.local_path(&record.id, "meta"), self.local_path(&record.id, "data"));
+        TableHandle::open(record, &meta_path, data_path, self.frame_cache.clone())
     }
 
     /// Makes `table` visible as a delta run and drops the frozen memtable it replaces, in one step.
@@ -501,6 +275,37 @@ impl<E: Entry> Tree<E> {
 
     pub fn local_path(&self, id: &str, ext: &str) -> PathBuf {
         self.dir.join(format!("{id}.{ext}"))
+    }
+
+    /// Tells the open table `id`, if there is one, that the bucket has it (a corrupt local copy
+    /// may then be dropped and read from there).
+    pub fn mark_uploaded(&self, id: &str) {
+        self.tables().iter().filter(|t| t.record.id == id).for_each(|t| t.mark_uploaded());
+    }
+}
+
+/// A tree's table files by id, whatever its entry type: what the owner of several trees needs
+/// to upload, drop or mark a table that a catalog row names.
+pub trait TableFiles {
+    /// The directory of the tree's local table files.
+    fn dir(&self) -> &Path;
+    /// Deletes the local files of table `id` (missing files are fine).
+    fn remove_local(&self, id: &str) -> std::io::Result<()>;
+    /// See `Tree::mark_uploaded`.
+    fn mark_uploaded(&self, id: &str);
+}
+
+impl<E: Entry> TableFiles for Tree<E> {
+    fn dir(&self) -> &Path {
+        Tree::dir(self)
+    }
+
+    fn remove_local(&self, id: &str) -> std::io::Result<()> {
+        Tree::remove_local(self, id)
+    }
+
+    fn mark_uploaded(&self, id: &str) {
+        Tree::mark_uploaded(self, id)
     }
 }
 
@@ -538,17 +343,4 @@ fn anonymous_spill(tmp_data: &Path) -> std::io::Result<File> {
     let file = File::options().read(true).write(true).create(true).truncate(true).open(&path)?;
     std::fs::remove_file(&path)?;
     Ok(file)
-}
-
-/// Write to a temporary name, fsync, rename over: the file appears whole or not at all.
-pub fn write_durably(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut file = File::create(&tmp)?;
-    file.write_all(bytes)?;
-    file.sync_all()?;
-    std::fs::rename(&tmp, path)
-}
-
-pub fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
 }

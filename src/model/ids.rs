@@ -93,6 +93,38 @@ impl Revocation {
     pub const WIDTH: usize = 32;
 }
 
+/// The two trees of the index: backlinks, and the revocations that decide their liveness. The
+/// name is the tree's directory, object key segment and catalog value (`tables/<name>/<id>.data`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TreeKind {
+    /// `Backlink` entries.
+    Links,
+    /// `Revocation` entries.
+    Thresholds,
+}
+
+impl TreeKind {
+    pub const ALL: [TreeKind; 2] = [TreeKind::Links, TreeKind::Thresholds];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            TreeKind::Links => "links",
+            TreeKind::Thresholds => "thresholds",
+        }
+    }
+
+    /// The tree of a name that `name` gave; `None` for any other string.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|kind| kind.name() == name)
+    }
+}
+
+impl std::fmt::Display for TreeKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 pub(crate) fn be_u64(bytes: &[u8]) -> u64 {
     u64::from_be_bytes(bytes.try_into().expect("8 bytes"))
 }
@@ -124,6 +156,15 @@ mod tests {
         assert!(!link.survives(only(source, 11)));
         assert!(!link.survives(only(RecordId::repo(7), 11)), "the repo-level threshold counts too");
         assert!(link.survives(only(RecordId::repo(8), 11)), "another repo's does not");
+    }
+
+    #[test]
+    fn tree_names_round_trip() {
+        for kind in TreeKind::ALL {
+            assert_eq!(TreeKind::from_name(kind.name()), Some(kind));
+            assert_eq!(kind.to_string(), kind.name());
+        }
+        assert_eq!(TreeKind::from_name("Links"), None);
     }
 
     #[test]

@@ -1,5 +1,8 @@
-//! Identifiers and atproto syntax: fixed-width ids, TIDs, and string validation.
+//! The data model at the bottom of the crate: fixed-width ids, TIDs, atproto string syntax, and
+//! the operations an event asks of the index.
 
+pub mod account;
 pub mod ids;
+pub mod operation;
 pub mod syntax;
 pub mod tid;

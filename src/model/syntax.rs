@@ -309,7 +309,7 @@ pub enum Classified<'a> {
     NotALink,
 }
 
-/// Classifies one string of a record (DESIGN.md, "Which strings are links").
+/// Classifies one string of a record (docs/design.md, "Which strings are links").
 #[inline]
 pub fn classify_link(s: &str) -> Classified<'_> {
     let bytes = s.as_bytes();

@@ -21,7 +21,7 @@
 //!   bits, to the first clear unpinned one. It only sweeps when an unpinned slot exists, and each
 //!   step clears a bit or passes a pinned slot, so it ends within two turns.
 
-use crate::buckets::Buckets;
+use crate::base::positions::PositionIndex;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use xxhash_rust::xxh3::xxh3_64;
@@ -47,8 +47,8 @@ pub(super) struct Cache {
     arena: Vec<u8>,
     /// Bytes of `arena` no slot points at.
     garbage: usize,
-    by_value: Buckets,
-    by_id: Buckets,
+    by_value: PositionIndex,
+    by_id: PositionIndex,
     hand: usize,
     pinned: usize,
     /// Holds every string of its kind that outlines.db stores (see the outline invariants).
@@ -63,8 +63,8 @@ impl Cache {
             slots: Vec::new(),
             arena: Vec::new(),
             garbage: 0,
-            by_value: Buckets::new(),
-            by_id: Buckets::new(),
+            by_value: PositionIndex::new(),
+            by_id: PositionIndex::new(),
             hand: 0,
             pinned: 0,
             complete: false,

@@ -4,9 +4,8 @@
 //! limit - a connection over it waits in the kernel's accept backlog - and hands each to the
 //! serving thread with the fewest open connections. Every serving thread runs a single-threaded
 //! runtime, so a connection lives on one thread from accept to close: no work stealing and no
-//! wake-ups across cores per request. On 2 cores this served 27 % more warm queries a second
-//! than one multi-threaded runtime running the same code, in an alternating A/B run (a first
-//! version with a listening socket per thread: 12 %; BENCHMARKS.md, "serving threads").
+//! wake-ups across cores per request, which on 2 cores serves markedly more warm queries a second
+//! than one multi-threaded runtime running the same code (BENCHMARKS.md, "serving threads").
 //!
 //! Invariants:
 //! - At most `max_connections` connections are open at once, over all threads: the acceptor

@@ -15,9 +15,10 @@ use super::object::{
     MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, split_prefix, validate_key,
     validate_prefix,
 };
+use crate::base::durable::{sync_dir, write_synced};
 use bytes::Bytes;
 use std::fs::File;
-use std::io::{ErrorKind, Write};
+use std::io::ErrorKind;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,12 +124,6 @@ fn put_file(root: &Path, path: &Path, temp_suffix: &str, body: &[u8]) -> std::io
     sync_dir(dir)
 }
 
-fn write_synced(path: &Path, body: &[u8]) -> std::io::Result<()> {
-    let mut file = File::create(path)?;
-    file.write_all(body)?;
-    file.sync_all()
-}
-
 /// Creates `dir` (under `root`) if needed and, when it did, fsyncs every new directory's parent so
 /// that the directory entries survive a crash along with the object.
 fn ensure_durable_dir(root: &Path, dir: &Path) -> std::io::Result<()> {
@@ -146,10 +141,6 @@ fn ensure_durable_dir(root: &Path, dir: &Path) -> std::io::Result<()> {
         current = parent;
     }
     Ok(())
-}
-
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
 }
 
 /// Opens the object file; `NotFound` when it is missing or is not a regular file.

@@ -14,7 +14,7 @@
 //! - No lock is held across an `.await`.
 
 use super::object::{ObjectInfo, Store, StoreError};
-use crate::index::splitmix64;
+use crate::base::rng::splitmix64;
 use bytes::Bytes;
 use std::future::Future;
 use std::io::ErrorKind;

@@ -1,9 +1,12 @@
-//! Object storage: a trait and its implementations.
+//! Object storage: the `Store` trait (`object`) and its implementations: a local directory
+//! (`dir`), S3 (`s3`), a seeded fault injector for tests (`faulty`), a runtime pin for serving
+//! threads (`pinned`), and the one retry policy (`retry`).
 
 pub mod dir;
 pub mod faulty;
 pub mod object;
 pub mod pinned;
+pub mod retry;
 pub mod s3;
 
 /// The first bytes of a standard zstd frame. A manifest body that does not start with them is the

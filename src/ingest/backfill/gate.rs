@@ -22,12 +22,12 @@
 //!   unpersisted live revisions. A buffer that would overflow is applied at once, in order, and
 //!   its snapshot is then treated as stale (refetched), never written over newer commits.
 
-use crate::catalog::AccountState;
 use crate::index::{Index, IndexError};
 use crate::ingest::backfill::repos::{ReposDb, ReposError};
 use crate::ingest::car::{RepoCommit, RepoRecord};
 use crate::ingest::frames::StreamEvent;
-use crate::ingest::jetstream::{Operation, RecordRef};
+use crate::model::account::AccountState;
+use crate::model::operation::{Operation, RecordRef};
 use crate::model::tid::parse_tid;
 use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};

@@ -25,8 +25,9 @@ pub mod progress;
 pub mod repos;
 pub mod xrpc;
 
-use crate::compactor::Clock;
-use crate::index::{Index, IndexError, splitmix64};
+use crate::base::clock::Clock;
+use crate::base::rng::splitmix64;
+use crate::index::{Index, IndexError};
 use crate::ingest::car::{CarError, CarLimits, RepoCommit, RepoRecord, read_repo_bytes};
 use crate::ingest::http::HttpClient;
 use crate::store::object::StoreError;

@@ -10,13 +10,11 @@
 //!   that failed leaves its inputs in place, so nothing is lost; the error says why).
 //! - Wall time comes from the injected `Clock`, read only to stamp retired tables.
 
+use crate::base::clock::Clock;
 use crate::index::{Index, IndexError};
 use std::sync::Arc;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError, sync_channel};
 use std::thread::JoinHandle;
-
-/// Unix milliseconds, injected by the caller (the binary passes the system clock; tests a fake).
-pub type Clock = Arc<dyn Fn() -> u64 + Send + Sync>;
 
 pub struct Compactor {
     nudges: SyncSender<()>,

@@ -1,40 +1,24 @@
-//! Live ingest: a Jetstream client (v2 `subscribeEvents` or v1 `/subscribe`, several instances in
-//! order of preference) feeding the index through a bounded queue, with time- and size-bounded
-//! flushes, background compaction, periodic manifests, garbage collection and lease renewal.
+//! The socket side of live ingest: a connection to one Jetstream instance at a time, resumed
+//! from a cursor, with backoff, instance switching and compression dictionaries.
 //!
 //! Invariants:
-//! - Nothing is dropped between socket and index: the queue is bounded and the socket task waits
-//!   on it, so when the engine is behind, reading pauses (the server buffers, or drops us as too
-//!   slow, and we resume from our cursor).
-//! - The socket task never gives up: every failure reconnects after a capped, jittered exponential
+//! - The follower never gives up: every failure reconnects after a capped, jittered exponential
 //!   backoff (randomness from an injected seed); repeated failures move to the next instance.
-//! - Durability is the firehose: the durable cursor is the event's `time_us`, which every instance
-//!   and both protocols accept (v2 reads cursors >= 1e15 as timestamps), committed atomically with
-//!   each flush. A restart or an instance switch resumes `rewind_us` before it, because `time_us`
-//!   is neither unique nor comparable to the exact instant across instances. Seq cursors (exact,
-//!   instance-local) are used only to resume on the same instance within this process.
-//! - Replay is idempotent: a replayed event gets a fresh, higher stamp. A replayed create writes
-//!   a duplicate (target, source, location) that dedup folds into one; a replayed delete or update
-//!   revokes the record at its new stamp, and every later write of that record in the stream
-//!   (a re-create) is replayed after it, so it gets a still higher stamp and stays live. Replay is
-//!   always of a contiguous suffix of the stream, so the last operation per record still wins.
-//! - Compression never stops the tail: a v2 instance's dictionary is fetched from it
-//!   (`getZstdDictionary`, at most 1 MiB; the embedded one when the fetch fails); a refused
-//!   dictionary (a rotation) is refetched once, after which that instance is followed uncompressed.
-//! - Wall time comes only from the injected `Clock`.
+//! - It only waits on the engine's bounded queue: nothing is dropped between socket and index.
+//! - Seq cursors (exact, instance-local) resume only on the same instance within this process;
+//!   otherwise a connection resumes from a `time_us`, rewound (see the module above).
+//! - A refused dictionary is refetched once, after which that instance is followed uncompressed.
 
-use crate::compactor::{Clock, Compactor};
-use crate::index::{Index, IndexError, splitmix64};
-use crate::ingest::backfill::gate::SnapshotGate;
+use super::{IngestStatus, LiveError, LiveOptions};
+use crate::base::rng::splitmix64;
 use crate::ingest::frames::{
-    EventKind, Frame, FrameDecoder, LEGACY_DICTIONARY, Protocol, StreamEvent, V2_DICTIONARY, XrpcError, dictionary_id,
+    Frame, FrameDecoder, LEGACY_DICTIONARY, Protocol, StreamEvent, V2_DICTIONARY, XrpcError, dictionary_id,
     parse_xrpc_error,
 };
 use crate::ingest::http::HttpClient;
-use crate::lease::WriterLease;
 use futures::StreamExt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_tungstenite::tungstenite;
@@ -46,10 +30,6 @@ pub const V2_PATH: &str = "/xrpc/network.bsky.jetstream.subscribeEvents";
 pub const V1_PATH: &str = "/subscribe";
 /// Largest websocket message accepted (compressed bytes; decoded size is capped in `frames`).
 const MAX_MESSAGE_BYTES: usize = 32 << 20;
-/// Events the engine applies between checks of its timers.
-const ENGINE_BATCH: usize = 1024;
-/// How often the engine wakes with no events, to flush by age and run its periodic work.
-const ENGINE_TICK: Duration = Duration::from_millis(200);
 /// Cursors at or above this are timestamps (`time_us`), below it v2 seqs (the server's split).
 const TIMESTAMP_CURSOR_FLOOR: i64 = 1_000_000_000_000_000;
 /// Decode errors logged per connection before going quiet (they are still counted).
@@ -60,22 +40,6 @@ pub const DICTIONARY_PATH: &str = "/xrpc/network.bsky.jetstream.getZstdDictionar
 const MAX_DICTIONARY_BYTES: usize = 1 << 20;
 /// How long a dictionary fetch may take before compression falls back.
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
-
-#[derive(Debug, thiserror::Error)]
-pub enum LiveError {
-    #[error("jetstream URL {url:?}: {reason}")]
-    Url { url: String, reason: &'static str },
-    #[error("no jetstream instance configured")]
-    NoInstances,
-    #[error(transparent)]
-    Index(#[from] IndexError),
-    #[error("writer lease: {0}")]
-    Lease(String),
-    #[error("backfill gate: {0}")]
-    Gate(String),
-    #[error("the ingest engine thread panicked")]
-    Panicked,
-}
 
 /// One Jetstream instance: a websocket URL and the protocol its path names.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -144,174 +108,6 @@ impl Resume {
     }
 }
 
-#[derive(Debug, Clone)]
-pub struct LiveOptions {
-    /// In order of preference; the first is tried first.
-    pub instances: Vec<Instance>,
-    /// Ask for dict-zstd frames (with the embedded dictionaries).
-    pub compress: bool,
-    /// Events queued between socket and engine.
-    pub queue_events: usize,
-    pub backoff_min: Duration,
-    pub backoff_max: Duration,
-    /// Consecutive failed connections (no event delivered) before moving to the next instance.
-    pub failures_before_switch: u32,
-    /// How far before a timestamp cursor to resume (restart, instance switch).
-    pub rewind_us: i64,
-    /// A connection that delivers nothing for this long is presumed dead.
-    pub idle_timeout: Duration,
-    /// Flush when the oldest unflushed event was applied this long ago.
-    pub max_unflushed_ms: u64,
-    /// How often to publish a manifest, collect garbage and renew the lease.
-    pub publish_every_ms: u64,
-    /// Retired tables are deleted this long after their retirement.
-    pub gc_grace_ms: u64,
-    /// Seeds the backoff jitter.
-    pub seed: u64,
-    /// Routes every write through backfill's gate (when backfill may run in this process or
-    /// later on this data): commits are ordered against repository snapshots, and their
-    /// revisions recorded in repos.db before each flush.
-    pub gate: Option<Arc<SnapshotGate>>,
-}
-
-impl LiveOptions {
-    pub fn new(instances: Vec<Instance>, seed: u64) -> Self {
-        LiveOptions {
-            instances,
-            compress: true,
-            queue_events: 8192,
-            backoff_min: Duration::from_millis(250),
-            backoff_max: Duration::from_secs(30),
-            failures_before_switch: 3,
-            rewind_us: 10_000_000,
-            idle_timeout: Duration::from_secs(60),
-            max_unflushed_ms: 60_000,
-            publish_every_ms: 30_000,
-            gc_grace_ms: 600_000,
-            seed,
-            gate: None,
-        }
-    }
-}
-
-/// Ingest counters, readable by the HTTP layer while ingest runs.
-#[derive(Debug, Default)]
-pub struct IngestStatus {
-    /// Events applied, by `EventKind` (in `EventKind::ALL` order).
-    pub events: [AtomicU64; 5],
-    pub reconnects: AtomicU64,
-    pub instance_switches: AtomicU64,
-    pub decode_errors: AtomicU64,
-    pub server_errors: AtomicU64,
-    /// Index of the instance currently followed.
-    pub instance: AtomicUsize,
-    /// The last applied event's cursor on its instance, and its time.
-    pub cursor: AtomicI64,
-    pub event_time_us: AtomicI64,
-    /// now - event time of the last applied event, in milliseconds.
-    pub lag_ms: AtomicI64,
-    pub flushes: AtomicU64,
-    pub manifests: AtomicU64,
-    pub connected: AtomicBool,
-}
-
-impl IngestStatus {
-    pub fn applied(&self) -> u64 {
-        self.events.iter().map(|c| c.load(Ordering::Relaxed)).sum()
-    }
-
-    pub fn events_of(&self, kind: EventKind) -> u64 {
-        let slot = EventKind::ALL.iter().position(|k| *k == kind).expect("every kind is in ALL");
-        self.events[slot].load(Ordering::Relaxed)
-    }
-
-    fn count(&self, event: &StreamEvent, now_ms: u64) {
-        let slot = EventKind::ALL.iter().position(|k| *k == event.kind()).expect("every kind is in ALL");
-        self.events[slot].fetch_add(1, Ordering::Relaxed);
-        self.cursor.store(event.cursor, Ordering::Relaxed);
-        self.event_time_us.store(event.time_us, Ordering::Relaxed);
-        self.lag_ms.store(now_ms as i64 - event.time_us / 1_000, Ordering::Relaxed);
-    }
-
-    fn log(&self) {
-        let events: Vec<String> =
-            EventKind::ALL.iter().map(|k| format!("{}={}", k.name(), self.events_of(*k))).collect();
-        tracing::info!(
-            events = %events.join(" "),
-            reconnects = self.reconnects.load(Ordering::Relaxed),
-            switches = self.instance_switches.load(Ordering::Relaxed),
-            decode_errors = self.decode_errors.load(Ordering::Relaxed),
-            instance = self.instance.load(Ordering::Relaxed),
-            cursor = self.cursor.load(Ordering::Relaxed),
-            lag_ms = self.lag_ms.load(Ordering::Relaxed),
-            "ingest"
-        );
-    }
-}
-
-/// A running live ingest: the socket task and the engine thread.
-pub struct LiveIngest {
-    socket: tokio::task::JoinHandle<()>,
-    engine: std::thread::JoinHandle<Result<(), LiveError>>,
-    stopped: tokio::sync::watch::Receiver<bool>,
-    pub status: Arc<IngestStatus>,
-}
-
-impl LiveIngest {
-    /// Starts following the instances from the index's durable cursor (rewound by the margin).
-    /// `lease` (when the bucket is shared) is renewed with every publish.
-    pub fn start(
-        index: Arc<Index>,
-        options: LiveOptions,
-        lease: Option<WriterLease>,
-        clock: Clock,
-        runtime: tokio::runtime::Handle,
-    ) -> Result<Self, LiveError> {
-        if options.instances.is_empty() {
-            return Err(LiveError::NoInstances);
-        }
-        let status = Arc::new(IngestStatus::default());
-        let (events, queue) = mpsc::channel(options.queue_events.max(1));
-        let resume = Resume::from_durable(index.position().cursor, options.rewind_us);
-        tracing::info!(?resume, instance = %options.instances[0].url, "starting live ingest");
-        let options = Arc::new(options);
-        let socket = runtime.spawn(follow(options.clone(), resume, events, status.clone()));
-        let engine_status = status.clone();
-        let (stop_signal, stopped) = tokio::sync::watch::channel(false);
-        let engine = std::thread::Builder::new()
-            .name("ingest-engine".into())
-            .spawn(move || {
-                let compactor = Compactor::spawn(index.clone(), runtime.clone(), clock.clone());
-                let mut engine = Engine { index, options, status: engine_status, clock, runtime, lease, compactor };
-                let result = engine.run(queue);
-                let merges = engine.compactor.finish();
-                let _ = stop_signal.send(true);
-                result.and(merges.map(|_| ()).map_err(LiveError::from))
-            })
-            .expect("spawning the ingest engine thread");
-        Ok(LiveIngest { socket, engine, stopped, status })
-    }
-
-    /// True once the engine has stopped (after an error: `stop` returns it).
-    pub fn is_finished(&self) -> bool {
-        self.engine.is_finished()
-    }
-
-    /// Resolves once the engine has stopped (an error; or after `stop`).
-    pub fn stopped(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
-        let mut stopped = self.stopped.clone();
-        async move {
-            let _ = stopped.wait_for(|done| *done).await;
-        }
-    }
-
-    /// Stops reading, applies what is queued, flushes, publishes and joins. Blocking.
-    pub fn stop(self) -> Result<(), LiveError> {
-        self.socket.abort();
-        self.engine.join().map_err(|_| LiveError::Panicked)?
-    }
-}
-
 /// Why a connection ended.
 #[derive(Debug)]
 enum Ended {
@@ -366,7 +162,7 @@ struct Follower {
 }
 
 /// The socket task: connect, read, queue; reconnect forever.
-async fn follow(
+pub(super) async fn follow(
     options: Arc<LiveOptions>,
     resume: Resume,
     queue: mpsc::Sender<StreamEvent>,
@@ -622,112 +418,6 @@ async fn fetch_dictionary(socket_url: &str) -> Result<(Arc<[u8]>, u32), String> 
     let id = dictionary_id(&body).map_err(|e| e.to_string())?;
     FrameDecoder::new(Protocol::V2, Some(&body)).map_err(|e| e.to_string())?;
     Ok((Arc::from(body), id))
-}
-
-/// The index side: applies queued events, flushes by size and age, publishes periodically.
-struct Engine {
-    index: Arc<Index>,
-    options: Arc<LiveOptions>,
-    status: Arc<IngestStatus>,
-    clock: Clock,
-    runtime: tokio::runtime::Handle,
-    lease: Option<WriterLease>,
-    compactor: Compactor,
-}
-
-impl Engine {
-    fn run(&mut self, mut queue: mpsc::Receiver<StreamEvent>) -> Result<(), LiveError> {
-        let mut oldest_unflushed_ms: Option<u64> = None;
-        let mut last_publish_ms = (self.clock)();
-        loop {
-            let runtime = self.runtime.clone();
-            let first = runtime.block_on(async { tokio::time::timeout(ENGINE_TICK, queue.recv()).await });
-            let closed = match first {
-                Ok(Some(event)) => {
-                    self.apply(event)?;
-                    for _ in 1..ENGINE_BATCH {
-                        match queue.try_recv() {
-                            Ok(event) => self.apply(event)?,
-                            Err(_) => break,
-                        }
-                    }
-                    oldest_unflushed_ms.get_or_insert((self.clock)());
-                    false
-                }
-                Ok(None) => true,
-                Err(_elapsed) => false,
-            };
-            let now_ms = (self.clock)();
-            let too_old =
-                oldest_unflushed_ms.is_some_and(|t| now_ms.saturating_sub(t) >= self.options.max_unflushed_ms);
-            if closed || too_old || self.index.wants_flush() {
-                self.flush()?;
-                oldest_unflushed_ms = None;
-            }
-            if closed {
-                self.publish(now_ms)?;
-                return self.release_lease();
-            }
-            if now_ms.saturating_sub(last_publish_ms) >= self.options.publish_every_ms {
-                self.publish(now_ms)?;
-                last_publish_ms = now_ms;
-            }
-        }
-    }
-
-    /// Gives the lease up on a clean stop, so the next writer need not wait for it to expire.
-    fn release_lease(&mut self) -> Result<(), LiveError> {
-        match self.lease.take() {
-            Some(lease) => self.runtime.block_on(lease.release()).map_err(|e| LiveError::Lease(e.to_string())),
-            None => Ok(()),
-        }
-    }
-
-    fn apply(&self, event: StreamEvent) -> Result<(), LiveError> {
-        self.status.count(&event, (self.clock)());
-        // The durable cursor is the time, valid on every instance (see the module header).
-        match &self.options.gate {
-            Some(gate) => {
-                gate.apply_live(event).map_err(|e| LiveError::Gate(e.to_string()))?;
-            }
-            None => self.index.apply(&event.operation, Some(event.time_us))?,
-        }
-        Ok(())
-    }
-
-    fn flush(&self) -> Result<(), LiveError> {
-        match &self.options.gate {
-            Some(gate) => {
-                gate.flush().map_err(|e| LiveError::Gate(e.to_string()))?;
-            }
-            None => {
-                self.index.flush()?;
-            }
-        }
-        self.status.flushes.fetch_add(1, Ordering::Relaxed);
-        self.compactor.nudge();
-        Ok(())
-    }
-
-    /// Manifest, garbage collection and lease renewal. A store failure is retried next time; a
-    /// lost lease stops ingest (another writer owns the prefix now).
-    fn publish(&mut self, now_ms: u64) -> Result<(), LiveError> {
-        if let Some(lease) = &mut self.lease {
-            self.runtime.block_on(lease.renew(now_ms)).map_err(|e| LiveError::Lease(e.to_string()))?;
-        }
-        match self.runtime.block_on(self.index.publish_manifest()) {
-            Ok(name) => {
-                self.status.manifests.fetch_add(1, Ordering::Relaxed);
-                tracing::debug!(%name, "published a manifest");
-            }
-            Err(e) => tracing::warn!(error = %e, "publishing a manifest failed; retrying later"),
-        }
-        if let Err(e) = self.runtime.block_on(self.index.collect_garbage(now_ms, self.options.gc_grace_ms)) {
-            tracing::warn!(error = %e, "garbage collection failed; retrying later");
-        }
-        self.status.log();
-        Ok(())
-    }
 }
 
 #[cfg(test)]

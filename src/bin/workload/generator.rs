@@ -1,299 +1,6 @@
-//! `backlinks-workload`: writes a seeded stream of Jetstream v1 JSON lines shaped like the real
-//! network, for `backlinks import` benchmarks (`scripts/bench.sh`).
-//!
-//! The mix follows the public firehose: mostly likes, then posts (replies with root and parent
-//! strong references, quotes via `embed.record`, mentions via facets, images and link cards that
-//! hold no links), follows, reposts, blocks, profile updates (some with a pinned post), a few
-//! percent deletes and record updates, account deactivations, reactivations and deletions, and
-//! identity events. Liked, reposted, replied and quoted posts and followed, blocked and mentioned
-//! accounts are Zipf-popular; record keys are TIDs of the event time, like the real ones.
-//!
-//! Invariants:
-//! - Deterministic: the output is a function of the flags alone (no clock, no thread rng); the
-//!   generator is splitmix64 seeded by `--seed`.
-//! - Every line is one valid Jetstream v1 event that `backlinks import` applies (a test parses
-//!   every line of a sample with the importer's parser).
-//! - `links` in the summary is exactly the number of backlinks the extractor finds in the
-//!   records written (creates and updates); a test checks it on a sample.
-//! - Accounts behave as their PDS lets them: a deactivated account writes no record until it is
-//!   reactivated, and a deleted one never writes again (it can still be linked to).
-//! - Bounded: at most `MAX_EVENTS` events, `MAX_ACCOUNTS` accounts and `MAX_POSTS` older posts;
-//!   memory is three fixed rings of recent records and accounts, two bits per account and one
-//!   line buffer, whatever the size.
+//! The generator: one seeded stream of events, written as Jetstream v1 JSON lines.
 
-use backlinks::index::splitmix64;
-use clap::Parser;
-use std::io::Write;
-use std::path::PathBuf;
-use std::time::Instant;
-
-const MAX_EVENTS: u64 = 1_000_000_000;
-const MAX_ACCOUNTS: u64 = 100_000_000;
-const MAX_POSTS: u64 = 1_000_000_000;
-/// Events written when neither `--events` nor `--links` is given.
-const DEFAULT_EVENTS: u64 = 1_000_000;
-/// Recent records kept for deletes and updates, and recent posts kept as targets.
-const RECENT_RECORDS: usize = 1 << 20;
-const RECENT_POSTS: usize = 1 << 16;
-/// Share of post targets (likes, reposts, replies, quotes) drawn from posts made during the stream.
-const RECENT_TARGET_PERCENT: u64 = 35;
-/// The stream starts at the time of the real capture in tests/data/jetstream (May 2026).
-const START_US: u64 = 1_779_719_009_000_000;
-/// Draws of an author before one that is deactivated or deleted is taken anyway (never needed at
-/// the mix's rates: a few thousand accounts per million leave).
-const AUTHOR_DRAWS: usize = 64;
-/// Older posts are spaced this far apart before the start.
-const OLD_POST_SPACING_US: u64 = 1_500_000;
-/// Zipf exponent of account activity (how unevenly accounts write).
-const ACTIVITY_ZIPF: f64 = 0.7;
-/// Zipf exponent of account popularity (follows, blocks, mentions).
-const POPULARITY_ZIPF: f64 = 1.0;
-
-#[derive(Parser, Debug)]
-#[command(name = "backlinks-workload", about = "Write a seeded, network-shaped Jetstream v1 JSON-lines workload")]
-struct Args {
-    /// Seed of the generator: the same flags give the same bytes.
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Stop after this many events.
-    #[arg(long)]
-    events: Option<u64>,
-    /// Stop once the records written hold this many backlinks.
-    #[arg(long)]
-    links: Option<u64>,
-    /// Accounts that write and are linked to (default: a tenth of the size, at least 1,000).
-    #[arg(long)]
-    accounts: Option<u64>,
-    /// Posts from before the stream that links may target (default: a quarter of the size).
-    #[arg(long)]
-    posts: Option<u64>,
-    /// Zipf exponent of post popularity.
-    #[arg(long, default_value_t = 1.0)]
-    zipf: f64,
-    /// Output file (default: standard output).
-    #[arg(long, short)]
-    out: Option<PathBuf>,
-}
-
-/// The sizes the generator runs with, validated.
-#[derive(Debug, Clone, Copy, PartialEq)]
-struct Shape {
-    seed: u64,
-    max_events: u64,
-    max_links: u64,
-    accounts: u64,
-    posts: u64,
-    post_zipf: f64,
-}
-
-impl Shape {
-    fn from_args(args: &Args) -> Result<Self, String> {
-        let size = args.events.or(args.links).unwrap_or(DEFAULT_EVENTS);
-        let shape = Shape {
-            seed: args.seed,
-            max_events: args.events.unwrap_or(if args.links.is_some() { MAX_EVENTS } else { DEFAULT_EVENTS }),
-            max_links: args.links.unwrap_or(u64::MAX),
-            accounts: args.accounts.unwrap_or((size / 10).max(1_000)),
-            posts: args.posts.unwrap_or((size / 4).max(1_000)),
-            post_zipf: args.zipf,
-        };
-        shape.validate()?;
-        Ok(shape)
-    }
-
-    fn validate(&self) -> Result<(), String> {
-        if !(1..=MAX_EVENTS).contains(&self.max_events) {
-            return Err(format!("--events must be 1..={MAX_EVENTS}"));
-        }
-        if !(2..=MAX_ACCOUNTS).contains(&self.accounts) {
-            return Err(format!("--accounts must be 2..={MAX_ACCOUNTS}"));
-        }
-        if !(1..=MAX_POSTS).contains(&self.posts) {
-            return Err(format!("--posts must be 1..={MAX_POSTS}"));
-        }
-        if !(0.0..=3.0).contains(&self.post_zipf) {
-            return Err("--zipf must be between 0 and 3".into());
-        }
-        Ok(())
-    }
-}
-
-/// Samples ranks `0..n` with probability about proportional to `1 / (rank + 1)^s`, by inverting the
-/// continuous power law (one `exp`/`powf` per draw, no table).
-#[derive(Debug, Clone, Copy)]
-struct Zipf {
-    n: u64,
-    s: f64,
-    /// `ln(n + 1)` when `s == 1`, else `(n + 1)^(1 - s) - 1`.
-    span: f64,
-}
-
-impl Zipf {
-    fn new(n: u64, s: f64) -> Self {
-        let top = (n + 1) as f64;
-        let span = if s == 1.0 { top.ln() } else { top.powf(1.0 - s) - 1.0 };
-        Zipf { n, s, span }
-    }
-
-    /// The rank for a uniform `u` in `[0, 1)`.
-    fn rank(&self, u: f64) -> u64 {
-        let x = if self.s == 1.0 { (u * self.span).exp() } else { (u * self.span + 1.0).powf(1.0 / (1.0 - self.s)) };
-        (x as u64).saturating_sub(1).min(self.n - 1)
-    }
-}
-
-/// The collections the generator writes (the `u8` keeps the recent-record ring small).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Collection {
-    Like,
-    Post,
-    Repost,
-    Follow,
-    Block,
-}
-
-impl Collection {
-    fn nsid(self) -> &'static str {
-        match self {
-            Collection::Like => "app.bsky.feed.like",
-            Collection::Post => "app.bsky.feed.post",
-            Collection::Repost => "app.bsky.feed.repost",
-            Collection::Follow => "app.bsky.graph.follow",
-            Collection::Block => "app.bsky.graph.block",
-        }
-    }
-}
-
-/// What one event is; `MIX` gives each kind's share of the stream.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Create(Collection),
-    Profile,
-    Delete,
-    Update,
-    Deactivate,
-    Reactivate,
-    DeleteAccount,
-    Identity,
-}
-
-/// Shares in basis points (they sum to 10,000), after public Jetstream statistics.
-const MIX: [(Kind, u32); 12] = [
-    (Kind::Create(Collection::Like), 5_900),
-    (Kind::Create(Collection::Post), 1_300),
-    (Kind::Create(Collection::Follow), 1_100),
-    (Kind::Create(Collection::Repost), 850),
-    (Kind::Delete, 500),
-    (Kind::Create(Collection::Block), 120),
-    (Kind::Profile, 80),
-    (Kind::Identity, 65),
-    (Kind::Update, 50),
-    (Kind::Deactivate, 20),
-    (Kind::Reactivate, 10),
-    (Kind::DeleteAccount, 5),
-];
-
-/// A record written earlier: who wrote it, where, and its TID record key.
-#[derive(Debug, Clone, Copy)]
-struct Written {
-    author: u64,
-    collection: Collection,
-    rkey: u64,
-}
-
-/// A fixed-size ring that overwrites its oldest item.
-struct Ring<T> {
-    items: Vec<T>,
-    capacity: usize,
-    next: usize,
-}
-
-impl<T: Copy> Ring<T> {
-    fn new(capacity: usize) -> Self {
-        assert!(capacity > 0, "a ring needs room");
-        Ring { items: Vec::with_capacity(capacity.min(1 << 16)), capacity, next: 0 }
-    }
-
-    fn push(&mut self, item: T) {
-        if self.items.len() < self.capacity {
-            self.items.push(item);
-        } else {
-            self.items[self.next] = item;
-        }
-        self.next = (self.next + 1) % self.capacity;
-    }
-
-    /// The item at `draw` modulo the filled length, if any.
-    fn pick(&self, draw: u64) -> Option<T> {
-        (!self.items.is_empty()).then(|| self.items[(draw % self.items.len() as u64) as usize])
-    }
-}
-
-/// Which accounts may write: a bit set of deactivated accounts and one of deleted accounts, and
-/// the recently deactivated ones, from which reactivations are drawn.
-struct Standing {
-    deactivated: Vec<u64>,
-    deleted: Vec<u64>,
-    recently_deactivated: Ring<u64>,
-}
-
-impl Standing {
-    fn new(accounts: u64) -> Self {
-        let words = accounts.div_ceil(64) as usize;
-        Standing { deactivated: vec![0; words], deleted: vec![0; words], recently_deactivated: Ring::new(RECENT_POSTS) }
-    }
-
-    fn bit(set: &[u64], account: u64) -> bool {
-        set[(account / 64) as usize] & (1 << (account % 64)) != 0
-    }
-
-    fn set(set: &mut [u64], account: u64, on: bool) {
-        let word = &mut set[(account / 64) as usize];
-        *word = if on { *word | 1 << (account % 64) } else { *word & !(1 << (account % 64)) };
-    }
-
-    fn may_write(&self, account: u64) -> bool {
-        !self.is_deactivated(account) && !Self::bit(&self.deleted, account)
-    }
-
-    fn is_deactivated(&self, account: u64) -> bool {
-        Self::bit(&self.deactivated, account)
-    }
-
-    fn deactivate(&mut self, account: u64) {
-        Self::set(&mut self.deactivated, account, true);
-        self.recently_deactivated.push(account);
-    }
-
-    fn reactivate(&mut self, account: u64) {
-        Self::set(&mut self.deactivated, account, false);
-    }
-
-    fn delete(&mut self, account: u64) {
-        Self::set(&mut self.deleted, account, true);
-    }
-}
-
-/// Counts of what was written, for the summary.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-struct Counts {
-    events: u64,
-    links: u64,
-    bytes: u64,
-    likes: u64,
-    posts: u64,
-    replies: u64,
-    quotes: u64,
-    mentions: u64,
-    reposts: u64,
-    follows: u64,
-    blocks: u64,
-    profiles: u64,
-    deletes: u64,
-    updates: u64,
-    account_events: u64,
-    identity_events: u64,
-}
+use super::*;
 
 const BASE32: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 const TID_ALPHABET: &[u8; 32] = backlinks::model::tid::TID_ALPHABET;
@@ -303,7 +10,7 @@ const WORDS: [&str; 32] = [
     "really", "think", "about", "ok", "🔥",
 ];
 
-struct Generator {
+pub(crate) struct Generator {
     shape: Shape,
     rng: u64,
     time_us: u64,
@@ -315,11 +22,11 @@ struct Generator {
     recent_posts: Ring<(u64, u64)>,
     standing: Standing,
     counts: Counts,
-    line: Vec<u8>,
+    pub(crate) line: Vec<u8>,
 }
 
 impl Generator {
-    fn new(shape: Shape) -> Self {
+    pub(crate) fn new(shape: Shape) -> Self {
         Generator {
             shape,
             rng: shape.seed,
@@ -353,7 +60,7 @@ impl Generator {
     }
 
     /// Writes events until either bound is reached; returns the counts.
-    fn run(mut self, out: &mut impl Write) -> std::io::Result<Counts> {
+    pub(crate) fn run(mut self, out: &mut impl Write) -> std::io::Result<Counts> {
         while self.counts.events < self.shape.max_events && self.counts.links < self.shape.max_links {
             self.line.clear();
             self.time_us += 200 + self.below(600);
@@ -805,7 +512,7 @@ impl Generator {
         }
     }
 
-    fn tid(&mut self, value: u64) {
+    pub(crate) fn tid(&mut self, value: u64) {
         self.line.extend((0..13).rev().map(|i| TID_ALPHABET[((value >> (i * 5)) & 31) as usize]));
     }
 
@@ -845,23 +552,23 @@ impl Generator {
 /// at:// links of the real CAR fixtures, 273 have microsecond digits below 10 and 371 a clock id
 /// below 32. So 3 in 4 draws here are whole milliseconds, the rest any microsecond, and 63 in 64
 /// take a clock id below 32, the rest any of the 1,024.
-fn record_tid(micros: u64, draw: u64) -> u64 {
+pub(crate) fn record_tid(micros: u64, draw: u64) -> u64 {
     let micros = if draw.is_multiple_of(4) { micros } else { micros - micros % 1_000 };
     let clock = if (draw >> 2).is_multiple_of(64) { draw >> 8 } else { (draw >> 8) & 31 };
     tid(micros, clock)
 }
 
 /// A TID from a microsecond time and a 10-bit clock id.
-fn tid(micros: u64, clock: u64) -> u64 {
+pub(crate) fn tid(micros: u64, clock: u64) -> u64 {
     ((micros << 10) | (clock & 0x3ff)) & !backlinks::model::tid::TID_TOP_BIT
 }
 
 /// `YYYY-MM-DDTHH:MM:SS.mmmZ` of a Unix time in microseconds, written digit by digit (no
 /// allocation: the generator writes millions of them).
-fn format_datetime(micros: u64) -> [u8; 24] {
+pub(crate) fn format_datetime(micros: u64) -> [u8; 24] {
     let millis = micros / 1_000;
     let (days, ms_of_day) = (millis / 86_400_000, millis % 86_400_000);
-    let (year, month, day) = backlinks::ingest::frames::civil_from_days(days as i64);
+    let (year, month, day) = backlinks::base::dates::civil_from_days(days as i64);
     let fields = [
         (year as u64, 4),
         (month as u64, 2),
@@ -881,208 +588,4 @@ fn format_datetime(micros: u64) -> [u8; 24] {
         }
     }
     out
-}
-
-fn main() -> std::process::ExitCode {
-    let args = Args::parse();
-    let shape = match Shape::from_args(&args) {
-        Ok(shape) => shape,
-        Err(message) => {
-            eprintln!("backlinks-workload: {message}");
-            return std::process::ExitCode::from(2);
-        }
-    };
-    match write_workload(shape, args.out.as_ref()) {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("backlinks-workload: {e}");
-            std::process::ExitCode::FAILURE
-        }
-    }
-}
-
-/// Runs the generator into the file (or stdout) and prints a JSON summary on stderr.
-fn write_workload(shape: Shape, out: Option<&PathBuf>) -> std::io::Result<()> {
-    let started = Instant::now();
-    let counts = match out {
-        Some(path) => {
-            Generator::new(shape).run(&mut std::io::BufWriter::with_capacity(1 << 20, std::fs::File::create(path)?))?
-        }
-        None => Generator::new(shape).run(&mut std::io::BufWriter::with_capacity(1 << 20, std::io::stdout().lock()))?,
-    };
-    let summary = serde_json::json!({
-        "seed": shape.seed, "accounts": shape.accounts, "posts": shape.posts, "zipf": shape.post_zipf,
-        "events": counts.events, "links": counts.links, "bytes": counts.bytes,
-        "seconds": started.elapsed().as_secs_f64(),
-        "likes": counts.likes, "posts_written": counts.posts, "replies": counts.replies, "quotes": counts.quotes,
-        "mentions": counts.mentions, "reposts": counts.reposts, "follows": counts.follows, "blocks": counts.blocks,
-        "profiles": counts.profiles, "deletes": counts.deletes, "updates": counts.updates,
-        "account_events": counts.account_events, "identity_events": counts.identity_events,
-    });
-    eprintln!("{summary}");
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use backlinks::extract::{ExtractLimits, extract_links};
-    use backlinks::ingest::jetstream::{Operation, parse_event};
-    use std::collections::HashSet;
-
-    fn shape(seed: u64, events: u64) -> Shape {
-        Shape { seed, max_events: events, max_links: u64::MAX, accounts: 5_000, posts: 2_000, post_zipf: 1.0 }
-    }
-
-    fn generate(shape: Shape) -> (Vec<u8>, Counts) {
-        let mut out = Vec::new();
-        let counts = Generator::new(shape).run(&mut out).unwrap();
-        (out, counts)
-    }
-
-    #[test]
-    fn every_line_is_an_event_the_importer_applies_with_the_counted_links() {
-        let (out, counts) = generate(shape(3, 20_000));
-        let mut links = 0u64;
-        let mut operations = [0u64; 5];
-        for line in out.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-            let event = parse_event(line).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(line)));
-            let slot = match &event.operation {
-                Operation::Create(op) | Operation::Update(op) => {
-                    links += extract_links(&op.record, &ExtractLimits::default()).links.len() as u64;
-                    usize::from(matches!(event.operation, Operation::Update(_)))
-                }
-                Operation::Delete(_) => 2,
-                Operation::Account { .. } => 3,
-                Operation::Skip => 4,
-            };
-            operations[slot] += 1;
-        }
-        assert_eq!(counts.events, 20_000);
-        assert_eq!(links, counts.links, "the summary counts exactly the links the extractor finds");
-        assert_eq!(operations.iter().sum::<u64>(), 20_000);
-        assert_eq!(operations[1], counts.updates);
-        assert_eq!(operations[2], counts.deletes);
-        assert_eq!(operations[3], counts.account_events);
-        assert_eq!(operations[4], counts.identity_events);
-        // The mix: likes 59 % and deletes 5 % (of 20,000 draws, within a few standard deviations).
-        assert!((11_500..12_100).contains(&counts.likes), "likes {}", counts.likes);
-        assert!((900..1_100).contains(&counts.deletes), "deletes {}", counts.deletes);
-        assert!(counts.replies > 0 && counts.quotes > 0 && counts.mentions > 0 && counts.blocks > 0);
-    }
-
-    #[test]
-    fn deactivated_and_deleted_accounts_write_nothing() {
-        let (out, _) = generate(Shape { accounts: 300, ..shape(5, 60_000) });
-        let (mut deactivated, mut deleted) = (HashSet::new(), HashSet::new());
-        let (mut deactivations, mut reactivations, mut commits) = (0, 0, 0);
-        for line in out.split(|&b| b == b'\n').filter(|l| !l.is_empty()) {
-            let did = match parse_event(line).unwrap().operation {
-                Operation::Account { did, active, status } => {
-                    let did = did.into_owned();
-                    match (active, status.as_deref()) {
-                        (false, Some("deleted")) => deleted.insert(did),
-                        (false, _) => {
-                            deactivations += 1;
-                            deactivated.insert(did)
-                        }
-                        (true, _) => {
-                            reactivations += usize::from(deactivated.contains(&did));
-                            deactivated.remove(&did)
-                        }
-                    };
-                    continue;
-                }
-                Operation::Create(op) | Operation::Update(op) => op.record_ref.did.into_owned(),
-                Operation::Delete(record_ref) => record_ref.did.into_owned(),
-                Operation::Skip => continue,
-            };
-            commits += 1;
-            assert!(!deleted.contains(&did), "a deleted account wrote: {}", String::from_utf8_lossy(line));
-            assert!(!deactivated.contains(&did), "a deactivated account wrote: {}", String::from_utf8_lossy(line));
-        }
-        // 60,000 events: about 30 deletions, 120 deactivations and 60 reactivations of 300 accounts.
-        assert!(
-            deleted.len() >= 10 && deactivations >= 60 && reactivations >= 20,
-            "{deleted:?} {deactivations} {reactivations}"
-        );
-        assert!(commits > 55_000, "{commits} commits");
-    }
-
-    #[test]
-    fn the_same_seed_gives_the_same_bytes_and_another_seed_others() {
-        let (a, _) = generate(shape(7, 2_000));
-        let (b, _) = generate(shape(7, 2_000));
-        let (c, _) = generate(shape(8, 2_000));
-        assert_eq!(a, b);
-        assert_ne!(a, c);
-    }
-
-    #[test]
-    fn the_link_bound_stops_the_stream() {
-        let (_, counts) = generate(Shape { max_events: MAX_EVENTS, max_links: 5_000, ..shape(1, 0) });
-        assert!((5_000..5_010).contains(&counts.links), "stopped at {} links", counts.links);
-    }
-
-    #[test]
-    fn tids_match_the_crate_encoding() {
-        for value in [0, 1, 31, 0x194a_947d_4aac_b00c, tid(START_US, 1023)] {
-            let mut generator = Generator::new(shape(1, 1));
-            generator.tid(value);
-            assert_eq!(generator.line, backlinks::model::tid::format_tid(value).into_bytes());
-        }
-    }
-
-    #[test]
-    fn record_tids_are_spread_like_the_real_ones() {
-        let mut state = 3;
-        let micros = START_US + 123_456;
-        let tids: Vec<u64> = (0..10_000).map(|_| record_tid(micros, splitmix64(&mut state))).collect();
-        let whole_millis = tids.iter().filter(|&&t| (t >> 10) == micros - 456).count();
-        let exact = tids.iter().filter(|&&t| (t >> 10) == micros).count();
-        let small_clock = tids.iter().filter(|&&t| t & 0x3ff < 32).count();
-        assert_eq!(whole_millis + exact, tids.len(), "only these two times");
-        assert!((7_300..7_700).contains(&whole_millis), "{whole_millis} whole milliseconds");
-        assert!((9_780..9_920).contains(&small_clock), "{small_clock} clock ids below 32");
-        assert!(tids.iter().any(|&t| t & 0x3ff >= 512), "the other clock ids are drawn too");
-    }
-
-    #[test]
-    fn datetimes_are_rfc3339_utc() {
-        assert_eq!(&format_datetime(0), b"1970-01-01T00:00:00.000Z");
-        assert_eq!(&format_datetime(1_779_719_008_778_123), b"2026-05-25T14:23:28.778Z");
-        assert_eq!(&format_datetime(951_782_400_000_000), b"2000-02-29T00:00:00.000Z");
-    }
-
-    #[test]
-    fn zipf_ranks_are_in_range_and_skewed() {
-        let zipf = Zipf::new(1_000, 1.0);
-        assert_eq!(zipf.rank(0.0), 0);
-        assert_eq!(zipf.rank(0.999_999_999), 999);
-        let mut state = 5;
-        let draws: Vec<u64> =
-            (0..10_000).map(|_| zipf.rank((splitmix64(&mut state) >> 11) as f64 / (1u64 << 53) as f64)).collect();
-        let top_ten = draws.iter().filter(|&&r| r < 10).count();
-        // P(rank < 10) = ln(11) / ln(1001), about 35 %.
-        assert!((3_200..3_750).contains(&top_ten), "top ten drew {top_ten}");
-        let flatter = Zipf::new(1_000, 0.5);
-        assert!(flatter.rank(0.5) > zipf.rank(0.5));
-    }
-
-    #[test]
-    fn bad_sizes_are_refused() {
-        let args = |events: Option<u64>, accounts: Option<u64>| Args {
-            seed: 1,
-            events,
-            links: None,
-            accounts,
-            posts: None,
-            zipf: 1.0,
-            out: None,
-        };
-        assert!(Shape::from_args(&args(Some(0), None)).is_err());
-        assert!(Shape::from_args(&args(Some(MAX_EVENTS + 1), None)).is_err());
-        assert!(Shape::from_args(&args(None, Some(1))).is_err());
-        assert_eq!(Shape::from_args(&args(None, None)).unwrap().max_events, DEFAULT_EVENTS);
-    }
 }

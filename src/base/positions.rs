@@ -1,6 +1,6 @@
 //! An open-addressing index of positions (slot numbers into a vector the caller owns), keyed by
 //! a 64-bit hash; the caller compares keys. Used by the outline cache (both directions) and by
-//! compaction's revocation thresholds.
+//! the revocation thresholds a merge consults (`liveness::KnownRevocations`).
 //!
 //! Invariants:
 //! - Linear probing over a power-of-two number of buckets, grown before it passes 3/4 full, with
@@ -13,12 +13,12 @@ const MIN_BUCKETS: usize = 16;
 
 /// A linear-probing table of positions.
 #[derive(Debug)]
-pub(crate) struct Buckets {
+pub(crate) struct PositionIndex {
     buckets: Vec<u64>,
     len: usize,
 }
 
-impl Buckets {
+impl PositionIndex {
     pub(crate) fn new() -> Self {
         Self { buckets: vec![0; MIN_BUCKETS], len: 0 }
     }

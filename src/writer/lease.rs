@@ -125,8 +125,8 @@ pub fn owner_id(data_dir: &std::path::Path, seed: u64) -> std::io::Result<String
         Ok(id) if !id.trim().is_empty() => Ok(id.trim().to_string()),
         _ => {
             let mut state = seed;
-            let id = format!("{:016x}", crate::index::splitmix64(&mut state));
-            crate::lsm::tree::write_durably(&path, id.as_bytes())?;
+            let id = format!("{:016x}", crate::base::rng::splitmix64(&mut state));
+            crate::base::durable::write_durably(&path, id.as_bytes())?;
             Ok(id)
         }
     }

@@ -1,0 +1,108 @@
+//! Compaction driven by the index: picks a full tier of either tree, merges it on the calling
+//! thread with the revocations a merge may use, and swaps the result in.
+//!
+//! Invariants:
+//! - One merge at a time (`Index::compacting`).
+//! - A merge of backlinks reads the revocation tables only after it read `tables_clock`, so every
+//!   revocation stamped at or below that clock is among those it read (`KnownRevocations::load`).
+//! - The catalog retires the inputs and adds the output in one transaction before the tree swaps
+//!   them; the inputs' local files go only after that.
+
+use super::{Index, IndexError, add_elapsed, io_err};
+use crate::liveness::KnownRevocations;
+use crate::lsm::compaction::{self, CompactionOptions};
+use crate::lsm::entry::Entry;
+use crate::lsm::record::{RunKind, TableRecord};
+use crate::lsm::run::Run;
+use crate::lsm::tree::Tree;
+use crate::model::ids::Backlink;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+impl Index {
+    /// One compaction, if a tier of either tree is full: merges its oldest `fan_in` runs into one
+    /// sharded run and retires them at `now_ms`. Blocking (it reads through `runtime` when a table
+    /// is not local): call it from a blocking thread. Returns whether it merged anything.
+    pub fn compact_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {
+        self.compact_once_with(runtime, now_ms, &self.options.compaction)
+    }
+
+    /// `compact_once` with other options (a benchmark or an operator's one-off).
+    pub fn compact_once_with(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        now_ms: u64,
+        options: &CompactionOptions,
+    ) -> Result<bool, IndexError> {
+        let _one_at_a_time = self.compacting.lock().expect("compaction lock poisoned");
+        // Read before the revocation tables: what it promises is installed already.
+        let complete_through = self.tables_clock.load(Ordering::Acquire);
+        if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
+            let runs = self.thresholds.runs();
+            let thresholds = KnownRevocations::load(&runs, complete_through, self.store.as_ref(), runtime, options)?;
+            let mut keep = |link: Backlink| thresholds.as_ref().map_or(Some(link), |t| t.settle(link));
+            self.compact_tree(&self.links, &inputs, runtime, now_ms, options, &mut keep)?;
+            return Ok(true);
+        }
+        if let Some(inputs) = compaction::pick(&self.thresholds.runs(), options) {
+            self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, options, &mut Some)?;
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    fn compact_tree<E: Entry>(
+        &self,
+        tree: &Tree<E>,
+        inputs: &[Arc<Run<E>>],
+        runtime: &tokio::runtime::Handle,
+        now_ms: u64,
+        options: &CompactionOptions,
+        keep: &mut dyn FnMut(E) -> Option<E>,
+    ) -> Result<(), IndexError> {
+        let started = std::time::Instant::now();
+        let bytes_in: u64 = inputs.iter().map(|r| r.data_bytes()).sum();
+        let shard_count = compaction::shard_count_for(bytes_in, options);
+        let (run_id, ids) = {
+            let mut writer = self.writer.lock().expect("writer lock poisoned");
+            let run_id = self.new_table_id(&mut writer)?;
+            let ids: Vec<String> =
+                (0..shard_count).map(|_| self.new_table_id(&mut writer)).collect::<Result<_, _>>()?;
+            (run_id, ids)
+        };
+        let output = compaction::merge(tree, inputs, &ids, self.store.as_ref(), runtime, options, keep)?;
+        let records: Vec<TableRecord> = output
+            .tables
+            .iter()
+            .zip(&ids)
+            .map(|((shard, summary), id)| {
+                let run = (run_id.clone(), RunKind::Compacted);
+                TableRecord::written(E::TREE, id.clone(), run, (*shard, shard_count), summary)
+            })
+            .collect();
+        let removed: Vec<String> = inputs.iter().map(|r| r.id.clone()).collect();
+        let removed_refs: Vec<&str> = removed.iter().map(String::as_str).collect();
+        self.catalog.replace_runs(&removed_refs, &records, now_ms)?;
+        let tables = records.into_iter().map(|r| tree.open_table(r).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
+        let run = Run::from_tables(tables).expect("a compaction writes every shard of its run");
+        tree.replace_runs(&removed, run);
+        for table in inputs.iter().flat_map(|r| r.tables.iter()) {
+            tree.remove_local(&table.record.id).map_err(io_err(tree.dir()))?;
+        }
+        self.counters.compactions.fetch_add(1, Ordering::Relaxed);
+        let bytes_out: u64 = output.tables.iter().map(|(_, summary)| summary.data_len + summary.meta_len).sum();
+        self.counters.compaction_bytes_in.fetch_add(bytes_in, Ordering::Relaxed);
+        self.counters.compaction_bytes_out.fetch_add(bytes_out, Ordering::Relaxed);
+        add_elapsed(&self.counters.compaction_micros, started);
+        tracing::info!(
+            tree = E::TREE.name(),
+            inputs = inputs.len(),
+            shards = shard_count,
+            entries_in = output.entries_in,
+            duplicates = output.duplicates_dropped,
+            killed = output.killed_dropped,
+            "compacted"
+        );
+        Ok(())
+    }
+}

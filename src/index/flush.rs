@@ -1,0 +1,210 @@
+//! Flushes: both memtables frozen at one position and written out as delta tables, committed
+//! with the ingest position and the account changes they cover.
+//!
+//! Invariants:
+//! - A flush persists the outlines first, then writes table files, then commits tables, clock,
+//!   cursor and account states in one catalog transaction. So a durable table never names an id
+//!   that a crash could forget, and after a crash the catalog's position says exactly what the
+//!   tables hold: replaying from it re-derives the rest.
+//! - A flush writes each identity's freshest backlink once, and none that a revocation frozen
+//!   with it kills (that revocation commits in the same transaction); stamps as written.
+//! - A flush freezes both memtables and takes the position under the writer lock, in one step;
+//!   the rest (`FlushJob::finish`) runs without it, one flush at a time (`FlushGate`), so writes
+//!   made meanwhile go to fresh memtables and the catalog's positions only move forward.
+//! - `tables_clock` moves after a flush installs its tables, and a failed flush stops all later
+//!   ones (its operations are in no table).
+
+use super::{Index, IndexError, add_elapsed, io_err};
+use crate::base::drop_flag::SetOnDrop;
+use crate::catalog::{FlushRecord, IngestPosition};
+use crate::liveness::KnownRevocations;
+use crate::lsm::compaction;
+use crate::lsm::entry::Entry;
+use crate::lsm::memtable::Memtable;
+use crate::lsm::record::{RunKind, TableRecord};
+use crate::lsm::tree::Tree;
+use crate::model::account::AccountState;
+use crate::model::ids::{Backlink, Revocation};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+/// The rest of a flush begun by `Index::begin_flush`: outlines persisted, tables written,
+/// catalog committed, tables installed in place of the frozen memtables. Holds the flush gate
+/// until it is done (or dropped).
+pub struct FlushJob<'a> {
+    index: &'a Index,
+    _ticket: FlushTicket<'a>,
+    /// Marks the index's flushes failed unless the job finishes: a job that did not took
+    /// operations (frozen memtables, account changes) that are now in no table.
+    unfinished: SetOnDrop<'a>,
+    started: std::time::Instant,
+    links: Option<(Arc<Memtable<Backlink>>, String)>,
+    thresholds: Option<(Arc<Memtable<Revocation>>, String)>,
+    position: IngestPosition,
+    accounts: Vec<(u64, AccountState)>,
+}
+
+impl FlushJob<'_> {
+    /// Returns how many tables it wrote. The outlines are persisted first: no committed table
+    /// may refer to an id that a crash could forget.
+    pub fn finish(mut self) -> Result<usize, IndexError> {
+        let index = self.index;
+        index.outlines.persist()?;
+        let (mut links, mut thresholds) = (None, None);
+        // Set when every backlink died within the flush: no table (an empty run would only be merged).
+        let mut links_all_dead = None;
+        if let Some((memtable, id)) = &self.links {
+            let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
+            let flushed = KnownRevocations::of_flush(revocations);
+            let live = || compaction::freshest(memtable.iter().copied()).filter_map(|link| flushed.settle(link));
+            if live().next().is_none() {
+                links_all_dead = Some(memtable);
+            } else {
+                links = Some(index.write_table(&index.links, id, memtable.len(), live)?);
+            }
+        }
+        if let Some((memtable, id)) = &self.thresholds {
+            thresholds = Some(index.write_table(&index.thresholds, id, memtable.len(), || memtable.iter().copied())?);
+        }
+        let tables = links.iter().chain(&thresholds).cloned().collect();
+        let flush = FlushRecord { tables, position: self.position, accounts: self.accounts };
+        index.catalog.commit_flush(&flush)?;
+        if let Some(memtable) = links_all_dead {
+            index.links.retire_frozen(memtable);
+        }
+        if let Some(record) = links {
+            index.links.install(index.links.open_table(record)?, self.links.as_ref().map(|(m, _)| m));
+        }
+        if let Some(record) = thresholds {
+            index.thresholds.install(index.thresholds.open_table(record)?, self.thresholds.as_ref().map(|(m, _)| m));
+        }
+        index.tables_clock.fetch_max(flush.position.clock, Ordering::Release);
+        index.counters.flushes.fetch_add(1, Ordering::Relaxed);
+        let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
+        index.counters.flush_bytes.fetch_add(written, Ordering::Relaxed);
+        add_elapsed(&index.counters.flush_micros, self.started);
+        self.unfinished.disarm();
+        Ok(flush.tables.len())
+    }
+}
+
+/// Lets one flush run at a time: `enter` waits until no ticket is out.
+#[derive(Debug, Default)]
+pub(super) struct FlushGate {
+    busy: Mutex<bool>,
+    idle: std::sync::Condvar,
+}
+
+impl FlushGate {
+    fn enter(&self) -> FlushTicket<'_> {
+        let mut busy = self.busy.lock().expect("flush gate poisoned");
+        while *busy {
+            busy = self.idle.wait(busy).expect("flush gate poisoned");
+        }
+        *busy = true;
+        FlushTicket(self)
+    }
+}
+
+struct FlushTicket<'a>(&'a FlushGate);
+
+impl Drop for FlushTicket<'_> {
+    fn drop(&mut self) {
+        *self.0.busy.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = false;
+        self.0.idle.notify_one();
+    }
+}
+
+impl Index {
+    /// True when a tree's memtable has reached its byte budget.
+    pub fn wants_flush(&self) -> bool {
+        self.links.memtable_bytes() >= self.options.memtable_bytes
+            || self.thresholds.memtable_bytes() >= self.options.memtable_bytes
+    }
+
+    /// Writes both memtables out as tables, durably (see the module invariants); returns how many
+    /// tables it wrote.
+    pub fn flush(&self) -> Result<usize, IndexError> {
+        self.begin_flush()?.finish()
+    }
+
+    /// The part of a flush that needs the writer: both memtables frozen at one position (they stay
+    /// visible to readers), and that position and the account changes up to it taken. The job
+    /// does the rest without the writer, so writes go on into fresh memtables meanwhile. Waits
+    /// while an earlier job runs: one flush at a time keeps the catalog's positions in order and
+    /// at most one frozen memtable per tree in memory.
+    pub fn begin_flush(&self) -> Result<FlushJob<'_>, IndexError> {
+        assert!(!self.options.read_only, "flush of a read-only index");
+        let ticket = self.flushing.enter();
+        // A job that failed (or was dropped) took operations that are in no table. A later flush
+        // would commit a position past them (and tell merges they are in tables).
+        if self.flush_failed.load(Ordering::Acquire) {
+            return Err(IndexError::FlushFailed);
+        }
+        let started = std::time::Instant::now();
+        let mut writer = self.writer.lock().expect("writer lock poisoned");
+        // Ids before the freezes: a failure after a freeze would leave a frozen memtable that no
+        // flush writes. Memtables only change under the writer, so these ids find them as frozen.
+        let links_id = if self.links.memtable_bytes() > 0 { Some(self.new_table_id(&mut writer)?) } else { None };
+        let thresholds_id =
+            if self.thresholds.memtable_bytes() > 0 { Some(self.new_table_id(&mut writer)?) } else { None };
+        let links = links_id.map(|id| (self.links.freeze().expect("a non-empty memtable freezes"), id));
+        let thresholds = thresholds_id.map(|id| (self.thresholds.freeze().expect("a non-empty memtable freezes"), id));
+        Ok(FlushJob {
+            index: self,
+            _ticket: ticket,
+            unfinished: SetOnDrop::new(&self.flush_failed),
+            started,
+            links,
+            thresholds,
+            position: writer.position.clone(),
+            accounts: std::mem::take(&mut writer.pending_accounts),
+        })
+    }
+
+    /// Writes a flush's sorted, unique entries (given twice by `entries`) as table `id` of `tree`.
+    fn write_table<E: Entry, I: Iterator<Item = E>>(
+        &self,
+        tree: &Tree<E>,
+        id: &str,
+        count_hint: usize,
+        entries: impl Fn() -> I,
+    ) -> Result<TableRecord, IndexError> {
+        let summary = tree.write_sorted(id, count_hint, entries).map_err(io_err(tree.dir()))?;
+        Ok(TableRecord::written(E::TREE, id.to_string(), (id.to_string(), RunKind::Delta), (0, 1), &summary))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::{IndexOptions, open_in_dir};
+    use crate::model::ids::RecordId;
+    use crate::model::operation::{Operation, RecordOp, RecordRef};
+
+    #[test]
+    fn a_flush_whose_backlinks_all_died_writes_no_links_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open_in_dir(dir.path(), IndexOptions::default());
+        let record_ref = RecordRef {
+            did: "did:plc:bbbbbbbbbbbbbbbbbbbbbbbb".into(),
+            collection: "a.b.c".into(),
+            rkey: "self".into(),
+        };
+        let record = serde_json::json!({"subject": "did:plc:aaaaaaaaaaaaaaaaaaaaaaaa"});
+        let create = Operation::Create(RecordOp { record_ref: record_ref.clone(), record });
+        index.apply(&create, Some(1)).unwrap();
+        index.apply(&Operation::Delete(record_ref), Some(2)).unwrap();
+        assert_eq!(index.flush().unwrap(), 1, "only the revocation's table");
+        let tables = |index: &Index| (index.links.tables().len(), index.thresholds.tables().len());
+        assert_eq!(tables(&index), (0, 1));
+        let everything = (Backlink::min_for_key(RecordId::MIN), Backlink::max_for_key(RecordId::MAX));
+        assert_eq!(index.links.snapshot(&[everything]).memtable_entries, vec![], "no frozen memtable left");
+        let files = std::fs::read_dir(index.links.dir()).unwrap().count();
+        assert_eq!(files, 0, "the empty table's files are gone");
+        drop(index);
+        let reopened = open_in_dir(dir.path(), IndexOptions::default());
+        assert_eq!(tables(&reopened), (0, 1));
+        assert_eq!(reopened.position().clock, 2);
+    }
+}

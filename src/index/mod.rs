@@ -1,0 +1,310 @@
+//! The index: both trees, the outlines, the catalog and the store, and everything a writer or a
+//! reader does with them as a whole.
+//!
+//! - `write`: operations in (create, update, delete, account changes, repository snapshots);
+//! - `flush`: memtables out to tables, committed with the ingest position;
+//! - `compact`: one merge of a full tier, with the revocations it may use;
+//! - `publish`: tables and outline ranges uploaded, then a manifest and CURRENT;
+//! - `follow`: restore from the bucket, and a replica following the writer's manifests;
+//! - `gc`: retired tables and orphan objects deleted after their grace period;
+//! - `cache`: the local data cache kept within its byte budget;
+//! - `render`: ids back to `at://` URIs, and targets to ids.
+//!
+//! Invariants:
+//! - One writer per data directory, enforced by an exclusive lock on `<data-dir>/LOCK`.
+//! - Every applied operation gets the next stamp of the ingest clock (a Lamport clock, not the repo
+//!   `rev`); an update writes its revocation and its new backlinks at the same stamp.
+//! - A flush persists the outlines first, then writes table files, then commits tables, clock,
+//!   cursor and account states in one catalog transaction. So a durable table never names an id
+//!   that a crash could forget, and after a crash the catalog's position says exactly what the
+//!   tables hold: replaying from it re-derives the rest.
+//! - A flush writes each identity's freshest backlink once, and none that a revocation frozen
+//!   with it kills (that revocation commits in the same transaction); stamps as written.
+//! - An operation that fails writes nothing at its stamp, except a repository snapshot cut
+//!   short, which moves the clock past its stamp anyway (no two operations share a stamp).
+//! - A flush freezes both memtables and takes the position under the writer lock, in one step;
+//!   the rest (`FlushJob::finish`) runs without it, one flush at a time (`FlushGate`), so writes
+//!   made meanwhile go to fresh memtables and the catalog's positions only move forward.
+//! - Objects reach the bucket before any manifest names them; CURRENT is written last.
+//! - `tables_clock` only names a clock whose operations are all in installed tables: it moves
+//!   after a flush installs its tables, and a failed flush stops all later ones (its operations
+//!   are in no table), so merges may lower stamps up to it (`KnownRevocations::settle`).
+
+mod cache;
+mod compact;
+mod flush;
+mod follow;
+mod gc;
+mod publish;
+mod render;
+mod write;
+
+pub use flush::FlushJob;
+pub use write::{Change, FoundLinks, NoLinks};
+
+use crate::base::rng::splitmix64;
+use crate::catalog::{Catalog, IngestPosition};
+use crate::extract::ExtractLimits;
+use crate::lsm::compaction::CompactionOptions;
+use crate::lsm::handle::ReadError;
+use crate::lsm::table::TableOptions;
+use crate::lsm::tree::{TableFiles, Tree};
+use crate::model::account::AccountState;
+use crate::model::ids::{Backlink, Revocation, TreeKind};
+use crate::outline::{OutlineKind, OutlineOptions, Outlines};
+use crate::store::object::Store;
+use flush::FlushGate;
+use publish::Published;
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+#[derive(Debug, Clone)]
+pub struct IndexOptions {
+    /// Flush when a tree's memtable holds this many encoded bytes.
+    pub memtable_bytes: usize,
+    pub table: TableOptions,
+    pub outline_cache_entries: usize,
+    pub extract: ExtractLimits,
+    pub compaction: CompactionOptions,
+    /// Local bytes of table data kept as a cache; uploaded tables past it are read by range.
+    pub cache_bytes: u64,
+    /// Memory for decoded frames, per tree (warm queries skip the read and the decode).
+    pub frame_cache_bytes: usize,
+    /// Open without taking the writer lock (for `backlinks query` next to a running server).
+    /// Such an index must not be written to.
+    pub read_only: bool,
+}
+
+impl Default for IndexOptions {
+    fn default() -> Self {
+        Self {
+            memtable_bytes: 64 << 20,
+            table: TableOptions::default(),
+            outline_cache_entries: 1 << 20,
+            extract: ExtractLimits::default(),
+            compaction: CompactionOptions::default(),
+            cache_bytes: 4 << 30,
+            frame_cache_bytes: 64 << 20,
+            read_only: false,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum IndexError {
+    #[error("data directory {0} is in use by another backlinks process")]
+    Locked(PathBuf),
+    #[error("i/o on {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Catalog(#[from] crate::catalog::CatalogError),
+    #[error(transparent)]
+    Outline(#[from] crate::outline::OutlineError),
+    #[error(transparent)]
+    Read(#[from] ReadError),
+    #[error(transparent)]
+    Store(#[from] crate::store::object::StoreError),
+    #[error(transparent)]
+    Manifest(#[from] crate::manifest::ManifestError),
+    #[error("writer lease: {0}")]
+    Lease(String),
+    #[error("{0}")]
+    Background(String),
+    #[error("an earlier flush failed and its operations are not in any table; restart to replay them")]
+    FlushFailed,
+}
+
+pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IndexError + '_ {
+    move |source| IndexError::Io { path: path.to_path_buf(), source }
+}
+
+/// Counters of what the write path did (exported as metrics later).
+#[derive(Debug, Default)]
+pub struct WriteCounters {
+    pub operations: AtomicU64,
+    pub backlinks: AtomicU64,
+    pub revocations: AtomicU64,
+    pub links_collection_only: AtomicU64,
+    pub links_handle_authority: AtomicU64,
+    pub links_over_limit: AtomicU64,
+    pub flushes: AtomicU64,
+    pub compactions: AtomicU64,
+    /// Time spent and bytes written (data + meta) by flushes.
+    pub flush_micros: AtomicU64,
+    pub flush_bytes: AtomicU64,
+    /// Time spent by merges, compressed bytes they read and wrote.
+    pub compaction_micros: AtomicU64,
+    pub compaction_bytes_in: AtomicU64,
+    pub compaction_bytes_out: AtomicU64,
+    /// Time spent and bytes put by table uploads.
+    pub upload_micros: AtomicU64,
+    pub upload_bytes: AtomicU64,
+    /// Bytes of local data copies evicted by the cache budget.
+    pub cache_evicted_bytes: AtomicU64,
+}
+
+/// Adds the time since `started` to a microsecond counter.
+pub(super) fn add_elapsed(counter: &AtomicU64, started: std::time::Instant) {
+    counter.fetch_add(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+}
+
+#[derive(Debug)]
+pub(super) struct WriterState {
+    position: IngestPosition,
+    pending_accounts: Vec<(u64, AccountState)>,
+    /// State of a splitmix64 generator for table ids; seeded by the caller.
+    entropy: u64,
+}
+
+pub struct Index {
+    pub data_dir: PathBuf,
+    pub outlines: Outlines,
+    pub catalog: Catalog,
+    pub links: Tree<Backlink>,
+    pub thresholds: Tree<Revocation>,
+    pub store: Arc<dyn Store>,
+    pub counters: WriteCounters,
+    options: IndexOptions,
+    hidden: RwLock<HashMap<u64, AccountState>>,
+    writer: Mutex<WriterState>,
+    /// Held by the one compaction running at a time.
+    compacting: Mutex<()>,
+    /// Every operation stamped at or below this clock is in the trees' installed tables, not only
+    /// in memtables (so a merge knows every revocation up to it; see `KnownRevocations::settle`).
+    tables_clock: AtomicU64,
+    /// Entered by the one flush running at a time, from `begin_flush` to the end of its job.
+    flushing: FlushGate,
+    /// Set by a flush job that failed or was dropped unfinished; no flush runs after it.
+    flush_failed: AtomicBool,
+    /// The newest manifest this process published or followed (loaded from the bucket on first
+    /// use): GC never deletes a table it names, and publishing extends its outline ranges.
+    published: Mutex<Option<Published>>,
+    _lock: Option<File>,
+}
+
+impl Index {
+    /// Opens (or creates) the index in `data_dir`; `seed` feeds table-id randomness.
+    pub fn open(data_dir: &Path, store: Arc<dyn Store>, options: IndexOptions, seed: u64) -> Result<Self, IndexError> {
+        std::fs::create_dir_all(data_dir).map_err(io_err(data_dir))?;
+        let lock = if options.read_only { None } else { Some(lock_data_dir(data_dir)?) };
+        let outlines = Outlines::open(
+            &data_dir.join("outlines.db"),
+            OutlineOptions { cache_entries: options.outline_cache_entries },
+        )?;
+        let catalog = Catalog::open(&data_dir.join("state").join("state.db"))?;
+        let tables_dir = data_dir.join("state").join("tables");
+        let frame_cache = options.frame_cache_bytes;
+        let links = Tree::new(tables_dir.join(TreeKind::Links.name()), options.table.clone(), frame_cache)
+            .map_err(io_err(&tables_dir))?;
+        let thresholds = Tree::new(tables_dir.join(TreeKind::Thresholds.name()), options.table.clone(), frame_cache)
+            .map_err(io_err(&tables_dir))?;
+        if lock.is_some() {
+            // Files of tables a crash wrote but never committed; nothing else writes yet.
+            let known = catalog.known_table_ids()?;
+            links.remove_orphans(&known).map_err(io_err(links.dir()))?;
+            thresholds.remove_orphans(&known).map_err(io_err(thresholds.dir()))?;
+        }
+        let hidden = catalog.hidden_accounts()?.into_iter().collect();
+        let position = catalog.position()?;
+        // The catalog commits a flush's tables with its position, so they hold all up to it.
+        let tables_clock = AtomicU64::new(position.clock);
+        let writer = WriterState { position, pending_accounts: Vec::new(), entropy: seed };
+        let index = Self {
+            data_dir: data_dir.to_path_buf(),
+            outlines,
+            catalog,
+            links,
+            thresholds,
+            store,
+            counters: WriteCounters::default(),
+            options,
+            hidden: RwLock::new(hidden),
+            writer: Mutex::new(writer),
+            compacting: Mutex::new(()),
+            tables_clock,
+            flushing: FlushGate::default(),
+            flush_failed: AtomicBool::new(false),
+            published: Mutex::new(None),
+            _lock: lock,
+        };
+        index.reload_trees()?;
+        Ok(index)
+    }
+
+    pub fn position(&self) -> IngestPosition {
+        self.writer.lock().expect("writer lock poisoned").position.clone()
+    }
+
+    /// True when the account is deactivated, suspended or taken down (hidden, not deleted).
+    pub fn is_hidden(&self, did: u64) -> bool {
+        hidden_in(&self.hidden.read().expect("hidden lock poisoned"), did)
+    }
+
+    /// Keeps the links whose source account is not hidden, under one read of the hidden set.
+    pub fn retain_visible(&self, links: &mut Vec<Backlink>) {
+        let hidden = self.hidden.read().expect("hidden lock poisoned");
+        if !hidden.is_empty() {
+            links.retain(|link| !hidden_in(&hidden, link.source.did));
+        }
+    }
+
+    /// The account's state when it is not active (hidden or deleted), by DID string.
+    pub fn account_state(&self, did: &str) -> Result<Option<AccountState>, IndexError> {
+        let Some(did) = self.outlines.lookup(OutlineKind::Did, did)? else { return Ok(None) };
+        Ok(self.hidden.read().expect("hidden lock poisoned").get(&did).copied())
+    }
+
+    /// Rebuilds both trees' run lists from the catalog, reusing open tables.
+    pub(super) fn reload_trees(&self) -> Result<(), IndexError> {
+        let (mut links, mut thresholds) = (Vec::new(), Vec::new());
+        for record in self.catalog.tables()? {
+            match record.tree {
+                TreeKind::Links => links.push(record),
+                TreeKind::Thresholds => thresholds.push(record),
+            }
+        }
+        self.links.load(links)?;
+        self.thresholds.load(thresholds)?;
+        Ok(())
+    }
+
+    /// A fresh table (or run) id: the catalog's durable sequence and 32 injected random bits.
+    pub(super) fn new_table_id(&self, writer: &mut WriterState) -> Result<String, IndexError> {
+        Ok(format!("{:016x}{:08x}", self.catalog.next_table_seq()?, splitmix64(&mut writer.entropy) as u32))
+    }
+}
+
+impl Index {
+    /// The files of tree `kind`'s tables, by table id.
+    fn tree_files(&self, kind: TreeKind) -> &dyn TableFiles {
+        match kind {
+            TreeKind::Links => &self.links,
+            TreeKind::Thresholds => &self.thresholds,
+        }
+    }
+}
+
+fn lock_data_dir(data_dir: &Path) -> Result<File, IndexError> {
+    let path = data_dir.join("LOCK");
+    let file = File::options().create(true).truncate(false).write(true).open(&path).map_err(io_err(&path))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => Err(IndexError::Locked(data_dir.to_path_buf())),
+        Err(std::fs::TryLockError::Error(source)) => Err(IndexError::Io { path, source }),
+    }
+}
+
+/// Whether `did` is hidden (deactivated, suspended or taken down) in the hidden set.
+fn hidden_in(hidden: &HashMap<u64, AccountState>, did: u64) -> bool {
+    hidden.get(&did).is_some_and(|state| state.is_hidden())
+}
+
+/// An index in `dir/data` over a `DirStore` bucket in `dir/bucket`, for unit tests.
+#[cfg(test)]
+pub(crate) fn open_in_dir(dir: &Path, options: IndexOptions) -> Index {
+    let store = Arc::new(crate::store::dir::DirStore::new(dir.join("bucket")));
+    Index::open(&dir.join("data"), store, options, 7).expect("a fresh test index opens")
+}

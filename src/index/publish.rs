@@ -1,0 +1,160 @@
+//! Publishing: every table not yet in the bucket is checked and uploaded, new outline rows are
+//! uploaded as ranges, then a manifest naming all of it, then CURRENT.
+//!
+//! Invariants:
+//! - Objects reach the bucket before any manifest names them; CURRENT is written last.
+//! - A table's local files are checked (meta decodes, every frame's checksum holds) before upload:
+//!   a copy that rotted on disk never reaches the bucket, where it would pass for the good copy.
+//! - Generations strictly increase, past both the catalog's record and the bucket's CURRENT.
+
+use super::{Index, IndexError, add_elapsed, io_err};
+use crate::base::corruption::{ObjectKind, Place, report_corruption};
+use crate::lsm::entry::Entry;
+use crate::lsm::handle::{ReadError, table_key};
+use crate::lsm::record::TableRecord;
+use crate::lsm::table::{FormatError, TableMeta, verify_data_checksums};
+use crate::manifest::{Manifest, OutlineRange};
+use crate::model::ids::{Backlink, Revocation, TreeKind};
+use crate::outline::OutlineKind;
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+
+/// What the newest known manifest says, as far as publishing and GC care.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Published {
+    pub(super) name: Option<String>,
+    /// Its generation (0: none yet); the next manifest's must be larger.
+    pub(super) generation: u64,
+    pub(super) table_ids: HashSet<String>,
+    pub(super) outlines: Vec<OutlineRange>,
+}
+
+impl Published {
+    pub(super) fn of(name: &str, manifest: &Manifest) -> Self {
+        Published {
+            name: Some(name.to_string()),
+            generation: manifest.generation,
+            table_ids: manifest.tables.iter().map(|t| t.id.clone()).collect(),
+            outlines: manifest.outlines.clone(),
+        }
+    }
+
+    /// Outline rows up to this insertion sequence number are published.
+    fn outline_through(&self) -> i64 {
+        self.outlines.iter().map(|r| r.through).max().unwrap_or(0)
+    }
+}
+
+impl Index {
+    /// Uploads each table (checked first; data before meta) and records it as uploaded.
+    async fn upload_tables(&self, records: &[TableRecord]) -> Result<(), IndexError> {
+        for record in records {
+            let dir = self.tree_files(record.tree).dir();
+            let read = |ext: &str| {
+                let path = dir.join(format!("{}.{ext}", record.id));
+                async move { tokio::fs::read(&path).await.map_err(io_err(&path)) }
+            };
+            let (data, meta) = (read("data").await?, read("meta").await?);
+            check_before_upload(record, &data, &meta)?;
+            for (ext, bytes) in [("data", data), ("meta", meta)] {
+                let (started, len) = (std::time::Instant::now(), bytes.len() as u64);
+                self.store.put(&table_key(record.tree, &record.id, ext), bytes.into()).await?;
+                self.counters.upload_bytes.fetch_add(len, Ordering::Relaxed);
+                add_elapsed(&self.counters.upload_micros, started);
+            }
+            self.catalog.mark_uploaded(&record.id)?;
+            self.tree_files(record.tree).mark_uploaded(&record.id);
+        }
+        Ok(())
+    }
+
+    /// Publishes a manifest naming every table (all uploaded) and every outline range (new rows
+    /// uploaded first), then points CURRENT at it, then trims the local data cache.
+    pub async fn publish_manifest(&self) -> Result<String, IndexError> {
+        let name = self.publish_uploaded().await?;
+        self.enforce_cache_budget()?;
+        Ok(name)
+    }
+
+    async fn publish_uploaded(&self) -> Result<String, IndexError> {
+        let result = self.publish_after(self.published().await?).await;
+        if result.is_err() {
+            // CURRENT may have moved even though the call failed (the answer to the PUT was lost,
+            // or the catalog write after it failed): read it again before the next publish or GC
+            // relies on what it names.
+            *self.published.lock().expect("published lock poisoned") = None;
+        }
+        result
+    }
+
+    /// Writes the next manifest after `previous` and points CURRENT at it.
+    async fn publish_after(&self, previous: Published) -> Result<String, IndexError> {
+        // The catalog first (position before tables: tables may hold more than the position
+        // says, never less), while flushes and merges may go on committing. Every id its tables
+        // use was persisted before they were committed, so the outline rows read after it cover
+        // them; its tables not uploaded yet are uploaded before the manifest names them.
+        let (position, tables, hidden) =
+            (self.catalog.position()?, self.catalog.tables()?, self.catalog.hidden_accounts()?);
+        let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
+        self.upload_tables(&not_uploaded).await?;
+        let mut outlines = previous.outlines.clone();
+        outlines.extend(self.upload_outline_ranges(previous.outline_through()).await?);
+        // Past both the catalog's record and CURRENT's: a crash (or a lost answer) between
+        // writing CURRENT and recording it leaves the catalog one generation behind.
+        let recorded = self.catalog.last_manifest()?.map_or(0, |(generation, _)| generation);
+        let generation = recorded.max(previous.generation) + 1;
+        let manifest = Manifest::new(generation, position, tables, hidden, outlines);
+        let (name, body) = manifest.encode();
+        self.store.put(&format!("manifests/{name}"), body.into()).await?;
+        self.store.put("CURRENT", name.clone().into_bytes().into()).await?;
+        self.catalog.record_manifest(generation, &name)?;
+        *self.published.lock().expect("published lock poisoned") = Some(Published::of(&name, &manifest));
+        Ok(name)
+    }
+
+    /// Uploads the outline rows stored after `after`: per kind that has any, one object per chunk
+    /// of at most `range::CHUNK_ROWS` rows or `range::CHUNK_BYTES` bytes, so that a publish after
+    /// a long import holds one chunk in memory at a time. A range ends at its last row's sequence
+    /// number; the kind that stored the newest row reaches `through`, which is what the next
+    /// publish starts after.
+    async fn upload_outline_ranges(&self, after: i64) -> Result<Vec<OutlineRange>, IndexError> {
+        use crate::outline::range::{CHUNK_BYTES, CHUNK_ROWS, encode};
+        let through = self.outlines.max_seq()?;
+        let mut ranges = Vec::new();
+        for kind in OutlineKind::ALL {
+            let mut from = after;
+            while from < through {
+                let rows = self.outlines.rows_between(kind, from, through, CHUNK_ROWS, CHUNK_BYTES)?;
+                let Some(&(last_seq, _, _)) = rows.last() else { break };
+                let range = OutlineRange { kind: kind.name().to_string(), after: from, through: last_seq };
+                let body = encode(kind, rows.iter().map(|(_, id, value)| (*id, value.as_str())));
+                self.store.put(&range.key(), body.into()).await?;
+                from = range.through;
+                ranges.push(range);
+            }
+        }
+        Ok(ranges)
+    }
+}
+
+/// A table's local files decode and every frame's checksum holds: a copy that rotted on disk
+/// must never reach the bucket, where it would pass for the good copy.
+fn check_before_upload(record: &TableRecord, data: &[u8], meta: &[u8]) -> Result<(), IndexError> {
+    let checked = match record.tree {
+        TreeKind::Links => check_table_files::<Backlink>(data, meta),
+        TreeKind::Thresholds => check_table_files::<Revocation>(data, meta),
+    };
+    checked.map_err(|(kind, ext, source)| {
+        let object = format!("{} (local copy)", table_key(record.tree, &record.id, ext));
+        report_corruption(kind, Place::Local, &object, &source);
+        IndexError::Read(ReadError::Corrupt { object, source })
+    })
+}
+
+/// Which file of a table failed its check, and why.
+type FileFailure = (ObjectKind, &'static str, FormatError);
+
+fn check_table_files<E: Entry>(data: &[u8], meta: &[u8]) -> Result<(), FileFailure> {
+    let meta = TableMeta::<E>::decode(meta).map_err(|e| (ObjectKind::Meta, "meta", e))?;
+    verify_data_checksums(&meta, data).map_err(|e| (ObjectKind::Data, "data", e))
+}

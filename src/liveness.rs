@@ -1,0 +1,347 @@
+//! Liveness: which backlinks are alive, given the revocations written after them.
+//!
+//! The rule is `Backlink::survives`: a backlink is live iff its stamp is at or above both the
+//! newest revocation of its source record and the newest revocation of its source's repository.
+//! It is applied in two places, each with what it can know:
+//! - a writer (a flush, a merge) drops the backlinks that a revocation it knows for certain kills,
+//!   and a merge settles the stamps of the survivors (`KnownRevocations`);
+//! - a query's second round reads the thresholds of exactly the sources of its candidates
+//!   (`read_thresholds`), from every memtable and table of the revocation tree.
+//!
+//! Hidden accounts (deactivated, suspended, taken down) are not revocations: the index keeps that
+//! set and the query applies it.
+//!
+//! Invariants:
+//! - A merge drops a backlink only when a revocation that is already in a *table* of the
+//!   revocation tree kills it (stamp below its record- or repo-level threshold); a flush only
+//!   when a revocation frozen with it kills it, which commits in the same catalog transaction.
+//!   Revocations are never dropped (only superseded by newer ones for the same source), so such
+//!   a backlink is dead for every reader forever: dropping it only saves space. No other
+//!   memtable's revocations are consulted, so a crash cannot lose the reason a backlink was
+//!   dropped.
+//! - A surviving backlink stamped at or below `KnownRevocations::complete_through` is written with
+//!   its stamp lowered to its threshold (0 for a source never revoked), which changes no answer
+//!   (proof at `KnownRevocations::settle`) and leaves the stamp column of merged tables nearly all
+//!   zeros, which compress to almost nothing.
+//! - A query's thresholds hold, for every key asked for, the newest revocation of that key in the
+//!   snapshot it read (memtables and tables taken at one instant).
+
+use crate::base::positions::PositionIndex;
+use crate::lsm::compaction::CompactionOptions;
+use crate::lsm::entry::{Entry, within};
+use crate::lsm::handle::ReadError;
+use crate::lsm::run::Run;
+use crate::lsm::scan::TableScan;
+use crate::lsm::tree::Tree;
+use crate::model::ids::{Backlink, RecordId, Revocation};
+use crate::store::object::Store;
+use std::ops::Range;
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+/// The newest revocation of every source that a writer knows for certain, for dropping killed
+/// backlinks and settling stamps: a merge's from the revocation tree's tables (`load`, `None` past
+/// its limit), a flush's from its frozen revocation memtable (`of_flush`). A merge asks it twice
+/// per backlink, in target order, so the sources come at random: an index of positions
+/// (`base::positions`, 8 bytes per bucket, at most 3/4 full) finds a source, or its absence, in
+/// one or two cache misses, where a binary search would miss the cache at every step. The
+/// revocations themselves stay in one vector, 32 bytes each.
+#[derive(Debug)]
+pub struct KnownRevocations {
+    /// Sorted by source, one per source: its newest revocation.
+    newest: Vec<Revocation>,
+    /// Positions in `newest`, by the hash of their source.
+    by_source: PositionIndex,
+    /// Every revocation stamped at or below this is in `newest`: the ingest clock of the last
+    /// flush whose tables were installed before the revocation tables were read (0 for a flush's).
+    complete_through: u64,
+}
+
+impl KnownRevocations {
+    /// What a flush knows: the revocations frozen with its backlinks, which commit with them, so
+    /// a backlink they kill is dead for good. Complete through no clock, so `settle` lowers no
+    /// stamp (proving that no revocation table holds a source's threshold would cost a flush a
+    /// read of every revocation table).
+    pub fn of_flush(revocations: Vec<Revocation>) -> Self {
+        Self::from_revocations(revocations, 0)
+    }
+
+    /// What a merge knows: every revocation in `runs`, or nothing (`None`) past
+    /// `options.max_thresholds` of them. `complete_through` is a clock every revocation at or
+    /// below which is in `runs`.
+    pub fn load(
+        runs: &[Arc<Run<Revocation>>],
+        complete_through: u64,
+        store: &dyn Store,
+        runtime: &tokio::runtime::Handle,
+        options: &CompactionOptions,
+    ) -> Result<Option<Self>, ReadError> {
+        let total: u64 = runs.iter().map(|r| r.entries()).sum();
+        // Positions in the index are below u32::MAX, whatever the option says.
+        if total > options.max_thresholds as u64 || total >= u64::from(u32::MAX) {
+            return Ok(None);
+        }
+        let mut revocations = Vec::with_capacity(total as usize);
+        for table in runs.iter().flat_map(|r| r.tables.iter()) {
+            let mut scan = TableScan::new(table.clone(), options.frames_per_read);
+            while let Some(revocation) = scan.next(store, runtime)? {
+                revocations.push(revocation);
+            }
+        }
+        Ok(Some(Self::from_revocations(revocations, complete_through)))
+    }
+
+    /// Keeps the newest revocation of each source from `revocations` (any order), which hold
+    /// every revocation stamped at or below `complete_through`.
+    fn from_revocations(mut revocations: Vec<Revocation>, complete_through: u64) -> Self {
+        revocations.sort_unstable();
+        // Sorted by (source, rev): the last of each source's run is its newest.
+        revocations.reverse();
+        revocations.dedup_by_key(|r| r.source);
+        revocations.reverse();
+        let mut by_source = PositionIndex::new();
+        let hash_of = |position: usize| source_hash(&revocations[position].source);
+        for position in 0..revocations.len() {
+            by_source.insert(hash_of(position), position, hash_of);
+        }
+        KnownRevocations { newest: revocations, by_source, complete_through }
+    }
+
+    fn threshold(&self, source: &RecordId) -> u64 {
+        let found = self.by_source.find(source_hash(source), |position| self.newest[position].source == *source);
+        found.map_or(0, |position| self.newest[position].rev)
+    }
+
+    /// What a merge writes for `link`: nothing when a durable revocation kills it; else `link`,
+    /// its stamp lowered to its threshold when it is at most `complete_through`.
+    ///
+    /// Why that changes no answer. Liveness compares a stamp `s` with the newest revocation `r`
+    /// of the source and of its repository (live iff `s >= r`), and a reader that finds copies
+    /// of one link keeps the largest stamp. With `t` the threshold (`t <= s`, the link
+    /// survives), every revocation of these two sources is either here, so at most `t`, or
+    /// not yet written, so stamped later by the ingest clock, above `complete_through >= s`.
+    /// No revocation is in `(t, s]`, so `s` and `t` compare alike with every revocation, now and
+    /// later. A copy of the link elsewhere with a stamp `c`: if `c > s` it wins either way; if
+    /// `t < c <= s` it now wins instead, and compares alike with every revocation as `s` did.
+    pub fn settle(&self, link: Backlink) -> Option<Backlink> {
+        let threshold = link.threshold(|key| self.threshold(key));
+        if link.source_rev < threshold {
+            return None;
+        }
+        let settled = if link.source_rev <= self.complete_through { threshold } else { link.source_rev };
+        Some(Backlink { source_rev: settled, ..link })
+    }
+}
+
+fn source_hash(source: &RecordId) -> u64 {
+    xxh3_64(&source.to_bytes())
+}
+
+/// The newest revocation stamp of each source asked for, read for one page (0 for a source never
+/// revoked).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SourceThresholds {
+    /// Sorted by key, one per key.
+    by_key: Vec<(RecordId, u64)>,
+}
+
+impl SourceThresholds {
+    fn new(keys: &[RecordId]) -> Self {
+        let mut by_key: Vec<(RecordId, u64)> = keys.iter().map(|k| (*k, 0)).collect();
+        by_key.sort_unstable();
+        by_key.dedup_by_key(|(k, _)| *k);
+        SourceThresholds { by_key }
+    }
+
+    /// The threshold of `key`; 0 for a key that was not asked for.
+    pub fn get(&self, key: &RecordId) -> u64 {
+        self.by_key.binary_search_by(|(k, _)| k.cmp(key)).map_or(0, |i| self.by_key[i].1)
+    }
+
+    fn raise(&mut self, key: &RecordId, rev: u64) {
+        if let Ok(i) = self.by_key.binary_search_by(|(k, _)| k.cmp(key)) {
+            self.by_key[i].1 = self.by_key[i].1.max(rev);
+        }
+    }
+
+    /// Raises `key`'s threshold to its newest revocation in a sorted slice of revocations.
+    fn raise_from(&mut self, key: &RecordId, sorted: &[Revocation]) {
+        if let Some(newest) = within(sorted, &Revocation::min_for_key(*key), &Revocation::max_for_key(*key)).last() {
+            self.raise(key, newest.rev);
+        }
+    }
+}
+
+/// A query's second round: the newest revocation stamp of each key (record-level and repo-level
+/// sources), from the memtables and one concurrent round of ranged reads of the tables.
+pub async fn read_thresholds(
+    thresholds: &Tree<Revocation>,
+    store: &dyn Store,
+    keys: &[RecordId],
+) -> Result<SourceThresholds, ReadError> {
+    let ranges: Vec<_> = keys.iter().map(|k| (Revocation::min_for_key(*k), Revocation::max_for_key(*k))).collect();
+    let snapshot = thresholds.snapshot(&ranges);
+    let mut reads = Vec::new();
+    for (table, keys) in snapshot.tables_for_keys(keys) {
+        let frames = keys.iter().map(|key| table.meta.frames_for_key(*key));
+        for frames in coalesce(frames.collect()) {
+            reads.push((table.clone(), frames, keys.clone()));
+        }
+    }
+    let fetched = futures::future::try_join_all(
+        reads.iter().map(|(table, frames, _)| table.read_frame_slices(store, frames.clone())),
+    )
+    .await?;
+    let mut found = SourceThresholds::new(keys);
+    for revocation in &snapshot.memtable_entries {
+        found.raise(&revocation.source, revocation.rev);
+    }
+    // Each read is sorted: search it for the keys it was made for instead of scanning it.
+    for ((_, _, read_keys), slices) in reads.iter().zip(&fetched) {
+        for slice in slices {
+            read_keys.iter().for_each(|key| found.raise_from(key, slice));
+        }
+    }
+    Ok(found)
+}
+
+/// Merges overlapping or adjacent frame ranges into maximal runs (one ranged read each).
+fn coalesce(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
+    ranges.retain(|r| !r.is_empty());
+    ranges.sort_by_key(|r| r.start);
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for range in ranges {
+        match runs.last_mut() {
+            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+            _ => runs.push(range),
+        }
+    }
+    runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn revocation(did: u64, rev: u64) -> Revocation {
+        Revocation { source: RecordId::repo(did), rev }
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+
+        /// The hash index never hides a revocation: every source answers
+        /// what a map of newest revocations says (0 when never revoked).
+        #[test]
+        fn thresholds_answer_like_a_map_of_newest_revocations(
+            revocations in proptest::collection::vec((0u64..3, 0u64..400, 1u64..1_000), 0..2_000),
+            probes in proptest::collection::vec((0u64..3, 0u64..400), 1..500),
+        ) {
+            let source = |(rkey, did): (u64, u64)| RecordId { rkey, collection: u64::from(rkey != 0), did };
+            let mut model = std::collections::HashMap::new();
+            for &(rkey, did, rev) in &revocations {
+                let newest = model.entry(source((rkey, did))).or_insert(0);
+                *newest = rev.max(*newest);
+            }
+            let list = revocations.iter().map(|&(rkey, did, rev)| Revocation { source: source((rkey, did)), rev });
+            let thresholds = KnownRevocations::from_revocations(list.collect(), 0);
+            for probe in probes.into_iter().chain(revocations.iter().map(|&(rkey, did, _)| (rkey, did))) {
+                let key = source(probe);
+                proptest::prop_assert_eq!(thresholds.threshold(&key), model.get(&key).copied().unwrap_or(0));
+            }
+        }
+    }
+
+    #[test]
+    fn thresholds_keep_the_newest_revocation_per_source() {
+        let (record, repo) = (RecordId { rkey: 7, collection: 1, did: 3 }, RecordId::repo(3));
+        let revocation = |source, rev| Revocation { source, rev };
+        let revocations =
+            vec![revocation(record, 5), revocation(repo, 2), revocation(record, 9), revocation(record, 1)];
+        let thresholds = KnownRevocations::from_revocations(revocations, 20);
+        assert_eq!(thresholds.newest, vec![revocation(repo, 2), revocation(record, 9)]);
+        assert_eq!((thresholds.threshold(&record), thresholds.threshold(&repo)), (9, 2));
+        assert_eq!(thresholds.threshold(&RecordId::repo(4)), 0);
+        let link = |source_rev| Backlink { target: RecordId::repo(8), source: record, location: 1, source_rev };
+        assert_eq!(thresholds.settle(link(8)), None, "older than the record's revocation");
+        assert_eq!(thresholds.settle(link(9)), Some(link(9)), "written with the revocation (an update)");
+        assert_eq!(thresholds.settle(link(15)), Some(link(9)), "lowered to the record's threshold");
+        assert_eq!(thresholds.settle(link(21)), Some(link(21)), "past the complete clock: kept as is");
+        let other = Backlink { source: RecordId { rkey: 8, ..record }, ..link(1) };
+        assert_eq!(thresholds.settle(other), None, "older than the repo-level revocation");
+        let settled = |source_rev| thresholds.settle(Backlink { source_rev, ..other }).map(|l| l.source_rev);
+        assert_eq!((settled(2), settled(20), settled(30)), (Some(2), Some(2), Some(30)));
+        let stranger = Backlink { source: RecordId { did: 4, ..record }, ..link(12) };
+        assert_eq!(thresholds.settle(stranger), Some(Backlink { source_rev: 0, ..stranger }), "never revoked");
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+        /// Settling changes no answer, now or later: for any history of one link's copies and its
+        /// sources' revocations, split at a clock `complete` (revocations up to it known, the
+        /// others stamped after it), the copy a reader keeps is live exactly when it was before,
+        /// after every revocation the merge did not see.
+        #[test]
+        fn settled_stamps_answer_like_the_originals(
+            known in proptest::collection::vec((proptest::bool::ANY, 1u64..60), 0..6),
+            complete in 0u64..60,
+            merged in 1u64..80,
+            other_copy in proptest::option::of(1u64..80),
+            later in proptest::collection::vec((proptest::bool::ANY, 1u64..80), 0..4),
+        ) {
+            let record = RecordId { rkey: 7, collection: 1, did: 3 };
+            let source = |repo_level: bool| if repo_level { RecordId::repo(3) } else { record };
+            // What a merge may see: every revocation up to `complete`, and maybe some after it.
+            let known: Vec<Revocation> = known.iter().map(|&(repo, rev)| Revocation { source: source(repo), rev }).collect();
+            let thresholds = KnownRevocations::from_revocations(known.clone(), complete);
+            let link = Backlink { target: RecordId::repo(8), source: record, location: 1, source_rev: merged };
+            let Some(settled) = thresholds.settle(link) else {
+                proptest::prop_assert!(!link.survives(|key| thresholds.threshold(key)));
+                return Ok(());
+            };
+            // Every revocation the merge did not see is stamped past `complete`, but maybe before
+            // `merged` (a link flushed after `complete` was read can be newer than it).
+            let later = later.into_iter().map(|(repo, step)| Revocation { source: source(repo), rev: complete + step });
+            let mut all = known;
+            for revocation in std::iter::once(None).chain(later.map(Some)) {
+                all.extend(revocation);
+                let newest = |key: &RecordId| all.iter().filter(|r| r.source == *key).map(|r| r.rev).max().unwrap_or(0);
+                let reader = |copy: Backlink| {
+                    let freshest = other_copy.map_or(copy.source_rev, |c| c.max(copy.source_rev));
+                    Backlink { source_rev: freshest, ..copy }.survives(newest)
+                };
+                proptest::prop_assert_eq!(reader(settled), reader(link), "after {:?}", all);
+            }
+        }
+    }
+
+    #[test]
+    fn a_flush_drops_what_its_own_revocations_kill_and_keeps_stamps() {
+        let record = |did| RecordId { rkey: 7, collection: 1, did };
+        // This flush revoked did 5's record at 12 (an update: its new link has the same stamp)
+        // and did 2's repository at 20.
+        let memtable =
+            vec![Revocation { source: RecordId::repo(2), rev: 20 }, Revocation { source: record(5), rev: 12 }];
+        let flush = KnownRevocations::of_flush(memtable);
+        let link =
+            |did, source_rev| Backlink { target: RecordId::repo(9), source: record(did), location: 1, source_rev };
+        let links = [link(2, 19), link(2, 25), link(5, 11), link(5, 12), link(5, 15), link(6, 3)];
+        let kept: Vec<Backlink> = links.into_iter().filter_map(|link| flush.settle(link)).collect();
+        assert_eq!(kept, [link(2, 25), link(5, 12), link(5, 15), link(6, 3)], "killed ones dropped, stamps kept");
+    }
+
+    #[test]
+    fn thresholds_take_the_newest_revocation_of_each_key_asked_for() {
+        let (a, b, c) = (RecordId::repo(1), RecordId::repo(2), RecordId::repo(3));
+        let mut thresholds = SourceThresholds::new(&[b, a, b]);
+        let slice = [revocation(1, 4), revocation(1, 9), revocation(2, 5), revocation(3, 50)];
+        for key in [a, b] {
+            thresholds.raise_from(&key, &slice);
+        }
+        thresholds.raise(&a, 7);
+        thresholds.raise(&c, 99);
+        assert_eq!((thresholds.get(&a), thresholds.get(&b), thresholds.get(&c)), (9, 5, 0));
+        assert_eq!(thresholds.by_key.len(), 2, "one slot per distinct key asked for");
+    }
+}

@@ -1,0 +1,48 @@
+//! Reading one table in key order, a batch of frames at a time: what a merge streams from each
+//! input and what loads every revocation for a merge's thresholds.
+//!
+//! Invariants:
+//! - At most one batch of `frames_per_read` frames is held at a time, and reads bypass the frame
+//!   cache (a scan reads every frame once; caching would only evict what queries use).
+
+use crate::lsm::entry::Entry;
+use crate::lsm::handle::{ReadError, TableHandle};
+use crate::store::object::Store;
+use std::sync::Arc;
+
+/// Reads one table in order, a batch of frames at a time.
+pub struct TableScan<E: Entry> {
+    table: Arc<TableHandle<E>>,
+    next_frame: usize,
+    frames_per_read: usize,
+    buffer: Vec<E>,
+    position: usize,
+}
+
+impl<E: Entry> TableScan<E> {
+    pub fn new(table: Arc<TableHandle<E>>, frames_per_read: usize) -> Self {
+        Self { table, next_frame: 0, frames_per_read: frames_per_read.max(1), buffer: Vec::new(), position: 0 }
+    }
+
+    pub fn next(&mut self, store: &dyn Store, runtime: &tokio::runtime::Handle) -> Result<Option<E>, ReadError> {
+        if self.position == self.buffer.len() {
+            let frames = self.table.meta.frames.len();
+            if self.next_frame == frames {
+                return Ok(None);
+            }
+            let batch = self.next_frame..(self.next_frame + self.frames_per_read).min(frames);
+            self.next_frame = batch.end;
+            self.buffer = runtime.block_on(self.table.read_frames_with(store, batch, false))?;
+            self.position = 0;
+        }
+        let entry = self.buffer[self.position];
+        self.position += 1;
+        Ok(Some(entry))
+    }
+
+    /// Compressed bytes of the frames read so far (for pacing).
+    pub fn bytes_read(&self) -> u64 {
+        let (start, end) = self.table.meta.byte_range(0..self.next_frame);
+        end - start
+    }
+}

@@ -1,0 +1,305 @@
+//! `TableBuilder`: streams sorted entries into a table's frames and meta.
+//!
+//! Invariants:
+//! - The builder learns the column models from every `MODEL_SAMPLE_STRIDE`th frame of at most its
+//!   first `spill_bytes` (spilled raw meanwhile), decides them once, then encodes every frame
+//!   exactly once, in order.
+//! - After an I/O error the builder refuses further use.
+
+use super::frame::FrameEncoder;
+use super::meta::TableMeta;
+use super::{FrameInfo, MAX_FRAMES, TableOptions, TableSummary, layout_of};
+use crate::lsm::coder::{ColumnModels, ModelCounts};
+use crate::lsm::entry::Entry;
+use crate::lsm::filter::{FilterBuilder, KeyHash};
+use std::io::{self, Read, Seek, SeekFrom, Write};
+
+/// A table's column models are learnt from every `MODEL_SAMPLE_STRIDE`th frame (a sample that
+/// codes a table about as well as all of its frames: BENCHMARKS.md, "column models").
+const MODEL_SAMPLE_STRIDE: usize = 16;
+
+/// Most key hashes a builder reserves room for up front (it grows past this as keys arrive).
+const MAX_RESERVED_KEYS: usize = 1 << 20;
+
+/// The first entry of a frame, whether it continues the previous key, and its entry count.
+struct FrameStart<E> {
+    first: E,
+    continues: bool,
+    entries: usize,
+}
+
+/// Where a builder keeps its first raw frames while it learns the table's column models from a
+/// sample of them (at most `spill_bytes`): a file for real tables (page cache and disk, never
+/// resident memory), a vector in tests and benches.
+pub trait Spill: Read + Write + Seek + Send {}
+impl<T: Read + Write + Seek + Send> Spill for T {}
+
+/// How a builder encodes: still learning (frames go to the spill), or decided (frames are
+/// encoded as they fill, under the models if the table has any).
+enum Coding {
+    Learning { spilled_frames: usize, spilled_bytes: usize },
+    Decided(Option<ColumnModels>),
+}
+
+/// Writes a table. The first frames are spilled raw while every `MODEL_SAMPLE_STRIDE`th is
+/// counted for the column models; when the spill reaches `spill_bytes` or the table ends, the
+/// models are decided (a table of at least `model_min_entries` entries gets them), the spilled
+/// frames are encoded to `data_out`, and later frames are encoded as they fill. `finish` returns
+/// the meta. After an I/O error the builder refuses further use.
+pub struct TableBuilder<E: Entry, W: Write> {
+    data_out: W,
+    spill: Box<dyn Spill>,
+    spill_bytes: usize,
+    coding: Coding,
+    counts: ModelCounts,
+    encoder: FrameEncoder,
+    entries_per_frame: usize,
+    model_min_entries: u64,
+    /// Encoded entries of the frame being filled.
+    pending: Vec<u8>,
+    /// The frame being filled (set while `pending` is not empty) and the spilled ones.
+    starts: Vec<FrameStart<E>>,
+    frames: Vec<FrameInfo<E>>,
+    data_len: u64,
+    /// One hash per distinct key, in order; the filter is built from them at `finish`.
+    key_hashes: Vec<KeyHash>,
+    filter_fpr: f64,
+    last: Option<E>,
+    entries: u64,
+    /// Smallest and largest stamp pushed (`u64::MAX, 0` while empty).
+    stamps: (u64, u64),
+    failed: bool,
+}
+
+impl<E: Entry, W: Write> TableBuilder<E, W> {
+    /// A builder that spills to memory (tests, benches). `expected_keys` only reserves room for
+    /// key hashes: the filter is sized at `finish` from the exact number of distinct keys pushed
+    /// (a streaming writer, such as a compaction, cannot know it up front). Fails on invalid
+    /// options.
+    pub fn new(data_out: W, opts: &TableOptions, expected_keys: usize) -> io::Result<Self> {
+        Self::with_spill(data_out, Box::new(io::Cursor::new(Vec::new())), opts, expected_keys)
+    }
+
+    /// A builder whose column models are already decided (`learn_models`): it encodes every
+    /// frame as it fills and never spills.
+    pub fn with_models(
+        data_out: W,
+        models: Option<ColumnModels>,
+        opts: &TableOptions,
+        expected_keys: usize,
+    ) -> io::Result<Self> {
+        let mut builder = Self::new(data_out, opts, expected_keys)?;
+        builder.coding = Coding::Decided(models);
+        Ok(builder)
+    }
+
+    /// A builder that spills to `spill` (an empty, readable and writable file).
+    pub fn with_spill(
+        data_out: W,
+        spill: Box<dyn Spill>,
+        opts: &TableOptions,
+        expected_keys: usize,
+    ) -> io::Result<Self> {
+        opts.validate()?;
+        let entries_per_frame = opts.entries_per_frame::<E>();
+        Ok(TableBuilder {
+            data_out,
+            spill,
+            spill_bytes: opts.spill_bytes,
+            coding: Coding::Learning { spilled_frames: 0, spilled_bytes: 0 },
+            counts: ModelCounts::new(layout_of::<E>()),
+            encoder: FrameEncoder::new(opts.zstd_level)?,
+            entries_per_frame,
+            model_min_entries: opts.model_min_entries,
+            pending: Vec::with_capacity(entries_per_frame * E::WIDTH),
+            starts: Vec::new(),
+            frames: Vec::new(),
+            data_len: 0,
+            key_hashes: Vec::with_capacity(expected_keys.min(MAX_RESERVED_KEYS)),
+            filter_fpr: opts.filter_fpr,
+            last: None,
+            entries: 0,
+            stamps: (u64::MAX, 0),
+            failed: false,
+        })
+    }
+
+    /// Entries pushed so far.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// Appends one entry; entries must be strictly increasing (a panic in debug builds, an
+    /// `InvalidInput` error otherwise, and the entry is not added).
+    pub fn push(&mut self, entry: &E) -> io::Result<()> {
+        self.check_usable()?;
+        self.check_order(entry)?;
+        if self.pending.is_empty() {
+            self.start_frame(entry)?;
+        }
+        let at = self.pending.len();
+        self.pending.resize(at + E::WIDTH, 0);
+        entry.encode(&mut self.pending[at..]);
+        if self.last.is_none_or(|last| last.key() != entry.key()) {
+            self.key_hashes.push(KeyHash::of(&self.pending[at..at + E::KEY_WIDTH]));
+        }
+        self.last = Some(*entry);
+        self.entries += 1;
+        self.stamps = (self.stamps.0.min(entry.stamp()), self.stamps.1.max(entry.stamp()));
+        if self.pending.len() == self.entries_per_frame * E::WIDTH {
+            self.or_fail(Self::end_frame)?;
+        }
+        Ok(())
+    }
+
+    /// Encodes what is left and returns the data sink, the meta file bytes and a summary.
+    pub fn finish(mut self) -> io::Result<(W, Vec<u8>, TableSummary)> {
+        self.check_usable()?;
+        self.or_fail(|builder| {
+            builder.end_frame()?;
+            builder.decide()
+        })?;
+        self.data_out.flush()?;
+        let mut filter = FilterBuilder::new(self.key_hashes.len(), self.filter_fpr);
+        for hash in self.key_hashes.drain(..) {
+            filter.insert(hash);
+        }
+        let Coding::Decided(models) = std::mem::replace(&mut self.coding, Coding::Decided(None)) else {
+            unreachable!("finish decides the coding")
+        };
+        let frames = std::mem::take(&mut self.frames);
+        let meta = TableMeta::new(filter.finish(), frames, self.last, self.entries, self.data_len, models);
+        let mut meta_bytes = Vec::new();
+        meta.encode(&mut meta_bytes);
+        let summary = TableSummary {
+            entries: meta.entries,
+            frames: meta.frames.len() as u32,
+            data_len: meta.data_len,
+            meta_len: meta_bytes.len() as u64,
+            stamps: if self.entries == 0 { (0, 0) } else { self.stamps },
+        };
+        Ok((self.data_out, meta_bytes, summary))
+    }
+
+    fn check_usable(&self) -> io::Result<()> {
+        if self.failed {
+            return Err(io::Error::other("table builder already failed; discard it"));
+        }
+        Ok(())
+    }
+
+    fn check_order(&self, entry: &E) -> io::Result<()> {
+        let in_order = self.last.is_none_or(|last| last < *entry);
+        debug_assert!(in_order, "entries must be strictly increasing: {entry:?} after {:?}", self.last);
+        if !in_order {
+            let message = format!("entries must be strictly increasing: {entry:?} after {:?}", self.last);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, message));
+        }
+        Ok(())
+    }
+
+    fn start_frame(&mut self, entry: &E) -> io::Result<()> {
+        if self.frames.len() + self.starts.len() >= MAX_FRAMES {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a table holds at most {MAX_FRAMES} frames"),
+            ));
+        }
+        let continues = self.last.is_some_and(|last| last.key() == entry.key());
+        self.starts.push(FrameStart { first: *entry, continues, entries: 0 });
+        Ok(())
+    }
+
+    /// Runs `step`, marking the builder failed if it fails.
+    fn or_fail<T>(&mut self, step: impl FnOnce(&mut Self) -> io::Result<T>) -> io::Result<T> {
+        let result = step(self);
+        self.failed = result.is_err();
+        result
+    }
+
+    /// Ends the frame being filled: spills it while learning (counting every sampled frame's
+    /// bytes, and deciding once the spill is full), else encodes it.
+    fn end_frame(&mut self) -> io::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let entries = self.pending.len() / E::WIDTH;
+        assert!((1..=self.entries_per_frame).contains(&entries));
+        self.starts.last_mut().expect("a frame is being filled").entries = entries;
+        match &mut self.coding {
+            Coding::Decided(_) => {
+                let start = self.starts.pop().expect("a frame is being filled");
+                self.write_frame(start)?;
+            }
+            Coding::Learning { spilled_frames, spilled_bytes } => {
+                if spilled_frames.is_multiple_of(MODEL_SAMPLE_STRIDE) {
+                    self.encoder.count::<E>(&self.pending, &mut self.counts);
+                }
+                *spilled_frames += 1;
+                *spilled_bytes += self.pending.len();
+                let full = *spilled_bytes >= self.spill_bytes;
+                self.spill.write_all(&self.pending)?;
+                if full {
+                    self.decide()?;
+                }
+            }
+        }
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Decides the models (once) and encodes the spilled frames.
+    fn decide(&mut self) -> io::Result<()> {
+        if matches!(self.coding, Coding::Decided(_)) {
+            return Ok(());
+        }
+        let modelled = self.entries > 0 && self.entries >= self.model_min_entries;
+        self.coding = Coding::Decided(modelled.then(|| self.counts.finish()));
+        self.spill.seek(SeekFrom::Start(0))?;
+        for start in std::mem::take(&mut self.starts) {
+            self.pending.resize(start.entries * E::WIDTH, 0);
+            self.spill.read_exact(&mut self.pending)?;
+            self.write_frame(start)?;
+        }
+        self.pending.clear();
+        Ok(())
+    }
+
+    /// Encodes `pending` as the frame `start` and appends it to the data.
+    fn write_frame(&mut self, start: FrameStart<E>) -> io::Result<()> {
+        let Coding::Decided(models) = &self.coding else { unreachable!("frames are written once decided") };
+        let frame = self.encoder.encode::<E>(&self.pending, models.as_ref())?;
+        self.data_out.write_all(frame)?;
+        let (len, entries) = (frame.len() as u32, start.entries as u32);
+        let info = FrameInfo { first: start.first, continues: start.continues, offset: self.data_len, len, entries };
+        self.frames.push(info);
+        self.data_len += u64::from(len);
+        Ok(())
+    }
+}
+
+/// The column models a builder would learn from sorted, unique `entries` (every
+/// `MODEL_SAMPLE_STRIDE`th frame of them, all of them read), for `TableBuilder::with_models`;
+/// `None` when they are fewer than `model_min_entries` (or none).
+pub fn learn_models<E: Entry>(entries: impl Iterator<Item = E>, opts: &TableOptions) -> Option<ColumnModels> {
+    let per_frame = opts.entries_per_frame::<E>();
+    let mut sampler = FrameEncoder::sampler();
+    let mut counts = ModelCounts::new(layout_of::<E>());
+    let (mut raw, mut total) = (Vec::with_capacity(per_frame * E::WIDTH), 0u64);
+    for (i, entry) in entries.enumerate() {
+        total += 1;
+        if (i / per_frame).is_multiple_of(MODEL_SAMPLE_STRIDE) {
+            let at = raw.len();
+            raw.resize(at + E::WIDTH, 0);
+            entry.encode(&mut raw[at..]);
+        }
+        if raw.len() == per_frame * E::WIDTH {
+            sampler.count::<E>(&raw, &mut counts);
+            raw.clear();
+        }
+    }
+    if !raw.is_empty() {
+        sampler.count::<E>(&raw, &mut counts);
+    }
+    (total > 0 && total >= opts.model_min_entries).then(|| counts.finish())
+}

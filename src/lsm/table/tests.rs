@@ -1,0 +1,812 @@
+//! Tests of the table format as a whole: round trips against plain models, the golden files of
+//! every encoding and meta version, and hostile bytes.
+
+use super::builder::{TableBuilder, learn_models};
+use super::columns::{key_runs_transpose, split_key_runs};
+use super::frame::{
+    ENCODING_SPREAD_KEY_RUNS_MODELLED, FrameEncoder, FrameHeader, decode_frame, decode_frames, verify_data_checksums,
+};
+use super::meta::{FRAME_INFO_FIXED_LEN, META_HEADER_LEN, TableMeta, encode_entry, encode_frame_index};
+use super::*;
+use crate::lsm::bytes::CHECKSUM_LEN;
+use crate::lsm::filter::{FilterBuilder, KeyHash};
+use crate::model::ids::{Backlink, OUTLINED_BIT, RecordId, Revocation};
+use proptest::prelude::*;
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::ops::Range;
+use xxhash_rust::xxh3::xxh3_64;
+
+fn options(frame_bytes: usize) -> TableOptions {
+    TableOptions { frame_bytes, ..TableOptions::default() }
+}
+
+/// Builds a table in memory: (data bytes, meta bytes, summary).
+fn build<E: Entry>(entries: &[E], opts: &TableOptions) -> (Vec<u8>, Vec<u8>, TableSummary) {
+    let mut builder = TableBuilder::new(Vec::new(), opts, entries.len()).unwrap();
+    entries.iter().for_each(|entry| builder.push(entry).unwrap());
+    let (data, meta, summary) = builder.finish().unwrap();
+    assert_eq!(summary.data_len, data.len() as u64);
+    assert_eq!(summary.meta_len, meta.len() as u64);
+    assert_eq!(summary.entries, entries.len() as u64);
+    (data, meta, summary)
+}
+
+/// Reads frames[r] the way a query does: one contiguous byte range.
+fn read_frames<E: Entry>(meta: &TableMeta<E>, data: &[u8], r: Range<usize>) -> Vec<E> {
+    let (start, end) = meta.byte_range(r.clone());
+    let mut out = Vec::new();
+    decode_frames(meta, r, &data[start as usize..end as usize], &mut out).unwrap();
+    out
+}
+
+fn entries_between<E: Entry>(meta: &TableMeta<E>, data: &[u8], lo: &E, hi: &E) -> Vec<E> {
+    let r = meta.frames_overlapping(lo, hi);
+    let frames = read_frames(meta, data, r.clone());
+    // Only the first frame of the range may miss the range entirely.
+    for frame in &meta.frames[r.clone()][1.min(r.len())..] {
+        assert!(*lo <= frame.first && frame.first <= *hi, "frame {frame:?} is outside {lo:?}..={hi:?}");
+    }
+    frames.into_iter().filter(|e| lo <= e && e <= hi).collect()
+}
+
+fn record(rkey: u64, collection: u64, did: u64) -> RecordId {
+    RecordId { rkey, collection, did }
+}
+
+/// Backlinks from small domains, so that keys repeat and frames split keys.
+fn backlink_strategy() -> impl Strategy<Value = Backlink> {
+    (0..6u64, 0..40u64, 0..3u64, 1..3u64, 0..3u64).prop_map(|(target, rkey, did, location, rev)| Backlink {
+        target: record(target * 1000, 1, OUTLINED_BIT | target),
+        source: record(rkey << 20, 2, OUTLINED_BIT | did),
+        location,
+        source_rev: rev,
+    })
+}
+
+fn revocation_strategy() -> impl Strategy<Value = Revocation> {
+    (0..50u64, 0..3u64, 0..4u64)
+        .prop_map(|(rkey, did, rev)| Revocation { source: record(rkey, u64::from(rkey % 7 == 0), did), rev })
+}
+
+fn sorted_set<E: Entry>(mut entries: Vec<E>) -> Vec<E> {
+    entries.sort();
+    entries.dedup();
+    entries
+}
+
+/// Round trip plus `frames_overlapping` against a plain filter over the full list.
+/// Builds `entries` as a table, with column models (payload encoding 4) when `modelled`,
+/// learnt from the frames within the first `spill_bytes`, and checks every way of reading it.
+fn check_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool, spill_bytes: usize, ranges: &[(E, E)]) {
+    let model_min_entries = if modelled { 0 } else { u64::MAX };
+    let options = TableOptions { model_min_entries, spill_bytes, ..options(frame_bytes) };
+    let (data, meta_bytes, summary) = build(entries, &options);
+    let meta = TableMeta::<E>::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.models.is_some(), modelled && !entries.is_empty());
+    let mut reencoded = Vec::new();
+    meta.encode(&mut reencoded);
+    assert_eq!(reencoded, meta_bytes, "a meta re-encodes to its own bytes");
+    assert_eq!(meta.frames.len(), summary.frames as usize);
+    assert_eq!(meta.last, entries.last().copied());
+    assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
+    for entry in entries {
+        assert!(meta.may_contain(KeyHash::of_record(&entry.key())));
+    }
+    for (a, b) in ranges {
+        let (lo, hi) = if a <= b { (a, b) } else { (b, a) };
+        for bound in [lo, hi] {
+            let plain = meta.frames.partition_point(|frame| frame.first <= *bound);
+            assert_eq!(meta.frames_starting_at_or_before(bound), plain, "bound {bound:?}");
+        }
+        let expected: Vec<E> = entries.iter().filter(|e| lo <= *e && *e <= hi).copied().collect();
+        assert_eq!(entries_between(&meta, &data, lo, hi), expected, "range {lo:?}..={hi:?}");
+        let key_entries: Vec<E> = entries.iter().filter(|e| e.key() == lo.key()).copied().collect();
+        let r = meta.frames_for_key(lo.key());
+        let found: Vec<E> = read_frames(&meta, &data, r).into_iter().filter(|e| e.key() == lo.key()).collect();
+        assert_eq!(found, key_entries);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn backlink_tables_round_trip(
+        entries in prop::collection::vec(backlink_strategy(), 0..300),
+        frame_bytes in prop_oneof![1..400usize, 400..70_000usize],
+        modelled in any::<bool>(),
+        spill_bytes in 0..20_000usize,
+        ranges in prop::collection::vec((backlink_strategy(), backlink_strategy()), 1..12),
+    ) {
+        check_table(&sorted_set(entries), frame_bytes, modelled, spill_bytes, &ranges);
+    }
+
+    #[test]
+    fn revocation_tables_round_trip(
+        entries in prop::collection::vec(revocation_strategy(), 0..300),
+        frame_bytes in prop_oneof![1..200usize, 200..70_000usize],
+        modelled in any::<bool>(),
+        spill_bytes in 0..10_000usize,
+        ranges in prop::collection::vec((revocation_strategy(), revocation_strategy()), 1..12),
+    ) {
+        check_table(&sorted_set(entries), frame_bytes, modelled, spill_bytes, &ranges);
+    }
+}
+
+/// One target with 10,000 backlinks between two neighbours, laid out so that with 64 entries
+/// per frame the target starts inside frame 0 and the next neighbour starts frame 157.
+fn popular_target_table() -> (Vec<Backlink>, [RecordId; 3]) {
+    let keys =
+        [record(4_000, 3, OUTLINED_BIT | 1), record(5_000, 3, OUTLINED_BIT | 9), record(6_000, 3, OUTLINED_BIT | 2)];
+    let link = |target: RecordId, i: u64| Backlink {
+        target,
+        source: record(1_000_000 + i * 17, 1, OUTLINED_BIT | (i % 97)),
+        location: 1,
+        source_rev: i,
+    };
+    let counts = [48, 10_000, 30];
+    let entries = keys.iter().zip(counts).flat_map(|(&key, count)| (0..count).map(move |i| link(key, i)));
+    (sorted_set(entries.collect()), keys)
+}
+
+#[test]
+fn a_popular_target_spans_many_frames_and_all_are_found() {
+    let (entries, [before, popular, after]) = popular_target_table();
+    let (data, meta_bytes, _) = build(&entries, &options(64 * Backlink::WIDTH));
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.frames.len(), 158);
+    // Entries 48..10_048 are the popular target: frames 0..=156, all but the first continuing it.
+    let r = meta.frames_for_key(popular);
+    assert_eq!(r, 0..157);
+    assert!(meta.frames[1..157].iter().all(|frame| frame.continues && frame.first.target == popular));
+    let found: Vec<Backlink> = read_frames(&meta, &data, r).into_iter().filter(|e| e.target == popular).collect();
+    assert_eq!(found.len(), 10_000);
+
+    // Paging by source inside the target (entries 5_048..=5_147): frames 78..=80 only.
+    let page = &found[5_000..5_100];
+    let (lo, hi) = (page[0], page[99]);
+    assert_eq!(meta.frames_overlapping(&lo, &hi), 78..81);
+    assert_eq!(entries_between(&meta, &data, &lo, &hi), page);
+    let lo_source = Backlink { source: page[0].source, ..Backlink::min_for_key(popular) };
+    let hi_source = Backlink { source: page[99].source, ..Backlink::max_for_key(popular) };
+    assert_eq!(entries_between(&meta, &data, &lo_source, &hi_source), page);
+
+    // `after` starts frame 157 without continuing, so frame 156 is skipped.
+    assert!(!meta.frames[157].continues && meta.frames[157].first.target == after);
+    assert_eq!(meta.frames_for_key(after), 157..158);
+    assert_eq!(meta.frames_for_key(before), 0..1);
+    assert_eq!(meta.frames_for_key(record(4_500, 3, 1)), 0..1); // absent, between keys
+    assert_eq!(meta.frames_for_key(record(7_000, 3, 1)), 0..0); // past the last entry
+    assert_eq!(meta.frames_for_key(record(1, 1, 1)), 0..0); // before the first entry
+}
+
+#[test]
+fn empty_tables_have_no_frames_and_reject_every_key() {
+    let (data, meta_bytes, summary) = build::<Backlink>(&[], &TableOptions::default());
+    assert!(data.is_empty());
+    assert_eq!(
+        summary,
+        TableSummary { entries: 0, frames: 0, data_len: 0, meta_len: meta_bytes.len() as u64, stamps: (0, 0) }
+    );
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.last, None);
+    let key = record(1, 2, 3);
+    assert!(!meta.may_contain(KeyHash::of_record(&key)));
+    assert_eq!(meta.frames_for_key(key), 0..0);
+    assert_eq!(meta.byte_range(0..0), (0, 0));
+}
+
+#[test]
+#[cfg_attr(debug_assertions, should_panic(expected = "strictly increasing"))]
+fn pushing_out_of_order_is_refused() {
+    let mut builder = TableBuilder::new(Vec::new(), &TableOptions::default(), 2).unwrap();
+    let later = Revocation { source: record(2, 0, 0), rev: 0 };
+    builder.push(&later).unwrap();
+    let result = builder.push(&Revocation { source: record(1, 0, 0), rev: 0 });
+    assert_eq!(result.unwrap_err().kind(), io::ErrorKind::InvalidInput);
+    assert_eq!(builder.entries(), 1);
+}
+
+#[test]
+fn options_outside_their_limits_are_refused() {
+    let refused = |opts: TableOptions| TableBuilder::<Revocation, _>::new(Vec::new(), &opts, 1).is_err();
+    assert!(refused(options(0)));
+    assert!(refused(options(MAX_FRAME_RAW_BYTES + 1)));
+    assert!(refused(TableOptions { zstd_level: 0, ..TableOptions::default() }));
+    assert!(refused(TableOptions { zstd_level: 20, ..TableOptions::default() }));
+    assert!(refused(TableOptions { filter_fpr: f64::NAN, ..TableOptions::default() }));
+    assert!(refused(TableOptions { filter_fpr: 0.9, ..TableOptions::default() }));
+    assert!(!refused(options(1)));
+    assert_eq!(options(1).entries_per_frame::<Backlink>(), 1);
+    assert_eq!(options(MAX_FRAME_RAW_BYTES).entries_per_frame::<Backlink>(), MAX_FRAME_RAW_BYTES / 64);
+}
+
+fn small_backlink_table() -> (Vec<Backlink>, Vec<u8>, Vec<u8>) {
+    let entries: Vec<Backlink> = (0..40u64)
+        .map(|i| Backlink {
+            target: record(100 + i / 8, 1, OUTLINED_BIT | 5),
+            source: record(1_000 + i, 2, OUTLINED_BIT | (i % 3)),
+            location: 1 + i % 2,
+            source_rev: i,
+        })
+        .collect();
+    let (data, meta, _) = build(&entries, &options(10 * Backlink::WIDTH));
+    (entries, data, meta)
+}
+
+#[test]
+fn flipping_any_byte_of_the_data_file_is_detected() {
+    let (_, data, meta_bytes) = small_backlink_table();
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.frames.len(), 4);
+    for at in 0..data.len() {
+        for mask in [0x01, 0x80, 0xFF] {
+            let mut corrupt = data.clone();
+            corrupt[at] ^= mask;
+            let mut out = Vec::new();
+            let result = decode_frames(&meta, 0..4, &corrupt, &mut out);
+            assert!(result.is_err(), "flip {mask:#x} at {at} went unnoticed");
+            assert!(out.is_empty(), "entries leaked from a corrupt range");
+        }
+    }
+}
+
+#[test]
+fn verifying_checksums_finds_every_flipped_bit_without_decoding() {
+    let (_, data, meta_bytes) = small_backlink_table();
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert!(verify_data_checksums(&meta, &data).is_ok());
+    for at in 0..data.len() {
+        let mut corrupt = data.clone();
+        corrupt[at] ^= 1 << (at % 8);
+        assert!(verify_data_checksums(&meta, &corrupt).is_err(), "flip at {at} went unnoticed");
+    }
+    let short = &data[..data.len() - 1];
+    assert!(matches!(verify_data_checksums(&meta, short), Err(FormatError::Length { what: "data file", .. })));
+}
+
+#[test]
+fn flipping_any_byte_of_the_meta_file_is_detected() {
+    let (_, _, meta_bytes) = small_backlink_table();
+    for at in 0..meta_bytes.len() {
+        for mask in [0x01, 0x80, 0xFF] {
+            let mut corrupt = meta_bytes.clone();
+            corrupt[at] ^= mask;
+            assert!(TableMeta::<Backlink>::decode(&corrupt).is_err(), "flip {mask:#x} at {at} went unnoticed");
+        }
+    }
+    for len in 0..meta_bytes.len() {
+        assert!(TableMeta::<Backlink>::decode(&meta_bytes[..len]).is_err());
+    }
+    assert!(TableMeta::<Revocation>::decode(&meta_bytes).is_err(), "entry width must be checked");
+}
+
+/// A golden table's files, `tests/data/<name>.data` and `.meta`.
+fn golden_files(name: &str) -> (Vec<u8>, Vec<u8>) {
+    let path = |ext: &str| format!("{}/tests/data/{name}.{ext}", env!("CARGO_MANIFEST_DIR"));
+    let read = |ext: &str| std::fs::read(path(ext)).unwrap_or_else(|e| panic!("{}: {e}", path(ext)));
+    (read("data"), read("meta"))
+}
+
+/// Files written by format version 1 must keep decoding to the same entries.
+#[test]
+fn golden_table_files_still_decode() {
+    let (entries, _, _) = small_backlink_table();
+    let (data, meta_bytes) = golden_files("table_golden");
+    assert_eq!(&data[..8], &[b'B', b'L', b'K', b'F', 1, 1, 64, 0]);
+    assert_eq!(&meta_bytes[..16], &[b'B', b'L', b'K', b'M', 1, 0, 64, 0, 24, 0, 0, 0, 4, 0, 0, 0]);
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.frames.iter().map(|f| f.entries).collect::<Vec<_>>(), [10, 10, 10, 10]);
+    assert_eq!(read_frames(&meta, &data, 0..4), entries);
+    assert_eq!(entries_between(&meta, &data, &entries[12], &entries[25]), &entries[12..=25]);
+}
+
+/// A network-shaped TID: milliseconds, a microsecond rest and a clock id.
+fn golden_tid(ms: u64, micros: u64, clock: u64) -> u64 {
+    ((ms * 1000 + micros) << 10) | clock
+}
+
+/// The `i`th backlink of a golden table's target, from one of `dids` accounts.
+fn golden_link(target: RecordId, i: u64, dids: u64) -> Backlink {
+    let source = record(golden_tid(1_730_000_100_000 + i * 37, (i % 5) * 201, i % 32), 2, OUTLINED_BIT | (i % dids));
+    Backlink { target, source, location: 1 + i % 2, source_rev: i }
+}
+
+/// Backlinks whose record keys take every path of `tid::spread`: network-shaped TIDs (whole
+/// milliseconds, small clock ids), odd microseconds, a time past `1000 << 43` µs, outlined
+/// keys and the repository form.
+fn spread_golden_entries() -> Vec<Backlink> {
+    let late = (((1000u64 << 43) + 5) << 10) | 3;
+    let targets = [
+        record(golden_tid(1_730_000_000_000, 0, 7), 1, OUTLINED_BIT | 5),
+        RecordId::repo(OUTLINED_BIT | 6),
+        record(OUTLINED_BIT | 42, 4, OUTLINED_BIT | 7),
+        record(late, 1, OUTLINED_BIT | 8),
+    ];
+    sorted_set((0..40u64).map(|i| golden_link(targets[(i % 4) as usize], i, 3)).collect())
+}
+
+/// Files written in payload encoding 2 must keep decoding to the same entries: the record
+/// key spread is part of the format, and a changed `spread` would still give sorted entries.
+#[test]
+fn golden_encoding_2_files_still_decode() {
+    let (data, meta_bytes) = golden_files("table_golden_v2");
+    assert_eq!(&data[..8], &[b'B', b'L', b'K', b'F', 1, 2, 64, 0]);
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.frames.len(), 4);
+    assert_eq!(read_frames(&meta, &data, 0..4), spread_golden_entries());
+}
+
+/// Backlinks in runs of equal targets for the encoding-3 golden table: a repository target
+/// with 2, a post with 300 (a run length above 255), posts with 1, 4, 2 and 3; record keys
+/// shaped as in `spread_golden_entries`.
+fn key_runs_golden_entries() -> Vec<Backlink> {
+    let post = |n: u64| record(golden_tid(1_730_000_000_000 + n * 1000, 0, n), 1, OUTLINED_BIT | (5 + n));
+    let targets = [(RecordId::repo(OUTLINED_BIT | 6), 2), (post(0), 300), (post(1), 1), (post(2), 4), (post(3), 2)];
+    let targets = targets.into_iter().chain([(post(4), 3)]);
+    sorted_set(targets.flat_map(|(target, count)| (0..count).map(move |i| golden_link(target, i, 7))).collect())
+}
+
+/// Files written in payload encoding 3 must keep decoding to the same entries. The golden
+/// table's first frame holds four runs (one of 300 entries), its second three.
+#[test]
+fn golden_encoding_3_files_still_decode() {
+    let (data, meta_bytes) = golden_files("table_golden_v3");
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.frames.iter().map(|f| f.entries).collect::<Vec<_>>(), [305, 7]);
+    for frame in &meta.frames {
+        assert_eq!(&data[frame.offset as usize..][..8], &[b'B', b'L', b'K', b'F', 1, 3, 64, 0]);
+    }
+    assert_eq!(read_frames(&meta, &data, 0..2), key_runs_golden_entries());
+}
+
+/// Files written in payload encoding 4 with a version-3 meta (column models) must keep
+/// decoding to the same entries: the encoding-3 golden table's entries, with models.
+#[test]
+fn golden_encoding_4_files_still_decode() {
+    let data = std::fs::read(format!("{}/tests/data/table_golden_v4.data", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    let meta_bytes =
+        std::fs::read(format!("{}/tests/data/table_golden_meta_v3.meta", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    assert_eq!(&meta_bytes[..6], b"BLKM\x03\x00");
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert!(meta.models.is_some());
+    assert_eq!(meta.frames.iter().map(|f| f.entries).collect::<Vec<_>>(), [305, 7]);
+    for frame in &meta.frames {
+        assert_eq!(&data[frame.offset as usize..][..8], &[b'B', b'L', b'K', b'F', 1, 4, 64, 0]);
+    }
+    assert_eq!(read_frames(&meta, &data, 0..2), key_runs_golden_entries());
+}
+
+/// Meta files written in version 2 (a compressed frame index) must keep decoding to the same
+/// index: the encoding-3 golden table's meta, written again in version 2.
+#[test]
+fn golden_meta_version_2_still_decodes() {
+    let (_, v1) = golden_files("table_golden_v3");
+    let v2 = std::fs::read(format!("{}/tests/data/table_golden_meta_v2.meta", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    assert_eq!(&v2[..6], b"BLKM\x02\x00");
+    assert_eq!(TableMeta::<Backlink>::decode(&v2).unwrap(), TableMeta::<Backlink>::decode(&v1).unwrap());
+}
+
+/// A version-2 meta whose frame index (checksum fixed up) holds unknown flags, or decompresses
+/// to another size than the frame count implies, is rejected.
+#[test]
+fn hostile_version_2_frame_indexes_are_rejected() {
+    let (_, v1) = golden_files("table_golden_v3");
+    let meta = TableMeta::<Backlink>::decode(&v1).unwrap();
+    let with_index = |index: Vec<u8>| {
+        let mut bytes = Vec::new();
+        meta.encode(&mut bytes);
+        let index_len = u32::from_le_bytes(bytes[36..40].try_into().unwrap()) as usize;
+        let index_at = bytes.len() - CHECKSUM_LEN - index_len;
+        bytes.truncate(index_at);
+        bytes[36..40].copy_from_slice(&(index.len() as u32).to_le_bytes());
+        bytes.extend_from_slice(&index);
+        let checksum = xxh3_64(&bytes);
+        bytes.extend_from_slice(&checksum.to_le_bytes());
+        TableMeta::<Backlink>::decode(&bytes)
+    };
+    let columns = zstd::bulk::decompress(&encode_frame_index(&meta.frames), 1 << 20).unwrap();
+    assert_eq!(with_index(zstd::bulk::compress(&columns, 3).unwrap()).unwrap(), meta);
+    let flags_at = meta.frames.len() * Backlink::WIDTH;
+    let mut bad_flags = columns.clone();
+    bad_flags[flags_at] |= 2;
+    let error = with_index(zstd::bulk::compress(&bad_flags, 3).unwrap()).unwrap_err().to_string();
+    assert!(error.contains("unknown frame flags"), "{error}");
+    let short = with_index(zstd::bulk::compress(&columns[1..], 3).unwrap()).unwrap_err();
+    assert!(matches!(short, FormatError::Length { what: "frame index", .. }), "{short}");
+    let mut long = columns.clone();
+    long.push(0);
+    let long = with_index(zstd::bulk::compress(&long, 3).unwrap()).unwrap_err().to_string();
+    assert!(long.contains("over the limit"), "{long}");
+    let mut encoder = zstd::stream::Encoder::new(Vec::new(), 3).unwrap();
+    encoder.include_contentsize(false).unwrap();
+    std::io::Write::write_all(&mut encoder, &columns).unwrap();
+    let error = with_index(encoder.finish().unwrap()).unwrap_err().to_string();
+    assert!(error.contains("does not state its size"), "{error}");
+    // A skippable frame (magic 0x184D2A50, 4 bytes of length, no content) after the index.
+    let mut two_frames = zstd::bulk::compress(&columns, 3).unwrap();
+    two_frames.extend_from_slice(&[0x50, 0x2A, 0x4D, 0x18, 0, 0, 0, 0]);
+    for index in [two_frames, b"not zstd".to_vec()] {
+        let error = with_index(index).unwrap_err().to_string();
+        assert!(error.contains("not a zstd frame"), "{error}");
+    }
+}
+
+/// Meta version 2's frame index columns, written out by hand (docs/format.md "Meta file"):
+/// two revocation frames whose record keys are outlined (spread leaves them as they are).
+#[test]
+fn version_2_frame_index_columns_are_byte_exact() {
+    let first = Revocation { source: record(OUTLINED_BIT | 5, 1, OUTLINED_BIT | 1), rev: 0x0102 };
+    let second = Revocation { source: record(OUTLINED_BIT | 5, 1, OUTLINED_BIT | 1), rev: 0x0304 };
+    let frames = vec![
+        FrameInfo { first, continues: false, offset: 0, len: 300, entries: 7 },
+        FrameInfo { first: second, continues: true, offset: 300, len: 0x0001_0304, entries: 1 },
+    ];
+    let meta = TableMeta::new(FilterBuilder::new(1, 0.01).finish(), frames, Some(second), 8, 300 + 0x0001_0304, None);
+    let mut bytes = Vec::new();
+    meta.encode(&mut bytes);
+    assert_eq!(&bytes[4..6], &[2, 0]);
+    let index_len = u32::from_le_bytes(bytes[36..40].try_into().unwrap()) as usize;
+    let index = &bytes[bytes.len() - CHECKSUM_LEN - index_len..bytes.len() - CHECKSUM_LEN];
+    let columns = zstd::bulk::decompress(index, 1 << 10).unwrap();
+    // First entries: byte j of the first, then byte j of (first XOR second), for j in 0..32.
+    let (a, b) = (crate::lsm::entry::encode_to_vec(&first), crate::lsm::entry::encode_to_vec(&second));
+    let mut expected: Vec<u8> = (0..32).flat_map(|j| [a[j], a[j] ^ b[j]]).collect();
+    expected.extend_from_slice(&[0, 1]); // flags: the second continues
+    expected.extend_from_slice(&[0x2c, 0x04, 0x01, 0x03, 0, 0x01, 0, 0]); // lengths 300, 0x00010304
+    expected.extend_from_slice(&[7, 1, 0, 0, 0, 0, 0, 0]); // entry counts 7, 1
+    assert_eq!(columns, expected);
+    assert_eq!(TableMeta::<Revocation>::decode(&bytes).unwrap(), meta);
+}
+
+/// A version-2 header may not claim more frames than its index could expand to: a small
+/// file never makes a reader allocate for 2^24 frames.
+#[test]
+fn a_frame_count_its_index_cannot_hold_is_rejected_before_decompressing() {
+    let mut v2 = std::fs::read(format!("{}/tests/data/table_golden_meta_v2.meta", env!("CARGO_MANIFEST_DIR"))).unwrap();
+    v2[12..16].copy_from_slice(&(1u32 << 24).to_le_bytes());
+    let body = v2.len() - CHECKSUM_LEN;
+    let checksum = xxh3_64(&v2[..body]);
+    v2[body..].copy_from_slice(&checksum.to_le_bytes());
+    let error = TableMeta::<Backlink>::decode(&v2).unwrap_err().to_string();
+    assert!(error.contains("cannot hold 16777216 frames"), "{error}");
+}
+
+/// An index that compresses more than a reader accepts of version 2 (thousands of frames of
+/// one entry with consecutive keys) is written as version 1, and reads back the same.
+#[test]
+fn a_too_compressible_frame_index_is_written_as_version_1() {
+    let entries: Vec<Revocation> = (0..4000).map(|i| Revocation { source: record(i, 0, 0), rev: 0 }).collect();
+    let (data, meta_bytes, _) = build(&entries, &options(Revocation::WIDTH));
+    assert_eq!(&meta_bytes[4..6], &[1, 0], "written as version 1");
+    let meta = TableMeta::<Revocation>::decode(&meta_bytes).unwrap();
+    assert_eq!(meta.frames.len(), 4000);
+    assert_eq!(read_frames(&meta, &data, 0..4000), entries);
+    let (_, realistic, _) = build(&realistic_backlinks(20_000, 500, 50_000, 7), &TableOptions::default());
+    assert_eq!(&realistic[4..6], &[2, 0], "realistic indexes are written as version 2");
+
+    // With column models: version 3, an index length of 0 and the fixed records.
+    let modelled = TableOptions { model_min_entries: 0, ..options(Revocation::WIDTH) };
+    let (data, meta_bytes, _) = build(&entries, &modelled);
+    assert_eq!(&meta_bytes[4..6], &[3, 0], "written as version 3");
+    assert_eq!(&meta_bytes[36..40], &[0; 4], "with the index as fixed records");
+    let meta = TableMeta::<Revocation>::decode(&meta_bytes).unwrap();
+    assert!(meta.models.is_some());
+    assert_eq!(read_frames(&meta, &data, 0..4000), entries);
+}
+
+/// Run with `--ignored` only when the format changes on purpose (and bump the versions):
+/// writes the current encoding's files (payload encoding 4's data, meta version 3: give new
+/// names to the next ones). It never overwrites a file: older golden files stay as written.
+#[test]
+#[ignore]
+fn write_golden_table_files() {
+    let options = TableOptions { model_min_entries: 0, ..options(305 * Backlink::WIDTH) };
+    let (data, meta, _) = build(&key_runs_golden_entries(), &options);
+    let write_new = |name: &str, bytes: &[u8]| {
+        let path = format!("{}/tests/data/{name}", env!("CARGO_MANIFEST_DIR"));
+        let file = std::fs::OpenOptions::new().write(true).create_new(true).open(&path);
+        let mut file = file.unwrap_or_else(|e| panic!("{path}: {e} (golden files are never rewritten)"));
+        file.write_all(bytes).unwrap();
+    };
+    write_new("table_golden_v4.data", &data);
+    write_new("table_golden_meta_v3.meta", &meta);
+}
+
+fn revocation(key: u64, rev: u64) -> Revocation {
+    Revocation { source: record(key, 1, OUTLINED_BIT | key), rev }
+}
+
+fn raw_of<E: Entry>(entries: &[E]) -> Vec<u8> {
+    let mut raw = Vec::new();
+    entries.iter().for_each(|e| encode_entry(e, &mut raw));
+    raw
+}
+
+/// Encoding 3 stores a run's key once plus a 2-byte length: it is written exactly when
+/// `runs * (key width + 2) <= entries * key width`, here 12 runs of 13 entries but not 13.
+#[test]
+fn frames_are_written_in_key_runs_exactly_when_that_is_shorter() {
+    let distinct: Vec<Revocation> = (0..13).map(|key| revocation(key, 7)).collect();
+    let mut one_repeat = distinct[..12].to_vec();
+    one_repeat.insert(5, revocation(4, 9));
+    let mut encoder = FrameEncoder::new(3).unwrap();
+    for (entries, encoding) in [(&distinct, 2), (&one_repeat, 3)] {
+        let frame = encoder.encode::<Revocation>(&raw_of(entries), None).unwrap().to_vec();
+        assert_eq!(frame[5], encoding, "{} entries", entries.len());
+        let mut out = Vec::new();
+        decode_frame::<Revocation>(&frame, None, &mut out).unwrap();
+        assert_eq!(&out, entries);
+    }
+}
+
+/// A frame put together by hand: `payload` is the raw payload before zstd.
+fn handmade_frame<E: Entry>(encoding: u8, entries: usize, payload: &[u8]) -> Vec<u8> {
+    let compressed = zstd::bulk::compress(payload, 3).unwrap();
+    let mut frame = Vec::new();
+    let (raw_len, payload_len) = (payload.len(), compressed.len());
+    // `runs` is derived from the raw length when parsing; writing ignores it.
+    FrameHeader { encoding, entry_width: E::WIDTH, entries, runs: 0, raw_len, payload_len }.encode(&mut frame);
+    frame.extend_from_slice(&compressed);
+    let checksum = xxh3_64(&frame);
+    frame.extend_from_slice(&checksum.to_le_bytes());
+    frame
+}
+
+/// The encoding-3 payload of `entries` with its run lengths replaced by `runs`.
+fn key_runs_payload(entries: &[Revocation], runs: Option<&[u16]>) -> Vec<u8> {
+    let (mut keys, mut lengths, mut rests, mut payload) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    split_key_runs(&raw_of(entries), Revocation::WIDTH, Revocation::KEY_WIDTH, &mut keys, &mut lengths, &mut rests);
+    let lengths = runs.map_or(lengths, <[u16]>::to_vec);
+    key_runs_transpose(&keys, &lengths, &rests, (Revocation::KEY_WIDTH, 8), &mut payload);
+    payload
+}
+
+#[test]
+fn key_runs_that_disagree_with_the_entry_count_are_rejected() {
+    let entries = [revocation(1, 0), revocation(1, 5), revocation(2, 0)];
+    let frame = |runs: Option<&[u16]>| handmade_frame::<Revocation>(3, 3, &key_runs_payload(&entries, runs));
+    let mut out = Vec::new();
+    decode_frame::<Revocation>(&frame(None), None, &mut out).unwrap();
+    assert_eq!(out, entries, "the handmade frame is right before it is spoiled");
+    for (runs, error) in [
+        ([0, 3], "a key run of length 0"),
+        ([3, 1], "key runs hold more entries than the frame"),
+        ([1, 1], "key runs hold fewer entries than the frame"),
+    ] {
+        let found = decode_frame::<Revocation>(&frame(Some(&runs)), None, &mut out).unwrap_err();
+        assert!(found.to_string().contains(error), "{runs:?}: {found}");
+    }
+    // Raw lengths no encoding-3 payload of three entries has: a stray byte, and three runs
+    // of one (longer than encoding 2's payload, so never written).
+    let mut stray = key_runs_payload(&entries, None);
+    stray.push(0);
+    let all_runs = key_runs_payload(&[revocation(1, 0), revocation(2, 0), revocation(3, 0)], None);
+    for payload in [stray, all_runs] {
+        let found = decode_frame::<Revocation>(&handmade_frame::<Revocation>(3, 3, &payload), None, &mut out);
+        assert!(found.unwrap_err().to_string().contains("no encoding-3 payload"));
+    }
+    assert_eq!(out.len(), 3, "failed decodes must not append");
+}
+
+/// Re-encodes a meta with a fresh checksum, so that only the cross-field checks can object.
+fn reencoded(meta: &TableMeta<Backlink>) -> Result<TableMeta<Backlink>, FormatError> {
+    let mut bytes = Vec::new();
+    meta.encode(&mut bytes);
+    TableMeta::decode(&bytes)
+}
+
+#[test]
+fn inconsistent_meta_with_a_valid_checksum_is_rejected() {
+    let (_, data, meta_bytes) = small_backlink_table();
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(reencoded(&meta).unwrap(), meta);
+    let altered = |change: &dyn Fn(&mut TableMeta<Backlink>)| {
+        let mut copy = meta.clone();
+        change(&mut copy);
+        copy
+    };
+    // Version 2 stores no offsets (each frame starts where the previous one ends), so a wrong
+    // offset in memory is written right; version 1 stored them, and a wrong one is rejected.
+    assert_eq!(reencoded(&altered(&|m| m.frames[1].offset += 1)).unwrap(), meta);
+    let (_, mut v1) = golden_files("table_golden");
+    let filter_len = u32::from_le_bytes(v1[32..36].try_into().unwrap()) as usize;
+    let frame_1_offset = META_HEADER_LEN + filter_len + 64 + (64 + FRAME_INFO_FIXED_LEN) + 64 + 1;
+    v1[frame_1_offset] ^= 1;
+    let body = v1.len() - CHECKSUM_LEN;
+    let checksum = xxh3_64(&v1[..body]);
+    v1[body..].copy_from_slice(&checksum.to_le_bytes());
+    let error = TableMeta::<Backlink>::decode(&v1).unwrap_err().to_string();
+    assert!(error.contains("instead of"), "{error}");
+    assert!(reencoded(&altered(&|m| m.frames[0].continues = true)).is_err());
+    assert!(reencoded(&altered(&|m| m.frames.swap(1, 2))).is_err());
+    assert!(reencoded(&altered(&|m| m.data_len += 1)).is_err());
+    assert!(reencoded(&altered(&|m| m.entries += 1)).is_err());
+    assert!(reencoded(&altered(&|m| m.frames[3].entries = 0)).is_err());
+    assert!(reencoded(&altered(&|m| m.last = Some(m.frames[3].first))).is_err());
+
+    // A meta that passes its own checks but disagrees with the data is caught on decode.
+    let lying = altered(&|m| m.frames[2].continues = !m.frames[2].continues);
+    let lying = reencoded(&lying).unwrap();
+    let mut out = Vec::new();
+    assert!(decode_frames(&lying, 0..4, &data, &mut out).is_err());
+    let (start, end) = lying.byte_range(1..2);
+    assert!(decode_frames(&lying, 1..2, &data[start as usize..end as usize], &mut out).is_err());
+    assert!(out.is_empty());
+    assert!(decode_frames(&meta, 0..4, &data[1..], &mut out).is_err());
+    assert!(decode_frames(&meta, 3..5, &data, &mut out).is_err());
+}
+
+#[test]
+fn frames_with_a_valid_checksum_but_bad_contents_are_rejected() {
+    let entry = |i: u64| Revocation { source: record(i, 0, 0), rev: 0 };
+    let mut encoder = FrameEncoder::new(3).unwrap();
+    let mut out = Vec::new();
+    let good = encoder.encode::<Revocation>(&raw_of(&[entry(1), entry(2)]), None).unwrap().to_vec();
+    decode_frame::<Revocation>(&good, None, &mut out).unwrap();
+    assert_eq!(out, [entry(1), entry(2)]);
+    for entries in [[entry(2), entry(2)], [entry(3), entry(2)]] {
+        let frame = encoder.encode::<Revocation>(&raw_of(&entries), None).unwrap().to_vec();
+        let error = decode_frame::<Revocation>(&frame, None, &mut out).unwrap_err();
+        assert!(error.to_string().contains("not strictly increasing"), "{error}");
+    }
+    assert_eq!(out.len(), 2, "failed decodes must not append");
+    let mut wrong_width: Vec<Backlink> = Vec::new();
+    assert!(matches!(decode_frame(&good, None, &mut wrong_width), Err(FormatError::OutOfRange { .. })));
+}
+
+/// SplitMix64, for realistic data that never changes between runs.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        crate::base::rng::splitmix64(&mut self.0)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// A TID: microseconds since the epoch above a 10-bit clock id.
+fn tid(micros: u64, clock: u64) -> u64 {
+    (micros << 10) | (clock & 0x3FF)
+}
+
+/// Firehose-like backlinks: `targets` posts and accounts with Zipf-ish popularity, liked,
+/// reposted and replied to by `users` accounts over about an hour, one stamp per link.
+fn realistic_backlinks(count: usize, targets: usize, users: u64, seed: u64) -> Vec<Backlink> {
+    let mut rng = SplitMix(seed);
+    let start = 1_730_000_000_000_000u64;
+    let user = |rng: &mut SplitMix| OUTLINED_BIT | (1 + rng.below(users));
+    let target_ids: Vec<RecordId> = (0..targets)
+        .map(|i| match i % 5 {
+            0 => RecordId::repo(user(&mut rng)),
+            _ => record(tid(start - rng.below(86_400_000_000), rng.below(1024)), 3, user(&mut rng)),
+        })
+        .collect();
+    let weights: Vec<f64> = (1..=targets).map(|rank| 1.0 / (rank as f64).powf(1.1)).collect();
+    let cumulative: Vec<f64> = weights
+        .iter()
+        .scan(0.0, |sum, w| {
+            *sum += w;
+            Some(*sum)
+        })
+        .collect();
+    let total = *cumulative.last().unwrap();
+    let links = (0..count as u64).map(|i| {
+        let pick = (rng.next() >> 11) as f64 / (1u64 << 53) as f64 * total;
+        let target = target_ids[cumulative.partition_point(|&c| c < pick).min(targets - 1)];
+        let micros = start + i * 36_000 + rng.below(36_000);
+        let (collection, location) = match (target.is_repo(), rng.below(10)) {
+            (true, _) => (4, 3),      // follow: $.subject
+            (false, 0..=5) => (1, 1), // like: $.subject
+            (false, 6..=7) => (2, 1), // repost: $.subject
+            (false, _) => (3, 2),     // reply: $.reply.parent
+        };
+        let source = record(tid(micros, rng.below(1024)), collection, user(&mut rng));
+        Backlink { target, source, location, source_rev: 5_000_000 + i }
+    });
+    sorted_set(links.collect())
+}
+
+#[test]
+fn realistic_backlinks_compress_below_20_bytes_each() {
+    let entries = realistic_backlinks(100_000, 3_000, 200_000, 42);
+    assert!(entries.len() > 99_900);
+    let (data, meta_bytes, summary) = build(&entries, &TableOptions::default());
+    let per_entry = data.len() as f64 / entries.len() as f64;
+    let meta_per_entry = meta_bytes.len() as f64 / entries.len() as f64;
+    println!(
+        "{} backlinks in {} frames: {per_entry:.2} data bytes/entry, {meta_per_entry:.2} meta bytes/entry",
+        summary.entries, summary.frames
+    );
+    assert!(per_entry < 20.0, "{per_entry:.2} bytes per entry");
+    assert_eq!(&data[..6], b"BLKF\x01\x04", "a table this large is written in payload encoding 4");
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
+
+    let without_models = TableOptions { model_min_entries: u64::MAX, ..TableOptions::default() };
+    let (zstd_data, zstd_meta, _) = build(&entries, &without_models);
+    assert_eq!(&zstd_data[..6], b"BLKF\x01\x03", "frames that repeat targets are written in payload encoding 3");
+    let zstd_meta = TableMeta::<Backlink>::decode(&zstd_meta).unwrap();
+    assert_eq!(read_frames(&zstd_meta, &zstd_data, 0..zstd_meta.frames.len()), entries);
+    let modelled = (data.len() + meta_bytes.len()) as f64 / entries.len() as f64;
+    let zstd_only = (zstd_data.len() + zstd_meta_len(&zstd_meta)) as f64 / entries.len() as f64;
+    println!("with models {modelled:.2} bytes/entry (data and meta), zstd only {zstd_only:.2}");
+    assert!(modelled < zstd_only, "column models cost more than they save: {modelled:.2} vs {zstd_only:.2}");
+}
+
+/// A spill in memory that remembers the most bytes it ever held.
+struct MeasuredSpill {
+    bytes: io::Cursor<Vec<u8>>,
+    most: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Write for MeasuredSpill {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let written = self.bytes.write(buf)?;
+        self.most.fetch_max(self.bytes.get_ref().len(), std::sync::atomic::Ordering::Relaxed);
+        Ok(written)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Read for MeasuredSpill {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.bytes.read(buf)
+    }
+}
+
+impl Seek for MeasuredSpill {
+    fn seek(&mut self, to: SeekFrom) -> io::Result<u64> {
+        self.bytes.seek(to)
+    }
+}
+
+/// A table larger than the spill learns its models from the spilled frames, encodes the rest
+/// as they fill, and never spills more than `spill_bytes` and one frame.
+#[test]
+fn a_table_larger_than_its_spill_streams_after_learning_from_its_first_frames() {
+    let entries = realistic_backlinks(20_000, 500, 20_000, 5);
+    let options =
+        TableOptions { model_min_entries: 0, spill_bytes: 10 * DEFAULT_FRAME_BYTES, ..TableOptions::default() };
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
+    let mut builder = TableBuilder::with_spill(Vec::new(), Box::new(spill), &options, 0).unwrap();
+    entries.iter().for_each(|entry| builder.push(entry).unwrap());
+    let (data, meta_bytes, _) = builder.finish().unwrap();
+    let most = most.load(std::sync::atomic::Ordering::Relaxed);
+    assert!((10 * DEFAULT_FRAME_BYTES..=11 * DEFAULT_FRAME_BYTES).contains(&most), "spilled {most} bytes");
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert!(meta.models.is_some() && meta.frames.len() > 70);
+    for frame in &meta.frames {
+        assert_eq!(data[frame.offset as usize + 5], ENCODING_SPREAD_KEY_RUNS_MODELLED);
+    }
+    assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
+}
+
+/// Models learnt up front from entries in memory (a flush) are the ones a builder learns from
+/// its spill (a merge), so both write the same table; too few entries learn none.
+#[test]
+fn models_learnt_up_front_write_the_same_table_as_models_learnt_from_the_spill() {
+    let entries = realistic_backlinks(30_000, 800, 30_000, 11);
+    let options = TableOptions { model_min_entries: 1000, ..TableOptions::default() };
+    let spilled = build(&entries, &options);
+    let models = learn_models(entries.iter().copied(), &options);
+    assert!(models.is_some());
+    let mut builder = TableBuilder::with_models(Vec::new(), models, &options, 0).unwrap();
+    entries.iter().for_each(|entry| builder.push(entry).unwrap());
+    assert_eq!(builder.finish().unwrap(), spilled);
+    assert!(learn_models(entries[..999].iter().copied(), &options).is_none());
+    assert!(learn_models(std::iter::empty::<Backlink>(), &TableOptions { model_min_entries: 0, ..options }).is_none());
+}
+
+fn zstd_meta_len(meta: &TableMeta<Backlink>) -> usize {
+    let mut bytes = Vec::new();
+    meta.encode(&mut bytes);
+    bytes.len()
+}

@@ -1,0 +1,537 @@
+//! Outline tables (`outlines.db`): strings (DIDs, collections, record keys, locations) <-> u64 ids.
+//!
+//! Invariants:
+//! - Ids come from sharded sequences, never from a hash: a writer interns with its own `shard`
+//!   and each (kind, shard) has its own counter, starting at 1. Id layouts:
+//!   - did: `OUTLINED_BIT | shard << 46 | counter`, counter < 2^46, bit 62 always clear;
+//!   - rkey: `OUTLINED_BIT | shard << 47 | counter`, counter < 2^47;
+//!   - collection, location: `shard << 48 | counter`, counter < 2^48 (collection 0 is `<self>`,
+//!     location 0 is unused; neither is ever allocated because counters start at 1).
+//! - An exhausted counter is an error, never a wraparound.
+//! - A string has at most one id per kind and an id at most one string: a string becomes pending
+//!   (pinned in the cache) under the allocator lock, after `intern` looked in the cache and in
+//!   SQLite under that same lock; it stays pinned until after the transaction that stores it, so
+//!   at every instant it is in the cache, in SQLite, or both (`persist` writes without the
+//!   allocator lock; `persisting` keeps persists and imports one at a time).
+//! - New strings are pinned in their kind's cache (listed in `Allocator::pending`), never evicted,
+//!   until `persist` writes all of them and the advanced counters in one transaction. Only then
+//!   are they unpinned and may the bounded cache forget them (a miss falls back to SQLite).
+//! - Caches are bounded: did and rkey by `OutlineOptions::cache_entries` each, collection and
+//!   location (a few thousand strings on the real network) by `SMALL_KIND_CACHE_ENTRIES`, which
+//!   in practice holds all of them; they are loaded at open. Pinned strings come on top (at most
+//!   `MAX_PENDING`), and a persist evicts back to the bound.
+//! - Lock order: persisting, then allocator, then SQLite connection, then a cache. Cache locks are never held while
+//!   taking another lock.
+//! - A cache is *complete* while it holds every stored string of its kind: from an open that found
+//!   none stored (or loaded them all) until its first eviction or `import_rows` of its kind. A
+//!   complete cache answers a miss for `intern` without asking SQLite (a fresh import interns
+//!   millions of new strings, each of which would otherwise cost a failed SQLite lookup).
+//!
+//! Crash semantics: ids allocated but not yet persisted are forgotten after a crash, and the
+//! counters resume from their persisted values, so such an id may later be given to another
+//! string. That is safe because the engine always calls `persist()` before it commits a flush
+//! that refers to the ids: no durable table ever holds a forgotten id. Re-interning a string after
+//! a crash may give it a different id than before the crash, which is fine for the same reason.
+
+use cache::Cache;
+use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
+use rusqlite_migration::{M, Migrations};
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+mod cache;
+mod kind;
+pub mod range;
+#[cfg(test)]
+mod tests;
+
+pub use kind::OutlineKind;
+
+/// Cache capacity of the collection and location kinds: large enough to hold every one of them.
+pub const SMALL_KIND_CACHE_ENTRIES: usize = 1 << 20;
+/// Rows `persist` handles per cache lock (copying values out, unpinning), so that a persist of
+/// many strings never keeps `intern` waiting long.
+const LOCKED_ROWS: usize = 4096;
+/// Most new strings that may wait for `persist`; beyond it `intern` fails until persist runs.
+pub const MAX_PENDING: usize = 1 << 22;
+
+/// Schema versions of `outlines.db`, oldest first. Append only: never edit a released migration.
+fn migrations() -> Migrations<'static> {
+    Migrations::new(vec![M::up(include_str!("../../migrations/outlines/0001_outlines.sql"))])
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutlineOptions {
+    /// Cached strings per large kind (did, rkey), on top of the not-yet-persisted ones.
+    pub cache_entries: usize,
+}
+
+impl Default for OutlineOptions {
+    fn default() -> Self {
+        Self { cache_entries: 1 << 20 }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutlineError {
+    #[error("outlines.db: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("outlines.db migration: {0}")]
+    Migration(#[from] rusqlite_migration::Error),
+    #[error("creating {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("a {kind} string must be 1..={max} bytes, got {len}")]
+    InvalidValue { kind: OutlineKind, len: usize, max: usize },
+    #[error("the {kind} sequence of shard {shard} is exhausted")]
+    Exhausted { kind: OutlineKind, shard: u16 },
+    #[error("{limit} new strings are waiting for persist()")]
+    TooManyPending { limit: usize },
+    #[error("outlines.db is corrupt: {0}")]
+    Corrupt(String),
+    #[error("a thread panicked while holding an outlines lock")]
+    Poisoned,
+}
+
+/// Everything `intern` and `persist` change: which strings are new and the sequences' next
+/// counters. The new strings themselves are pinned in their kind's cache.
+#[derive(Debug, Default)]
+struct Allocator {
+    /// New strings in allocation order: their insertion order in `outlines.db`.
+    pending: Vec<(OutlineKind, u64)>,
+    /// Next counter of each (kind, shard) used since open (at most 4 * 2^16 entries).
+    next_counter: HashMap<(OutlineKind, u16), u64>,
+    /// Next counters of the sequences advanced since the last persist: what persist writes.
+    advanced: BTreeMap<(OutlineKind, u16), u64>,
+}
+
+impl Allocator {
+    /// Returns what a failed persist took: its strings go before any interned meanwhile (the
+    /// insertion order stays the allocation order), and each sequence keeps its larger counter.
+    fn put_back(&mut self, mut pending: Vec<(OutlineKind, u64)>, advanced: BTreeMap<(OutlineKind, u16), u64>) {
+        pending.append(&mut self.pending);
+        self.pending = pending;
+        for (sequence, next) in advanced {
+            let counter = self.advanced.entry(sequence).or_insert(next);
+            *counter = (*counter).max(next);
+        }
+    }
+}
+
+/// The outline tables: a SQLite file, a bounded cache per kind, and the pending new strings.
+#[derive(Debug)]
+pub struct Outlines {
+    db: Mutex<Connection>,
+    /// Held by the one `persist` or `import_rows` running at a time (taken before the others).
+    persisting: Mutex<()>,
+    allocator: Mutex<Allocator>,
+    caches: [RwLock<Cache>; 4],
+}
+
+impl Outlines {
+    /// Opens (creating if needed) `outlines.db`, applies migrations, loads collections and locations.
+    pub fn open(path: &Path, opts: OutlineOptions) -> Result<Self, OutlineError> {
+        if let Some(dir) = path.parent().filter(|dir| !dir.as_os_str().is_empty()) {
+            std::fs::create_dir_all(dir).map_err(|source| OutlineError::Io { path: dir.to_owned(), source })?;
+        }
+        let mut conn = Connection::open(path)?;
+        configure(&conn)?;
+        migrations().to_latest(&mut conn)?;
+        let caches = OutlineKind::ALL.map(|kind| {
+            let large = matches!(kind, OutlineKind::Did | OutlineKind::Rkey);
+            RwLock::new(Cache::new(if large { opts.cache_entries } else { SMALL_KIND_CACHE_ENTRIES }))
+        });
+        let outlines = Self { db: Mutex::new(conn), persisting: Mutex::new(()), allocator: Mutex::default(), caches };
+        outlines.preload(OutlineKind::Collection)?;
+        outlines.preload(OutlineKind::Location)?;
+        outlines.mark_complete_if_empty(OutlineKind::Did)?;
+        outlines.mark_complete_if_empty(OutlineKind::Rkey)?;
+        Ok(outlines)
+    }
+
+    /// The id of `value`, if it has one. Never allocates: for queries.
+    pub fn lookup(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        if check_value(kind, value).is_err() {
+            return Ok(None); // a string that could never be interned has no id
+        }
+        if let Some(id) = self.cached_id(kind, value)? {
+            return Ok(Some(id)); // stored and cached, or new and pinned
+        }
+        let stored = self.stored_id(kind, value)?;
+        if let Some(id) = stored {
+            self.remember(kind, id, value)?;
+        }
+        Ok(stored)
+    }
+
+    /// The id of `value`, allocating one from sequence (kind, `shard`) if it has none yet. A new id
+    /// is pending (forgotten by a crash) until `persist`.
+    pub fn intern(&self, kind: OutlineKind, value: &str, shard: u16) -> Result<u64, OutlineError> {
+        check_value(kind, value)?;
+        if let Some(id) = self.cached_id(kind, value)? {
+            return Ok(id);
+        }
+        let mut allocator = self.lock_allocator()?;
+        if let Some(id) = self.known_id(kind, value)? {
+            return Ok(id);
+        }
+        if allocator.pending.len() >= MAX_PENDING {
+            return Err(OutlineError::TooManyPending { limit: MAX_PENDING });
+        }
+        let id = self.allocate(&mut allocator, kind, shard)?;
+        write(&self.caches[kind.index()])?.insert_pinned(id, value);
+        allocator.pending.push((kind, id));
+        Ok(id)
+    }
+
+    /// The string of `id`, if it has one (an id outside the kind's layout has none).
+    pub fn resolve(&self, kind: OutlineKind, id: u64) -> Result<Option<Arc<str>>, OutlineError> {
+        if kind.layout().split(id).is_none() {
+            return Ok(None);
+        }
+        if let Some(value) = read(&self.caches[kind.index()])?.value_of(id) {
+            return Ok(Some(value)); // stored and cached, or new and pinned
+        }
+        let stored = self.stored_value(kind, id)?;
+        if let Some(value) = &stored {
+            self.remember(kind, id, value)?;
+        }
+        Ok(stored)
+    }
+
+    /// `resolve` of many ids of one kind, borrowing the strings: `found(i, value)` once for each
+    /// `ids[i]`, the cached ones under one read lock, then the others (read from the database and
+    /// cached), so a page takes one lock per kind instead of one per link.
+    pub fn resolve_each(
+        &self,
+        kind: OutlineKind,
+        ids: &[u64],
+        mut found: impl FnMut(usize, Option<&str>),
+    ) -> Result<(), OutlineError> {
+        let mut missed = Vec::new();
+        {
+            let cache = read(&self.caches[kind.index()])?;
+            for (i, &id) in ids.iter().enumerate() {
+                match cache.get(id) {
+                    Some(value) => found(i, Some(value)),
+                    None => missed.push(i),
+                }
+            }
+        }
+        for i in missed {
+            found(i, self.resolve(kind, ids[i])?.as_deref());
+        }
+        Ok(())
+    }
+
+    /// Writes every pending string and the advanced counters in one transaction; returns how many
+    /// strings it wrote. On error nothing is written and everything stays pending. The strings
+    /// stay pinned in the cache while they are written, so `intern` goes on meanwhile (finding
+    /// them there); only taking the list and unpinning need the allocator.
+    pub fn persist(&self) -> Result<usize, OutlineError> {
+        let _one_at_a_time = self.persisting.lock().map_err(|_| OutlineError::Poisoned)?;
+        let (pending, advanced) = {
+            let mut allocator = self.lock_allocator()?;
+            (std::mem::take(&mut allocator.pending), std::mem::take(&mut allocator.advanced))
+        };
+        if pending.is_empty() && advanced.is_empty() {
+            return Ok(0);
+        }
+        if let Err(error) = self.write_pending(&pending, &advanced) {
+            self.lock_allocator()?.put_back(pending, advanced);
+            return Err(error);
+        }
+        for chunk in pending.chunks(LOCKED_ROWS) {
+            for kind in OutlineKind::ALL {
+                let mut cache = write(&self.caches[kind.index()])?;
+                chunk.iter().filter(|(k, _)| *k == kind).for_each(|(_, id)| cache.unpin(*id));
+            }
+        }
+        for cache in &self.caches {
+            write(cache)?.shrink_to_capacity();
+        }
+        Ok(pending.len())
+    }
+
+    /// The values of pinned strings, copied out under one read lock per kind (not one per row,
+    /// and not for the whole persist: `intern` write-locks the cache for every new string).
+    fn copy_pinned(&self, rows: &[(OutlineKind, u64)]) -> Result<(String, Vec<Range<usize>>), OutlineError> {
+        let (mut text, mut spans) = (String::new(), vec![0..0; rows.len()]);
+        for kind in OutlineKind::ALL {
+            let cache = read(&self.caches[kind.index()])?;
+            for (span, (_, id)) in spans.iter_mut().zip(rows).filter(|(_, (k, _))| *k == kind) {
+                let start = text.len();
+                text.push_str(cache.pinned_value(*id).expect("a pending string is pinned in its cache"));
+                *span = start..text.len();
+            }
+        }
+        Ok((text, spans))
+    }
+
+    /// The largest insertion sequence number stored (0 when empty).
+    pub fn max_seq(&self) -> Result<i64, OutlineError> {
+        let db = self.lock_db()?;
+        Ok(db.query_row("SELECT coalesce(max(seq), 0) FROM outlines", [], |row| row.get(0))?)
+    }
+
+    /// Stored rows of `kind` with `after < seq <= through`, in insertion order, as
+    /// `(seq, id, value)`: at most `max_rows`, and no more after the encoded size of the ones
+    /// taken passes `max_bytes` (at least one row is taken). A published outline range is one
+    /// such chunk, so publishing any number of new strings needs bounded memory.
+    pub fn rows_between(
+        &self,
+        kind: OutlineKind,
+        after: i64,
+        through: i64,
+        max_rows: usize,
+        max_bytes: usize,
+    ) -> Result<Vec<(i64, u64, String)>, OutlineError> {
+        let db = self.lock_db()?;
+        let mut query = db.prepare_cached(
+            "SELECT seq, id, value FROM outlines WHERE kind = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4",
+        )?;
+        let mut rows = query.query(params![kind.code(), after, through, max_rows as i64])?;
+        let (mut chunk, mut bytes) = (Vec::new(), 0usize);
+        while let Some(row) = rows.next()? {
+            let value: String = row.get(2)?;
+            bytes += range::ROW_OVERHEAD + value.len();
+            chunk.push((row.get::<_, i64>(0)?, row.get::<_, i64>(1)? as u64, value));
+            if bytes >= max_bytes {
+                break;
+            }
+        }
+        Ok(chunk)
+    }
+
+    /// Adds rows another machine published (a restore, a replica), keeping their ids and moving
+    /// each sequence past them, in one transaction. Rows already present are skipped; a row that
+    /// contradicts a stored one (same id or value, other partner) is an error.
+    pub fn import_rows(&self, kind: OutlineKind, rows: &[(u64, String)]) -> Result<usize, OutlineError> {
+        let layout = kind.layout();
+        let mut next: BTreeMap<u16, u64> = BTreeMap::new();
+        for (id, value) in rows {
+            check_value(kind, value)?;
+            let (shard, counter) =
+                layout.split(*id).ok_or_else(|| OutlineError::Corrupt(format!("{kind} id {id:#x} fits no layout")))?;
+            let entry = next.entry(shard).or_insert(1);
+            *entry = (*entry).max(counter + 1);
+        }
+        let _one_at_a_time = self.persisting.lock().map_err(|_| OutlineError::Poisoned)?;
+        let mut allocator = self.lock_allocator()?; // no interning while counters move
+        write(&self.caches[kind.index()])?.complete = false; // the rows go to SQLite only
+        allocator.next_counter.retain(|(k, _), _| *k != kind);
+        let mut db = self.lock_db()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let mut added = 0;
+        {
+            // Not `INSERT OR IGNORE`: with AUTOINCREMENT an ignored row still uses up a sequence
+            // number, and the gaps would let a restored writer's own rows fall inside ranges that
+            // were already published (and so never be published).
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO outlines (kind, id, value) SELECT ?1, ?2, ?3
+                 WHERE NOT EXISTS (SELECT 1 FROM outlines WHERE kind = ?1 AND id = ?2)",
+            )?;
+            let mut stored = tx.prepare_cached("SELECT value FROM outlines WHERE kind = ?1 AND id = ?2")?;
+            for (id, value) in rows {
+                added += insert.execute(params![kind.code(), *id as i64, value])?;
+                let present: Option<String> =
+                    stored.query_row(params![kind.code(), *id as i64], |r| r.get(0)).optional()?;
+                if present.as_deref() != Some(value.as_str()) {
+                    return Err(OutlineError::Corrupt(format!("{kind} id {id:#x} is stored with another value")));
+                }
+            }
+            let mut advance = tx.prepare_cached(
+                "INSERT INTO sequences (kind, shard, next) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (kind, shard) DO UPDATE SET next = max(next, excluded.next)",
+            )?;
+            for (shard, counter) in &next {
+                advance.execute(params![kind.code(), shard, *counter as i64])?;
+            }
+        }
+        tx.commit()?;
+        Ok(added)
+    }
+
+    /// Makes every row stored from now on get an insertion sequence number above `through`, the
+    /// highest one a followed manifest published: a restored writer's new rows must fall after the
+    /// published ranges, whatever numbers the imported rows got here.
+    pub fn reserve_seq_through(&self, through: i64) -> Result<(), OutlineError> {
+        let mut db = self.lock_db()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        // SQLite keeps an AUTOINCREMENT table's high-water mark in `sqlite_sequence` (no row until
+        // the first insert); its documentation allows ordinary updates of it.
+        let raised = tx.execute("UPDATE sqlite_sequence SET seq = max(seq, ?1) WHERE name = 'outlines'", [through])?;
+        if raised == 0 {
+            tx.execute("INSERT INTO sqlite_sequence (name, seq) VALUES ('outlines', ?1)", [through])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Strings interned since the last successful `persist`.
+    pub fn pending(&self) -> usize {
+        self.allocator.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pending.len()
+    }
+
+    fn write_pending(
+        &self,
+        pending: &[(OutlineKind, u64)],
+        advanced: &BTreeMap<(OutlineKind, u16), u64>,
+    ) -> Result<(), OutlineError> {
+        let mut db = self.lock_db()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        {
+            let mut insert = tx.prepare_cached("INSERT INTO outlines (kind, id, value) VALUES (?1, ?2, ?3)")?;
+            for chunk in pending.chunks(LOCKED_ROWS) {
+                let (text, spans) = self.copy_pinned(chunk)?;
+                for ((kind, id), span) in chunk.iter().zip(spans) {
+                    insert.execute(params![kind.code(), *id as i64, &text[span]])?;
+                }
+            }
+            let mut advance = tx.prepare_cached(
+                "INSERT INTO sequences (kind, shard, next) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (kind, shard) DO UPDATE SET next = excluded.next",
+            )?;
+            for ((kind, shard), next) in advanced {
+                advance.execute(params![kind.code(), shard, *next as i64])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Takes the next counter of (kind, shard), loading it from SQLite on first use.
+    fn allocate(&self, allocator: &mut Allocator, kind: OutlineKind, shard: u16) -> Result<u64, OutlineError> {
+        let counter = match allocator.next_counter.get(&(kind, shard)) {
+            Some(next) => *next,
+            None => self.stored_next_counter(kind, shard)?,
+        };
+        let id = kind.layout().compose(shard, counter).ok_or(OutlineError::Exhausted { kind, shard })?;
+        allocator.next_counter.insert((kind, shard), counter + 1);
+        allocator.advanced.insert((kind, shard), counter + 1);
+        Ok(id)
+    }
+
+    fn stored_next_counter(&self, kind: OutlineKind, shard: u16) -> Result<u64, OutlineError> {
+        let db = self.lock_db()?;
+        let mut query = db.prepare_cached("SELECT next FROM sequences WHERE kind = ?1 AND shard = ?2")?;
+        let next: Option<i64> = query.query_row(params![kind.code(), shard], |row| row.get(0)).optional()?;
+        match next {
+            None => Ok(1),
+            Some(next) if next >= 1 => Ok(next as u64),
+            Some(next) => Err(OutlineError::Corrupt(format!("{kind} shard {shard} has next counter {next}"))),
+        }
+    }
+
+    fn stored_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        let db = self.lock_db()?;
+        let mut query = db.prepare_cached("SELECT id FROM outlines WHERE kind = ?1 AND value = ?2")?;
+        let id: Option<i64> = query.query_row(params![kind.code(), value], |row| row.get(0)).optional()?;
+        Ok(id.map(|id| id as u64))
+    }
+
+    fn stored_value(&self, kind: OutlineKind, id: u64) -> Result<Option<Arc<str>>, OutlineError> {
+        let db = self.lock_db()?;
+        let mut query = db.prepare_cached("SELECT value FROM outlines WHERE kind = ?1 AND id = ?2")?;
+        let value: Option<String> = query.query_row(params![kind.code(), id as i64], |row| row.get(0)).optional()?;
+        Ok(value.map(Arc::from))
+    }
+
+    /// Fills the cache of `kind` with its first strings, up to the cache's capacity.
+    fn preload(&self, kind: OutlineKind) -> Result<(), OutlineError> {
+        let mut cache = write(&self.caches[kind.index()])?;
+        let db = self.lock_db()?;
+        let mut query = db.prepare("SELECT id, value FROM outlines WHERE kind = ?1 ORDER BY seq LIMIT ?2")?;
+        let rows = query.query_map(params![kind.code(), cache.capacity() as i64], |row| {
+            Ok((row.get::<_, i64>(0)? as u64, row.get::<_, String>(1)?))
+        })?;
+        for row in rows {
+            let (id, value) = row?;
+            cache.insert(id, &value);
+        }
+        Ok(())
+    }
+
+    /// Marks the cache of `kind` complete when outlines.db stores no string of that kind.
+    fn mark_complete_if_empty(&self, kind: OutlineKind) -> Result<(), OutlineError> {
+        let any: bool = self.lock_db()?.query_row(
+            "SELECT EXISTS (SELECT 1 FROM outlines WHERE kind = ?1)",
+            [kind.code()],
+            |row| row.get(0),
+        )?;
+        let mut cache = write(&self.caches[kind.index()])?;
+        cache.complete = !any && cache.len() == 0;
+        Ok(())
+    }
+
+    /// The id `value` already has, looked up under the allocator lock after a cache miss: the
+    /// cache again (another writer may have just pinned it; a miss in a complete cache means
+    /// none), else SQLite, remembering what it finds. Nobody can allocate `value` meanwhile, a
+    /// string a persist is writing is still pinned, and an import cannot run (it takes the
+    /// allocator lock). While a persist writes, the SQLite lookup waits for its transaction.
+    fn known_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        {
+            let cache = read(&self.caches[kind.index()])?;
+            if let Some(id) = cache.id_of(value) {
+                return Ok(Some(id));
+            }
+            if cache.complete {
+                return Ok(None);
+            }
+        }
+        let stored = self.stored_id(kind, value)?;
+        if let Some(id) = stored {
+            self.remember(kind, id, value)?;
+        }
+        Ok(stored)
+    }
+
+    fn cached_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        Ok(read(&self.caches[kind.index()])?.id_of(value))
+    }
+
+    fn remember(&self, kind: OutlineKind, id: u64, value: &str) -> Result<(), OutlineError> {
+        write(&self.caches[kind.index()])?.insert(id, value);
+        Ok(())
+    }
+
+    fn lock_db(&self) -> Result<MutexGuard<'_, Connection>, OutlineError> {
+        self.db.lock().map_err(|_| OutlineError::Poisoned)
+    }
+
+    fn lock_allocator(&self) -> Result<MutexGuard<'_, Allocator>, OutlineError> {
+        self.allocator.lock().map_err(|_| OutlineError::Poisoned)
+    }
+}
+
+/// WAL, and `synchronous = FULL`: a commit is on disk when `persist` returns. NORMAL would not do
+/// here even though `persist` always precedes the catalog's commit: with NORMAL a power loss can
+/// drop the last outline commit while the later, fsynced commit of `state.db` (a different file,
+/// whose fsync does not order writes to this one) survives and refers to the lost ids. Persist runs
+/// once per flush, so the extra fsync costs nothing that matters.
+fn configure(conn: &Connection) -> Result<(), OutlineError> {
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") && !mode.eq_ignore_ascii_case("memory") {
+        return Err(OutlineError::Corrupt(format!("cannot switch outlines.db to WAL (mode is {mode})")));
+    }
+    conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    Ok(())
+}
+
+fn check_value(kind: OutlineKind, value: &str) -> Result<(), OutlineError> {
+    let max = kind.max_len();
+    if value.is_empty() || value.len() > max {
+        return Err(OutlineError::InvalidValue { kind, len: value.len(), max });
+    }
+    Ok(())
+}
+
+fn read<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockReadGuard<'_, T>, OutlineError> {
+    lock.read().map_err(|_| OutlineError::Poisoned)
+}
+
+fn write<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockWriteGuard<'_, T>, OutlineError> {
+    lock.write().map_err(|_| OutlineError::Poisoned)
+}
