@@ -6,12 +6,14 @@
 //!   variable `BACKLINKS_<NAME>`.
 //! - Unknown config-file keys are an error, so a typo never silently falls back to a default.
 
+use crate::base::redact::redact_url;
 use crate::index::IndexOptions;
 use crate::ingest::backfill::BackfillOptions;
 use crate::store::s3::{S3ConfigKeys, Secret};
 use crate::writer::WriterOptions;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8080";
 /// v2 (`subscribeEvents`) first, then the v1 `/subscribe` wire of the same hosts.
@@ -59,6 +61,11 @@ pub struct FileConfig {
     pub request_timeout_ms: Option<u64>,
     /// HTTP connections open at once; more wait in the accept backlog (serve, default 1024).
     pub max_connections: Option<usize>,
+    /// HTTP connections one IP address may hold; more are closed at once (serve, default 256;
+    /// behind a reverse proxy, raise it to `max_connections`).
+    pub max_connections_per_address: Option<usize>,
+    /// Seconds a client has to send a whole request head (serve, default 10).
+    pub header_read_timeout_secs: Option<u64>,
     /// Threads serving HTTP connections (serve, default: one per core).
     pub http_threads: Option<usize>,
     /// `Cache-Control: max-age` of successful query answers, in seconds (serve).
@@ -89,8 +96,35 @@ pub struct FileConfig {
     pub backfill_max_attempts: Option<u32>,
     /// Largest repository CAR fetched, in bytes (default 512 MiB).
     pub backfill_max_repo_bytes: Option<u64>,
+    /// Deadline of one repository download, in seconds (default 300).
+    pub backfill_fetch_timeout_secs: Option<u64>,
+    /// Slowest average transfer accepted for a download, in bytes per second, after a 10 s grace
+    /// (default 16384).
+    pub backfill_min_bytes_per_sec: Option<u64>,
+    /// Bytes of repository CARs held in memory at once across all downloads (default 256 MiB);
+    /// the rest waits in unnamed files in the data directory.
+    pub backfill_car_memory_budget: Option<u64>,
+    /// Downloads from one PDS at once (default 4).
+    pub backfill_host_fetches: Option<usize>,
+    /// First pause of a host that keeps failing, in seconds (default 300; doubles each time).
+    pub backfill_host_pause_secs: Option<u64>,
+    /// Listing pages, and listed repositories, one host (or relay) may give (default 20000 and
+    /// 5000000).
+    pub backfill_max_pages_per_host: Option<u64>,
+    pub backfill_max_dids_per_host: Option<u64>,
+    /// Seconds before a rejected repository (one that failed verification) is fetched again by
+    /// a later run (default 86400; doubles with each rejection).
+    pub backfill_reject_retry_secs: Option<u64>,
+    /// Private, loopback or link-local addresses backfill and DID resolution may reach anyway:
+    /// `IP` or `IP:port` entries, for local setups and tests (default none: public addresses only).
+    pub backfill_allow_private: Option<Vec<String>>,
+    /// DID documents (files) to verify `--car` files' signatures with, offline.
+    pub backfill_did_doc: Option<Vec<PathBuf>>,
     /// The PLC directory resolving `did:plc` identities (default https://plc.directory).
     pub plc_url: Option<String>,
+    /// Keep a local copy of the PLC directory (`plc.db`) from its bulk export while backfilling
+    /// (default: on when a relay is backfilled).
+    pub plc_sync: Option<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -116,7 +150,7 @@ impl FileConfig {
         let origin = path.map_or_else(|| PathBuf::from("<environment>"), Path::to_path_buf);
         toml::Value::Table(table)
             .try_into()
-            .map_err(|e: toml::de::Error| ConfigError::Parse { path: origin, message: e.to_string() })
+            .map_err(|e: toml::de::Error| ConfigError::Parse { path: origin, message: describe(&e, None) })
     }
 
     /// How a writer publishes and collects garbage, from the file (defaults for what it leaves
@@ -190,9 +224,44 @@ impl FileConfig {
         if let Some(bytes) = self.backfill_max_repo_bytes {
             options.car.max_bytes = bounded("backfill_max_repo_bytes", bytes as usize, 1 << 10, 16 << 30)? as u64;
         }
+        if let Some(secs) = self.backfill_fetch_timeout_secs {
+            options.fetch_timeout =
+                Duration::from_secs(bounded("backfill_fetch_timeout_secs", secs as usize, 1, 86_400)? as u64);
+        }
+        if let Some(rate) = self.backfill_min_bytes_per_sec {
+            options.min_bytes_per_sec = bounded("backfill_min_bytes_per_sec", rate as usize, 0, 1 << 30)? as u64;
+        }
+        if let Some(bytes) = self.backfill_car_memory_budget {
+            options.car_memory_budget = bounded("backfill_car_memory_budget", bytes as usize, 0, 64 << 30)?;
+            options.car_memory_bytes = options.car_memory_bytes.min(options.car_memory_budget);
+        }
+        if let Some(n) = self.backfill_host_fetches {
+            options.breaker.slots_per_host = bounded("backfill_host_fetches", n, 1, 256)?;
+        }
+        if let Some(secs) = self.backfill_host_pause_secs {
+            options.breaker.pause =
+                Duration::from_secs(bounded("backfill_host_pause_secs", secs as usize, 1, 86_400)? as u64);
+        }
+        if let Some(n) = self.backfill_max_pages_per_host {
+            options.max_pages_per_host = bounded("backfill_max_pages_per_host", n as usize, 1, 1 << 40)? as u64;
+        }
+        if let Some(n) = self.backfill_max_dids_per_host {
+            options.max_dids_per_host = bounded("backfill_max_dids_per_host", n as usize, 1, 1 << 40)? as u64;
+        }
+        if let Some(secs) = self.backfill_reject_retry_secs {
+            options.reject_retry = Duration::from_secs(secs);
+        }
+        if let Some(entries) = &self.backfill_allow_private {
+            crate::net::guard::AddressPolicy::with_allowed(entries)
+                .map_err(|e| ConfigError::Invalid(format!("backfill_allow_private: {e}")))?;
+            options.allow_private = entries.clone();
+        }
+        options.did_documents = self.backfill_did_doc.clone().unwrap_or_default();
         if let Some(url) = &self.plc_url {
             options.plc_url = url.clone();
         }
+        let relays = self.backfill_relay.as_ref().is_some_and(|relays| !relays.is_empty());
+        options.plc_sync = self.plc_sync.unwrap_or(relays);
         Ok(options)
     }
 
@@ -212,7 +281,8 @@ impl FileConfig {
 pub fn load_table(path: Option<&Path>) -> Result<toml::Table, ConfigError> {
     let Some(path) = path else { return Ok(toml::Table::new()) };
     let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-    text.parse().map_err(|e: toml::de::Error| ConfigError::Parse { path: path.into(), message: e.to_string() })
+    text.parse()
+        .map_err(|e: toml::de::Error| ConfigError::Parse { path: path.into(), message: describe(&e, Some(&text)) })
 }
 
 /// How an environment variable's text becomes a config value.
@@ -246,6 +316,8 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("max_concurrent_queries", EnvKind::Scalar),
     ("request_timeout_ms", EnvKind::Scalar),
     ("max_connections", EnvKind::Scalar),
+    ("max_connections_per_address", EnvKind::Scalar),
+    ("header_read_timeout_secs", EnvKind::Scalar),
     ("http_threads", EnvKind::Scalar),
     ("cache_max_age_secs", EnvKind::Scalar),
     ("count_exact_limit", EnvKind::Scalar),
@@ -265,7 +337,18 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("backfill_per_host_per_second", EnvKind::Scalar),
     ("backfill_max_attempts", EnvKind::Scalar),
     ("backfill_max_repo_bytes", EnvKind::Scalar),
+    ("backfill_fetch_timeout_secs", EnvKind::Scalar),
+    ("backfill_min_bytes_per_sec", EnvKind::Scalar),
+    ("backfill_car_memory_budget", EnvKind::Scalar),
+    ("backfill_host_fetches", EnvKind::Scalar),
+    ("backfill_host_pause_secs", EnvKind::Scalar),
+    ("backfill_max_pages_per_host", EnvKind::Scalar),
+    ("backfill_max_dids_per_host", EnvKind::Scalar),
+    ("backfill_reject_retry_secs", EnvKind::Scalar),
+    ("backfill_allow_private", EnvKind::List),
+    ("backfill_did_doc", EnvKind::List),
     ("plc_url", EnvKind::Text),
+    ("plc_sync", EnvKind::Scalar),
 ];
 
 /// Sets every key whose `BACKLINKS_<KEY>` variable is present (the environment wins over the file).
@@ -294,16 +377,80 @@ fn apply_env(table: &mut toml::Table, env: &dyn Fn(&str) -> Option<String>) {
 /// Words that mark a key whose value must never be printed.
 const SECRET_MARKERS: [&str; 3] = ["secret", "password", "token"];
 
-/// Replaces the value of every key (at any depth) whose name contains a secret marker.
+/// Replaces the value of every key (at any depth) whose name contains a secret marker, and the
+/// credentials inside every URL.
 pub fn redact_secrets(table: &mut toml::Table) {
     for (key, value) in table.iter_mut() {
         let lower = key.to_ascii_lowercase();
         if SECRET_MARKERS.iter().any(|marker| lower.contains(marker)) {
             *value = toml::Value::String("<redacted>".into());
-        } else if let toml::Value::Table(inner) = value {
-            redact_secrets(inner);
+        } else {
+            redact_urls(value);
         }
     }
+}
+
+fn redact_urls(value: &mut toml::Value) {
+    match value {
+        toml::Value::String(text) => *text = redact_url(text).into_owned(),
+        toml::Value::Array(items) => items.iter_mut().for_each(redact_urls),
+        toml::Value::Table(inner) => redact_secrets(inner),
+        _ => {}
+    }
+}
+
+/// A TOML error described without quoting what was written: a value (a secret, say) may be in
+/// it. Says where (the line, when the text is at hand) and what was wrong.
+fn describe(error: &toml::de::Error, text: Option<&str>) -> String {
+    let mut message = hide_quoted(error.message());
+    // Without the text, the error names the key it was reading (`in `key``): keep that.
+    let key =
+        error.to_string().lines().find_map(|line| Some(line.strip_prefix("in `")?.strip_suffix('`')?.to_string()));
+    if let Some(key) = key {
+        message = format!("{key}: {message}");
+    }
+    match (error.span(), text) {
+        (Some(span), Some(text)) => {
+            let line = text.get(..span.start).map_or(0, |before| before.matches('\n').count()) + 1;
+            format!("line {line}: {message}")
+        }
+        _ => message,
+    }
+}
+
+/// `message` with every quoted or back-quoted part elided, except the key names that "unknown
+/// field", "missing field" and "duplicate key" messages are about.
+fn hide_quoted(message: &str) -> String {
+    let first_line = message.lines().next().unwrap_or_default();
+    let names_keys = ["unknown field", "missing field", "duplicate key"].iter().any(|k| first_line.starts_with(k));
+    let mut out = String::new();
+    let mut quote: Option<char> = None;
+    for (index, c) in first_line.char_indices() {
+        match quote {
+            Some(open) if c == open => {
+                quote = None;
+                out.push(c);
+            }
+            Some(_) => {}
+            None if matches!(c, '"' | '`' | '\'') => {
+                // The first quoted part of a message about a key names the key: keep it.
+                if names_keys && !out.contains(['"', '`', '\'']) {
+                    let rest = &first_line[index + 1..];
+                    if let Some(end) = rest.find(c) {
+                        out.push(c);
+                        out.push_str(&rest[..end]);
+                        quote = Some(c);
+                        continue;
+                    }
+                }
+                out.push(c);
+                out.push('…');
+                quote = Some(c);
+            }
+            None => out.push(c),
+        }
+    }
+    out
 }
 
 fn bounded(name: &str, value: usize, min: usize, max: usize) -> Result<usize, ConfigError> {
@@ -328,6 +475,40 @@ mod tests {
         assert_eq!(table["s3_secret_access_key"].as_str(), Some("<redacted>"));
         assert_eq!(table["a"]["ApiToken"].as_str(), Some("<redacted>"));
         assert_eq!((table["listen"].as_str(), table["a"]["keep"].as_integer()), (Some("x"), Some(1)));
+    }
+
+    #[test]
+    fn urls_in_printed_config_lose_their_credentials() {
+        let mut table: toml::Table =
+            "s3_endpoint = \"https://GK1:hunter2@s3.example\"\njetstream = [\"wss://u:pw@j.example/subscribe\"]\n"
+                .parse()
+                .unwrap();
+        redact_secrets(&mut table);
+        let printed = toml::to_string(&table).unwrap();
+        assert!(!printed.contains("hunter2") && !printed.contains("pw@"), "{printed}");
+        assert!(printed.contains("https://<redacted>@s3.example"), "{printed}");
+    }
+
+    #[test]
+    fn config_errors_never_echo_values() {
+        let dir = tempfile::tempdir().unwrap();
+        for (text, names) in [
+            ("s3_secret_access_key = 12345\n", None),
+            ("memtable_bytes = \"hunter2\"\n", None),
+            ("s3_secret_acces_key = \"hunter2\"\n", Some("s3_secret_acces_key")),
+            ("listen = \"hunter2\n", None),
+        ] {
+            let path = dir.path().join("c.toml");
+            std::fs::write(&path, text).unwrap();
+            let error = FileConfig::load_with_env(Some(&path), &|_| None).unwrap_err().to_string();
+            assert!(!error.contains("hunter2") && !error.contains("12345"), "{text:?} gave {error}");
+            if let Some(name) = names {
+                assert!(error.contains(name), "the misspelt key is named: {error}");
+            }
+        }
+        let env = |name: &str| (name == "BACKLINKS_MEMTABLE_BYTES").then(|| "\"hunter2\"".to_string());
+        let error = FileConfig::load_with_env(None, &env).unwrap_err().to_string();
+        assert!(!error.contains("hunter2"), "{error}");
     }
 
     #[test]

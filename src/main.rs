@@ -4,11 +4,10 @@ use anyhow::{Context, bail};
 use backlinks::base::clock::{system_clock, unix_ms};
 use backlinks::config::{DEFAULT_JETSTREAM, DEFAULT_LISTEN, FileConfig};
 use backlinks::index::{Index, IndexError, IndexOptions};
-use backlinks::ingest::backfill::gate::SnapshotGate;
 use backlinks::ingest::backfill::progress::BackfillProgress;
 use backlinks::ingest::backfill::{self as backfills, Backfill, Source};
 use backlinks::ingest::import_lines_with;
-use backlinks::ingest::live::{Instance, LiveIngest, LiveOptions};
+use backlinks::ingest::live::{IdentityHook, Instance, LiveIngest, LiveOptions};
 use backlinks::ingest::read_ahead::ReadAhead;
 use backlinks::metrics::{MeteredStore, Metrics};
 use backlinks::query::list_backlinks;
@@ -140,6 +139,13 @@ struct BackfillArgs {
     /// The PLC directory that resolves did:plc identities (default https://plc.directory).
     #[arg(long, env = "BACKLINKS_PLC_URL")]
     plc_url: Option<String>,
+    /// A DID document (file) to verify `--car` files of its DID with, offline (repeatable).
+    #[arg(long, env = "BACKLINKS_BACKFILL_DID_DOC", value_delimiter = ',')]
+    did_doc: Vec<PathBuf>,
+    /// A private, loopback or link-local address (`IP` or `IP:port`) backfill may reach anyway:
+    /// for local setups and tests (repeatable; default: public addresses only).
+    #[arg(long, env = "BACKLINKS_BACKFILL_ALLOW_PRIVATE", value_delimiter = ',')]
+    allow_private: Vec<String>,
 }
 
 #[derive(Args)]
@@ -267,7 +273,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 metrics.attach_backfill(backfill.progress.clone());
                 tokio::spawn(backfill_beside_live(backfill.clone(), sources));
             }
-            Some(start_live_ingest(writer, &config, backfill.gate().clone())?)
+            Some(start_live_ingest(writer, &config, &backfill)?)
         }
         None => None,
     };
@@ -320,16 +326,19 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 fn start_live_ingest(
     writer: Writer,
     config: &FileConfig,
-    gate: Arc<SnapshotGate>,
+    backfill: &Arc<Backfill>,
 ) -> anyhow::Result<(LiveIngest, String)> {
     let urls = config.jetstream.clone().unwrap_or_else(|| DEFAULT_JETSTREAM.iter().map(|s| s.to_string()).collect());
     let instances = urls.iter().map(|url| Instance::parse(url)).collect::<Result<Vec<_>, _>>()?;
     let mut options = LiveOptions::new(instances, entropy_seed());
-    options.gate = Some(gate);
+    options.gate = Some(backfill.gate().clone());
+    let identities = backfill.clone();
+    options.on_identity = Some(IdentityHook(Arc::new(move |did: &str| identities.forget_identity(did))));
     if let Some(secs) = config.max_unflushed_secs {
         options.max_unflushed_ms = secs.clamp(1, 3_600) * 1_000;
     }
-    let source = urls.first().cloned().unwrap_or_default();
+    // Shown on the status page: never with credentials.
+    let source = urls.first().map(|url| backlinks::base::redact::redact_url(url).into_owned()).unwrap_or_default();
     let live = LiveIngest::start(writer, options, system_clock(), tokio::runtime::Handle::current())?;
     Ok((live, source))
 }
@@ -383,6 +392,8 @@ fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
     set("max_concurrent_queries", (server.max_concurrent_queries as i64).into());
     set("request_timeout_ms", (server.request_timeout.as_millis() as i64).into());
     set("max_connections", (server.max_connections as i64).into());
+    set("max_connections_per_address", (server.max_connections_per_address as i64).into());
+    set("header_read_timeout_secs", (server.header_read_timeout.as_secs() as i64).into());
     set("http_threads", (server.http_threads as i64).into());
     set("cache_max_age_secs", (server.cache_max_age.as_secs() as i64).into());
     set("count_exact_limit", (server.count.exact_scan_limit as i64).into());
@@ -496,6 +507,8 @@ fn backfill_config(args: &BackfillArgs, file: &FileConfig) -> FileConfig {
         backfill_concurrency: args.concurrency.or(file.backfill_concurrency),
         backfill_per_host_per_second: args.per_host_per_second.or(file.backfill_per_host_per_second),
         plc_url: args.plc_url.clone().or(file.plc_url.clone()),
+        backfill_did_doc: flags_or(&args.did_doc, &file.backfill_did_doc),
+        backfill_allow_private: flags_or(&args.allow_private, &file.backfill_allow_private),
         ..file.clone()
     }
 }
@@ -524,6 +537,8 @@ async fn open_backfill(
     Ok(backfills::open(index.clone(), data_dir, options, Arc::new(unix_ms)).await?)
 }
 
+/// Rejected repositories (with their reasons) the backfill summary names; repos.db has them all.
+const REJECTED_IN_SUMMARY: usize = 20;
 /// How often a terminal-less backfill logs its progress.
 const BACKFILL_LOG_EVERY_MS: u64 = 30_000;
 /// How often `serve` checkpoints repos.db while it backfills (live ingest publishes manifests).
@@ -595,6 +610,15 @@ fn backfill_summary(
         "bytes": load(&progress.bytes),
         "retries": load(&progress.retries),
         "rateLimited": load(&progress.rate_limited),
+        "verified": load(&progress.verified),
+        "structurallyChecked": load(&progress.unverified),
+        "rejected": progress.rejected(),
+        "rejectedRepos": backfill.rejected(REJECTED_IN_SUMMARY)?,
+        "pausedHosts": backfill.paused_hosts(),
+        "listingsCapped": load(&progress.listings_capped),
+        "plcDirectory": backfill.directory_figures()?.map(|(dids, stale, after)| {
+            serde_json::json!({ "dids": dids, "stale": stale, "exportPosition": after })
+        }),
         "repos": statuses,
         "compactions": finished.merges,
         "clock": index.position().clock,

@@ -363,9 +363,26 @@ fn register_backfill(registry: &mut Registry, progress: &BackfillProgress) {
         ("backfill_retries", "Fetches and listings retried", &progress.retries),
         ("backfill_rate_limited", "HTTP 429 answers", &progress.rate_limited),
         ("backfill_stale_snapshots", "Snapshots older than live commits, fetched again", &progress.stale),
+        ("backfill_repos_verified", "Snapshots whose commit signature verified", &progress.verified),
+        (
+            "backfill_repos_unverified",
+            "CAR files indexed with CIDs and structure checked, no key to check the signature",
+            &progress.unverified,
+        ),
+        ("backfill_host_pauses", "Times a host's circuit breaker paused it", &progress.host_pauses),
+        ("backfill_listings_capped", "Listings cut off at a per-host cap", &progress.listings_capped),
     ] {
         registry.register(name, help, counter(load(value)));
     }
+    let rejected: Family<ReasonLabel, Counter> = Family::default();
+    for (reason, count) in progress.rejected() {
+        rejected.get_or_create(&ReasonLabel { reason }).inc_by(count);
+    }
+    registry.register(
+        "backfill_repos_rejected",
+        "Repositories that failed verification, by the check that failed",
+        rejected,
+    );
 }
 
 fn register_tree_figures(registry: &mut Registry, links: &Tree<Backlink>, thresholds: &Tree<Revocation>) {

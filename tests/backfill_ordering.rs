@@ -6,8 +6,8 @@
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::backfill::gate::{GateLimits, LiveOutcome, SnapshotGate, SnapshotOutcome};
 use backlinks::ingest::backfill::repos::ReposDb;
-use backlinks::ingest::car::{RepoCommit, RepoRecord};
 use backlinks::ingest::frames::StreamEvent;
+use backlinks::ingest::repo::{RepoCommit, RepoRecord};
 use backlinks::model::account::AccountState;
 use backlinks::model::operation::{Operation, RecordOp, RecordRef};
 use backlinks::model::tid::format_tid;
@@ -57,7 +57,12 @@ impl Case {
         let commit = RepoCommit { did: AUTHOR.into(), rev: format_tid(rev), data: "bafy".into(), version: 3 };
         let records: Vec<RepoRecord> = likes
             .iter()
-            .map(|n| RepoRecord { collection: LIKE.into(), rkey: rkey(*n), cid: "bafy".into(), record: like_record() })
+            .map(|n| RepoRecord {
+                collection: LIKE.into(),
+                rkey: rkey(*n),
+                cid: "bafy".into(),
+                record: std::sync::Arc::new(like_record()),
+            })
             .collect();
         let outcome = self.gate.finish(&commit, &records).unwrap();
         if let SnapshotOutcome::Written { rev, stamp, links, .. } = outcome {

@@ -2,12 +2,13 @@
 //!
 //! Invariants checked:
 //! - the jetstream repo matches, row for row, the listing indigo's `goat` produced for it;
-//! - every fixture reads the same through the async reader and the slice reader;
+//! - every fixture reads the same from memory and from a file;
 //! - record counts are exact, and agree with an independent breadth-first count of the MST made
-//!   here with our own CAR framing parser;
+//!   here with our own CAR framing parser; the MST built here from the records (by the rules, no
+//!   code shared) has the commit's root CID;
 //! - records come out in strictly increasing `collection/rkey` order;
 //! - JSON conversion of real records matches expected JSON literally;
-//! - truncated, oversized and hostile inputs give the right `CarError`, never a panic;
+//! - truncated, partial, oversized and hostile inputs give the right `CarError`, never a panic;
 //! - links extracted from the fixture records sit at the expected paths, and never come from a CID.
 
 #[path = "support/car_readers.rs"]
@@ -16,13 +17,13 @@ mod car_readers;
 mod car_writer;
 
 use backlinks::extract::{ExtractLimits, extract_links};
-use backlinks::ingest::car::{
-    CarError, CarLimits, RepoCommit, RepoRecord, RepoStats, base64_encode_unpadded, dagcbor_to_json, read_repo,
+use backlinks::ingest::repo::{
+    CarError, CarLimits, CarSource, Expect, RepoRecord, RepoStats, base64_encode_unpadded, dagcbor_to_json, read_repo,
     read_repo_bytes,
 };
 use backlinks::model::syntax::LinkTarget;
 use car_readers::{RepoResult, agree};
-use car_writer::{encode_car, fake_cid, frame, map, mst_node};
+use car_writer::{block, build_mst, encode_car, fake_cid, frame, map, mst_node};
 use ipld_core::cid::Cid;
 use ipld_core::ipld::Ipld;
 use serde_json::{Value, json};
@@ -35,18 +36,22 @@ fn fixture(path: &str) -> Vec<u8> {
     std::fs::read(format!("{DATA}/{path}")).unwrap_or_else(|e| panic!("fixture {path}: {e}"))
 }
 
-fn read_async(bytes: &[u8], limits: &CarLimits) -> RepoResult {
-    let runtime = tokio::runtime::Builder::new_current_thread().build().expect("runtime");
-    // A small buffer makes the async reader cross many partial reads.
-    runtime.block_on(read_repo(tokio::io::BufReader::with_capacity(97, bytes), limits))
+/// Whatever DID, no key: hashes and structure (the signatures are in tests/verified_ingest.rs).
+const ANY: Expect<'static> = Expect { did: None, key: None, now_us: i64::MAX / 2, deadline: None };
+
+fn read_from_file(bytes: &[u8], limits: &CarLimits) -> RepoResult {
+    let mut file = tempfile::tempfile().unwrap();
+    std::io::Write::write_all(&mut file, bytes).unwrap();
+    read_repo(&CarSource::File(&file), limits, &ANY).map(|repo| (repo.commit, repo.records, repo.stats))
 }
 
-/// Reads through both readers and checks they agree: same value, or the same error variant.
+/// Reads from memory and from a file and checks they agree: same value, or the same error variant.
 fn read_both(bytes: &[u8], limits: &CarLimits) -> RepoResult {
-    agree(read_repo_bytes(bytes, limits), read_async(bytes, limits))
+    let from_memory = read_repo_bytes(bytes, limits, &ANY).map(|repo| (repo.commit, repo.records, repo.stats));
+    agree(from_memory, read_from_file(bytes, limits))
 }
 
-fn read_fixture(path: &str) -> (RepoCommit, Vec<RepoRecord>, RepoStats) {
+fn read_fixture(path: &str) -> (backlinks::ingest::repo::RepoCommit, Vec<RepoRecord>, RepoStats) {
     read_both(&fixture(path), &CarLimits::default()).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
@@ -151,7 +156,7 @@ fn jetstream_repo_matches_goat_listing_exactly() {
     assert_eq!(commit.data, field("Data CID:"));
     assert_eq!(commit.rev, field("Revision:"));
     assert_eq!(commit.version.to_string(), field("ATProto Repo Spec Version:"));
-    assert_eq!(stats, RepoStats { blocks: 29, records: 23, bad_records: 0, missing_blocks: 0, mst_nodes: 5 });
+    assert_eq!(stats, RepoStats { blocks: 29, records: 23, bad_records: 0, mst_nodes: 5 });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -164,72 +169,61 @@ struct Expected {
     stats: RepoStats,
 }
 
-const fn stats(blocks: usize, records: usize, missing_blocks: usize, mst_nodes: usize) -> RepoStats {
-    RepoStats { blocks, records, bad_records: 0, missing_blocks, mst_nodes }
+const fn stats(blocks: usize, records: usize, mst_nodes: usize) -> RepoStats {
+    RepoStats { blocks, records, bad_records: 0, mst_nodes }
 }
 
 /// The numbers our reader finds; the independent count below must agree with each.
 const REPOS: &[Expected] = &[
-    Expected { path: JETSTREAM_REPO, did: "did:plc:53iucmf5ldftgqyf2ac7hmhd", version: 3, stats: stats(29, 23, 0, 5) },
+    Expected { path: JETSTREAM_REPO, did: "did:plc:53iucmf5ldftgqyf2ac7hmhd", version: 3, stats: stats(29, 23, 5) },
     Expected {
         path: "indigo/fakermaker.repo.car",
         did: "did:plc:dpg45vsnuir2vqqqadsn6afg",
         version: 2,
-        stats: stats(690, 142, 0, 33),
+        stats: stats(690, 142, 33),
     },
     Expected {
         path: "indigo/paul_staging.repo.car",
         did: "did:plc:cmpvykrzb2l22kj4ojlv3ox4",
         version: 2,
-        stats: stats(458, 185, 0, 51),
+        stats: stats(458, 185, 51),
     },
     Expected {
         path: "indigo/greenground.repo.car",
         did: "did:plc:kzcqyc3unb33eh5sxzsfs25z",
         version: 3,
-        stats: stats(4, 2, 0, 1),
+        stats: stats(4, 2, 1),
     },
-    Expected {
-        path: "indigo/divy.repo",
-        did: "did:plc:fz36gecghqb353ek23nem3ca",
-        version: 2,
-        stats: stats(9, 6, 0, 2),
-    },
+    Expected { path: "indigo/divy.repo", did: "did:plc:fz36gecghqb353ek23nem3ca", version: 2, stats: stats(9, 6, 2) },
     Expected {
         path: "repo-stream/little.car",
         did: "did:plc:lulmyldiq4sb2ikags5sfb25",
         version: 3,
-        stats: stats(375, 278, 0, 96),
+        stats: stats(375, 278, 96),
     },
     Expected {
         path: "repo-stream/tiny.car",
         did: "did:plc:7hptvnhdyeu53xp6rz7e42iy",
         version: 3,
-        stats: stats(12, 8, 0, 3),
+        stats: stats(12, 8, 3),
     },
     Expected {
         path: "repo-stream/empty.car",
         did: "did:plc:mhkgaud2jb4rypzt4ph2a3co",
         version: 3,
-        stats: stats(2, 0, 0, 1),
+        stats: stats(2, 0, 1),
     },
     Expected {
         path: "rsky/valid_repo.car",
         did: "did:plc:r7fdhqmw3h2cifeakw5hmvy6",
         version: 3,
-        stats: stats(12, 6, 0, 5),
-    },
-    Expected {
-        path: "indigo/repo_slice.car",
-        did: "did:plc:6evlgoug7wwijzxhzt2riyic",
-        version: 2,
-        stats: stats(5, 1, 5, 3),
+        stats: stats(12, 6, 5),
     },
     Expected {
         path: "indigo/bafyreieovfuizojpw3zresz7sx3nk4trm2by23pt5rxbey3jme4uo5ogiu.car",
         did: "did:plc:z5vnbioquyhivxirw3bbljmu",
         version: 2,
-        stats: stats(10, 6, 0, 2),
+        stats: stats(10, 6, 2),
     },
 ];
 
@@ -261,12 +255,7 @@ fn counts_agree_with_an_independent_breadth_first_walk() {
         let raw = parse_raw_car(&fixture(expected.path));
         let (nodes, records, missing) = count_mst_breadth_first(&raw);
         let stats = &expected.stats;
-        assert_eq!(
-            (nodes, records, missing),
-            (stats.mst_nodes, stats.records, stats.missing_blocks),
-            "{}",
-            expected.path
-        );
+        assert_eq!((nodes, records, missing), (stats.mst_nodes, stats.records, 0), "{}", expected.path);
         assert_eq!(raw.frame_ends.len() - 1, stats.blocks, "{}", expected.path);
     }
 }
@@ -320,12 +309,33 @@ fn collections_of_two_repos_are_exact() {
     assert_eq!(histogram["pub.leaflet.document"], 7);
 }
 
+/// The MST built here from a fixture's records, by the rules alone, has the commit's root: the
+/// reader's idea of a well-formed tree is the network's.
 #[test]
-fn partial_slice_counts_missing_blocks_and_keeps_what_is_there() {
-    let (_, records, stats) = read_fixture("indigo/repo_slice.car");
-    assert_eq!(stats.missing_blocks, 5);
-    let keys: Vec<_> = records.iter().map(|r| (r.collection.as_str(), r.rkey.as_str())).collect();
-    assert_eq!(keys, [("app.bsky.feed.post", "3jquh3emtzo2o")]);
+fn rebuilding_each_fixture_tree_gives_its_commits_root() {
+    for expected in REPOS {
+        let (commit, records, _) = read_fixture(expected.path);
+        let keys: Vec<(String, Cid)> =
+            records.iter().map(|r| (format!("{}/{}", r.collection, r.rkey), r.cid.parse().unwrap())).collect();
+        let root = build_mst(&keys, &mut Vec::new());
+        assert_eq!(root.to_string(), commit.data, "{}", expected.path);
+    }
+}
+
+/// A partial repository (five MST nodes of the slice are not in it) is refused whole: indexing
+/// what is there would revoke the account's other records and write nothing for them.
+#[test]
+fn a_partial_repository_is_an_error_naming_a_missing_block() {
+    let result = read_both(&fixture("indigo/repo_slice.car"), &CarLimits::default());
+    assert!(matches!(result, Err(CarError::MissingBlock { .. })), "{result:?}");
+}
+
+/// The one record of the partial slice, decoded straight from its block.
+fn slice_record() -> (Cid, Value) {
+    let raw = parse_raw_car(&fixture("indigo/repo_slice.car"));
+    let is_post = |bytes: &Vec<u8>| decode(bytes).get("text").is_ok_and(|text| text.is_some());
+    let (cid, bytes) = raw.blocks.iter().find(|(_, bytes)| is_post(bytes)).unwrap();
+    (*cid, dagcbor_to_json(&decode(bytes), 64).unwrap())
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -336,12 +346,9 @@ fn slice_record_json_equals_indigo_expected_json() {
     let expected: Value =
         serde_json::from_str(&std::fs::read_to_string(format!("{DATA}/indigo/repo_slice_record.json")).unwrap())
             .unwrap();
-    let (commit, records, _) = read_fixture("indigo/repo_slice.car");
-    let [record] = records.as_slice() else { panic!("one record") };
-    let uri = format!("at://{}/{}/{}", commit.did, record.collection, record.rkey);
-    assert_eq!(Value::String(uri), expected["uri"]);
-    assert_eq!(Value::String(record.cid.clone()), expected["cid"]);
-    assert_eq!(record.record, expected["value"]);
+    let (cid, record) = slice_record();
+    assert_eq!(Value::String(cid.to_string()), expected["cid"]);
+    assert_eq!(record, expected["value"]);
 }
 
 fn cbor_fixture_json(path: &str) -> Value {
@@ -418,29 +425,27 @@ fn cuts_inside_a_frame_are_truncation_errors() {
 }
 
 #[test]
-fn cuts_at_frame_boundaries_read_as_partial_repos() {
+fn cuts_at_frame_boundaries_are_missing_blocks() {
     let bytes = fixture(JETSTREAM_REPO);
     let frame_ends = parse_raw_car(&bytes).frame_ends;
-    let (_, full_records, _) = read_fixture(JETSTREAM_REPO);
     for (kept_blocks, &cut) in frame_ends.iter().enumerate() {
-        let partial = &bytes[..cut];
-        let raw = parse_raw_car(partial);
-        let result = read_both(partial, &CarLimits::default());
-        if !raw.blocks.contains_key(&raw.root) {
-            assert!(matches!(result, Err(CarError::NoRoot { .. })), "{kept_blocks} blocks: {result:?}");
-            continue;
+        let result = read_both(&bytes[..cut], &CarLimits::default());
+        match kept_blocks {
+            29 => assert!(result.is_ok(), "the whole file"),
+            _ => assert!(matches!(result, Err(CarError::MissingBlock { .. })), "{kept_blocks} blocks: {result:?}"),
         }
-        let (_, records, stats) = result.unwrap();
-        let (nodes, present, missing) = count_mst_breadth_first(&raw);
-        assert_eq!((stats.mst_nodes, stats.records, stats.missing_blocks), (nodes, present, missing), "{kept_blocks}");
-        assert_eq!(stats.blocks, kept_blocks);
-        assert_eq!(missing == 0, kept_blocks == 29, "only the whole file has nothing missing");
-        assert!(records.iter().all(|r| full_records.contains(r)), "a partial repo only drops records");
     }
 }
 
 fn commit_block(data: Cid) -> Ipld {
-    car_writer::commit_block("did:plc:testtesttesttesttesttest", "3m2jradrsah2s", data)
+    car_writer::commit_block("did:plc:testtesttesttesttesttest", "3m2jradrsah2s", data, None)
+}
+
+/// A CAR of `blocks` whose root is the commit of the MST node `root`.
+fn repo_car(root: Cid, mut blocks: Vec<(Cid, Ipld)>) -> Vec<u8> {
+    let (commit, commit_value) = block(commit_block(root));
+    blocks.insert(0, (commit, commit_value));
+    encode_car(&[commit], &blocks)
 }
 
 fn mst_entry(prefix_len: usize, suffix: &str, value: Cid) -> Ipld {
@@ -454,59 +459,141 @@ fn like_record() -> Ipld {
     ])
 }
 
+/// Two keys of height 0, so one node holds them both.
+const KEYS: [&str; 2] = ["app.bsky.feed.like/3aaa", "app.bsky.feed.like/3bbb"];
+
 /// A well-formed two-record repo built by hand; the hostile variants below start from it.
-fn synthetic_repo(records: [(Cid, Ipld); 2]) -> Vec<u8> {
-    let (commit, node) = (fake_cid(1), fake_cid(2));
-    let entries = vec![mst_entry(0, "app.bsky.feed.like/3aaa", records[0].0), mst_entry(20, "bbb", records[1].0)];
-    let [first, second] = records;
-    encode_car(&[commit], &[(commit, commit_block(node)), (node, mst_node(None, entries)), first, second])
+fn synthetic_repo(records: [Ipld; 2]) -> Vec<u8> {
+    assert!(KEYS.iter().all(|key| car_writer::height(key) == 0));
+    let [first, second] = records.map(block);
+    let entries = vec![mst_entry(0, KEYS[0], first.0), mst_entry(20, "bbb", second.0)];
+    let node = block(mst_node(None, entries));
+    repo_car(node.0, vec![node, first, second])
+}
+
+fn like_record_2() -> Ipld {
+    map([
+        ("$type", Ipld::String("app.bsky.feed.like".into())),
+        ("createdAt", Ipld::String("2025-01-02T00:00:00Z".into())),
+    ])
 }
 
 #[test]
 fn synthetic_repo_reads_and_expands_prefix_compressed_keys() {
-    let bytes = synthetic_repo([(fake_cid(10), like_record()), (fake_cid(11), like_record())]);
+    let bytes = synthetic_repo([like_record(), like_record_2()]);
     let (commit, records, stats) = read_both(&bytes, &CarLimits::default()).unwrap();
     assert_eq!(commit.rev, "3m2jradrsah2s");
     let keys: Vec<_> = records.iter().map(|r| r.rkey.as_str()).collect();
     assert_eq!(keys, ["3aaa", "3bbb"]);
-    assert_eq!(stats, RepoStats { blocks: 4, records: 2, bad_records: 0, missing_blocks: 0, mst_nodes: 1 });
+    assert_eq!(stats, RepoStats { blocks: 4, records: 2, bad_records: 0, mst_nodes: 1 });
 }
 
 #[test]
 fn undecodable_or_float_records_are_counted_not_fatal() {
     let float_record = map([("$type", Ipld::String("x.y.z".into())), ("f", Ipld::Float(0.5))]);
-    let bytes = synthetic_repo([(fake_cid(10), float_record), (fake_cid(11), like_record())]);
+    let bytes = synthetic_repo([float_record, like_record()]);
     let (_, records, stats) = read_both(&bytes, &CarLimits::default()).unwrap();
     assert_eq!((records.len(), stats.bad_records), (1, 1));
     assert_eq!(records[0].rkey, "3bbb");
 
-    let not_an_object = synthetic_repo([(fake_cid(10), Ipld::String("x".into())), (fake_cid(11), like_record())]);
+    let not_an_object = synthetic_repo([Ipld::String("x".into()), like_record()]);
     let (_, records, stats) = read_both(&not_an_object, &CarLimits::default()).unwrap();
     assert_eq!((records.len(), stats.bad_records), (1, 1));
 }
 
+/// A block whose bytes no longer hash to its CID, anywhere in the tree, fails the whole CAR.
+#[test]
+fn a_block_that_does_not_match_its_cid_fails_the_car() {
+    let bytes = synthetic_repo([like_record(), like_record_2()]);
+    let raw = parse_raw_car(&bytes);
+    let tampered = map([("$type", Ipld::String("app.bsky.feed.like".into())), ("forged", Ipld::Bool(true))]);
+    for victim in raw.blocks.keys() {
+        let blocks: Vec<(Cid, Ipld)> = raw
+            .blocks
+            .iter()
+            .map(|(cid, bytes)| (*cid, if cid == victim { tampered.clone() } else { decode(bytes) }))
+            .collect();
+        let result = read_both(&encode_car(&[raw.root], &blocks), &CarLimits::default());
+        assert!(matches!(result, Err(CarError::BadHash { .. })), "{victim}: {result:?}");
+    }
+}
+
+/// Keys whose heights do not fit their nodes, and nodes in the wrong place, are refused.
+#[test]
+fn a_tree_that_breaks_the_layer_rules_is_refused() {
+    let record = block(like_record());
+    let keys: Vec<(String, Cid)> = (0..40).map(|i| (format!("app.bsky.feed.like/3k{i:04}"), record.0)).collect();
+    assert!(keys.iter().any(|(key, _)| car_writer::height(key) > 0), "the keys span two layers");
+    let mut blocks = vec![record.clone()];
+    let root = build_mst(&keys, &mut blocks);
+    assert!(read_both(&repo_car(root, blocks), &CarLimits::default()).is_ok());
+    // All forty keys in one node: some are higher than the rest.
+    let mut previous = String::new();
+    let flat: Vec<Ipld> = keys
+        .iter()
+        .map(|(key, cid)| {
+            let shared = key.bytes().zip(previous.bytes()).take_while(|(a, b)| a == b).count();
+            previous = key.clone();
+            mst_entry(shared, &key[shared..], *cid)
+        })
+        .collect();
+    let node = block(mst_node(None, flat));
+    let result = read_both(&repo_car(node.0, vec![node, record.clone()]), &CarLimits::default());
+    assert!(matches!(&result, Err(CarError::BadMstNode { reason, .. }) if reason.contains("height")), "{result:?}");
+    // The root pointing at a lone subtree.
+    let leaf = block(mst_node(None, vec![mst_entry(0, KEYS[0], record.0)]));
+    let pointer = block(mst_node(Some(leaf.0), vec![]));
+    let result = read_both(&repo_car(pointer.0, vec![pointer, leaf, record.clone()]), &CarLimits::default());
+    let refused = matches!(&result, Err(CarError::BadMstNode { reason, .. }) if reason.contains("bare pointer"));
+    assert!(refused, "{result:?}");
+    // A subtree under a node of layer 0.
+    let empty = block(mst_node(None, vec![]));
+    let parent = block(mst_node(Some(empty.0), vec![mst_entry(0, KEYS[0], record.0)]));
+    let result = read_both(&repo_car(parent.0, vec![parent, empty, record]), &CarLimits::default());
+    assert!(matches!(&result, Err(CarError::BadMstNode { reason, .. }) if reason.contains("layer 0")), "{result:?}");
+}
+
+/// A small CAR whose one big record is referenced by thousands of keys (the amplification
+/// attack): refused after decoding the record once, instead of decoding it thousands of times.
+#[test]
+fn one_record_referenced_by_thousands_of_keys_is_refused_early() {
+    let text = Ipld::String("x".repeat(1 << 20));
+    let big = block(map([("$type", Ipld::String("app.bsky.feed.post".into())), ("text", text)]));
+    let keys: Vec<(String, Cid)> = (0..3_000).map(|i| (format!("app.bsky.feed.post/3k{i:06}"), big.0)).collect();
+    let mut blocks = vec![big];
+    let root = build_mst(&keys, &mut blocks);
+    let car = repo_car(root, blocks);
+    assert!(car.len() < 2 << 20, "{} bytes", car.len());
+    let result = read_both(&car, &CarLimits::default());
+    assert!(matches!(result, Err(CarError::TooMuchReferenced { .. })), "{result:?}");
+}
+
 #[test]
 fn mst_cycles_depth_and_key_order_are_errors() {
+    // A node that names itself cannot hash to its own CID: a cycle reads as a forged block.
     let (commit, node) = (fake_cid(1), fake_cid(2));
     let cycle = encode_car(&[commit], &[(commit, commit_block(node)), (node, mst_node(Some(node), vec![]))]);
-    assert!(matches!(read_both(&cycle, &CarLimits::default()), Err(CarError::MstCycle { .. })));
+    assert!(read_both(&cycle, &CarLimits::default()).is_err());
 
-    // A chain of 70 left links: too deep for the default 64 levels, fine with 100.
-    let mut blocks = vec![(commit, commit_block(fake_cid(100)))];
-    blocks.extend((100..170).map(|seed| (fake_cid(seed), mst_node(Some(fake_cid(seed + 1)), vec![]))));
-    blocks.push((fake_cid(170), mst_node(None, vec![])));
-    let chain = encode_car(&[commit], &blocks);
-    assert!(matches!(read_both(&chain, &CarLimits::default()), Err(CarError::MstTooDeep { max: 64 })));
-    let deep_limits = CarLimits { max_mst_depth: 100, ..CarLimits::default() };
-    assert_eq!(read_both(&chain, &deep_limits).unwrap().2.mst_nodes, 71);
-
-    let out_of_order = vec![mst_entry(0, "a.b.c/2", fake_cid(10)), mst_entry(0, "a.b.c/1", fake_cid(11))];
-    let car = encode_car(&[commit], &[(commit, commit_block(node)), (node, mst_node(None, out_of_order))]);
+    let record = block(like_record());
+    let out_of_order = vec![mst_entry(0, KEYS[1], record.0), mst_entry(0, KEYS[0], record.0)];
+    let node = block(mst_node(None, out_of_order));
+    let car = repo_car(node.0, vec![node, record.clone()]);
     assert!(matches!(read_both(&car, &CarLimits::default()), Err(CarError::MstKeyOrder { .. })));
 
-    let bad_prefix = vec![mst_entry(0, "a.b.c/1", fake_cid(10)), mst_entry(40, "2", fake_cid(11))];
-    let car = encode_car(&[commit], &[(commit, commit_block(node)), (node, mst_node(None, bad_prefix))]);
+    let bad_prefix = vec![mst_entry(0, KEYS[0], record.0), mst_entry(40, "2", record.0)];
+    let node = block(mst_node(None, bad_prefix));
+    let car = repo_car(node.0, vec![node, record.clone()]);
     assert!(matches!(read_both(&car, &CarLimits::default()), Err(CarError::BadMstNode { .. })));
+
+    // A deep tree (keys of high layers, chains of empty nodes between): refused past max_mst_depth.
+    let keys: Vec<(String, Cid)> = (0..2_000).map(|i| (format!("app.bsky.feed.like/3k{i:06}"), record.0)).collect();
+    let mut blocks = vec![record];
+    let root = build_mst(&keys, &mut blocks);
+    let car = repo_car(root, blocks);
+    assert!(read_both(&car, &CarLimits::default()).is_ok());
+    let shallow = CarLimits { max_mst_depth: 2, ..CarLimits::default() };
+    assert!(matches!(read_both(&car, &shallow), Err(CarError::MstTooDeep { max: 2 })));
 }
 
 #[test]
@@ -550,8 +637,14 @@ fn garbage_inputs_are_errors() {
         ("huge declared block", [valid_header.clone(), vec![0xff, 0xff, 0xff, 0xff, 0x0f]].concat()),
         ("overlong block varint", [valid_header.clone(), vec![0xff; 12]].concat()),
         ("bad block cid", [valid_header.clone(), frame(&[0x01, 0xff, 0xff, 0xff])].concat()),
-        ("root is not a commit", encode_car(&[root], &[(root, like_record())])),
-        ("commit without data", encode_car(&[root], &[(root, map([("did", Ipld::String("did:x:y".into()))]))])),
+        ("root is not a commit", {
+            let (cid, record) = block(like_record());
+            encode_car(&[cid], &[(cid, record)])
+        }),
+        ("commit without data", {
+            let (cid, commit) = block(map([("did", Ipld::String("did:x:y".into()))]));
+            encode_car(&[cid], &[(cid, commit)])
+        }),
     ];
     for (name, bytes) in cases {
         let result = read_both(&bytes, &CarLimits::default());
@@ -668,10 +761,10 @@ fn tiny_repo_links_are_exact() {
 
 #[test]
 fn legacy_mentions_and_quotes_link_at_their_paths() {
-    let (_, records, _) = read_fixture("indigo/repo_slice.car");
+    let (_, record) = slice_record();
     // The legacy image `cid` is a plain string here, not a link either.
     let mention = (LinkTarget::Did("did:plc:62h4kgufuxjsa4o5udp4dgdw"), "$.entities[].value".to_owned());
-    assert_eq!(links_of(&records[0].record), [mention]);
+    assert_eq!(links_of(&record), [mention]);
 
     let (_, records, _) = read_fixture("indigo/paul_staging.repo.car");
     let quotes =
@@ -680,12 +773,12 @@ fn legacy_mentions_and_quotes_link_at_their_paths() {
 }
 
 #[test]
-fn generated_two_level_repositories_read_back_whole_and_in_order() {
+fn generated_repositories_read_back_whole_and_in_order() {
     let car = car_writer::generated_repo("did:plc:generatedgeneratedgener", 2_500);
     let (commit, records, seen) = read_both(&car, &CarLimits::default()).unwrap();
     assert_eq!(commit.did, "did:plc:generatedgeneratedgener");
-    // A root with two keys and three leaves (1,000 + 1,000 + 498 keys).
-    assert_eq!(seen, stats(2_505, 2_500, 0, 4));
+    assert_eq!((seen.blocks, seen.records), (1 + seen.mst_nodes + 2_500, 2_500));
+    assert!(seen.mst_nodes > 100, "a tree of {} nodes", seen.mst_nodes);
     assert!(records.windows(2).all(|w| (&w[0].collection, &w[0].rkey) < (&w[1].collection, &w[1].rkey)));
     assert!(records.iter().all(|r| r.record["subject"]["uri"].as_str().unwrap().starts_with("at://did:plc:author")));
 }

@@ -316,22 +316,41 @@ fn end_to_end_the_server_answers_500_naming_the_object_and_verify_fails() {
         files_under(&data.join("bucket/tables/links"), ".data")[0].file_name().unwrap().to_str().unwrap()
     );
     flip(&data.join("bucket").join(&key), 25);
-    let server = support::Server::start(&data);
+    // The server's log (stderr) holds what its clients are not told.
+    let log = dir.path().join("serve.log");
+    let mut command = Command::new(BIN);
+    command.args(["serve", "--no-ingest", "--listen", "127.0.0.1:0", "--data-dir"]).arg(&data);
+    command.env_remove("NOTIFY_SOCKET").stdout(std::process::Stdio::piped());
+    command.stderr(std::fs::File::create(&log).unwrap());
+    let mut child = command.spawn().unwrap();
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take().unwrap()), &mut first).unwrap();
+    let addr = first.trim().strip_prefix("listening on http://").unwrap().to_string();
     let target: String = form_urlencoded::byte_serialize(TARGET.as_bytes()).collect();
+    let mut ids = Vec::new();
     for endpoint in ["listBacklinks", "countBacklinks"] {
-        let (status, body) =
-            http_get(&server.addr, &format!("/xrpc/blue.cerulea.backlinks.{endpoint}?target={target}"));
+        let (status, body) = http_get(&addr, &format!("/xrpc/blue.cerulea.backlinks.{endpoint}?target={target}"));
         assert_eq!(status, 500, "{endpoint}: {body}");
         let body: serde_json::Value = serde_json::from_str(&body).unwrap();
         assert_eq!(body["error"], "InternalServerError");
         let message = body["message"].as_str().unwrap();
-        assert!(message.starts_with(&format!("corrupt object {key}: frame")), "{message}");
+        assert!(!message.contains("tables/") && !message.contains("corrupt"), "the client learns nothing: {message}");
+        let id = message.split("(id ").nth(1).and_then(|rest| rest.split(')').next()).expect("an error id");
+        ids.push(id.to_string());
         assert!(!body.to_string().contains(LIKE), "corrupt data must not be served");
     }
-    let (_, metrics) = http_get(&server.addr, "/metrics");
+    let (_, metrics) = http_get(&addr, "/metrics");
     assert!(metrics.contains("backlinks_corrupt_objects_total{kind=\"data\",place=\"bucket\"} 2\n"), "{metrics}");
     assert!(metrics.contains("backlinks_corrupt_objects_total{kind=\"meta\",place=\"local\"} 0\n"), "{metrics}");
-    drop(server);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    // The log line with each id names the object.
+    let log = std::fs::read_to_string(&log).unwrap();
+    for id in &ids {
+        let line =
+            log.lines().find(|line| line.contains(id.as_str())).unwrap_or_else(|| panic!("{id} not logged:\n{log}"));
+        assert!(line.contains(&format!("corrupt object {key}: frame")), "{line}");
+    }
 
     let (clean, report) = verify_cli(&data);
     assert!(!clean, "verify must exit non-zero: {report}");

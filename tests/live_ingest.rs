@@ -234,6 +234,13 @@ fn golden_capture_over_every_wire_matches_import() {
         })
         .collect();
     assert!(!subjects.is_empty());
+    let identity_events: Vec<String> = lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter(|event| event["kind"] == "identity")
+        .map(|event| event["did"].as_str().unwrap().to_string())
+        .collect();
+    assert!(!identity_events.is_empty(), "the capture has an identity event");
     for (url, compress) in
         [(server.v1_url(), false), (server.v1_url(), true), (server.v2_url(), false), (server.v2_url(), true)]
     {
@@ -241,10 +248,16 @@ fn golden_capture_over_every_wire_matches_import() {
         let index = open_index(dir.path());
         let mut options = fast_options(std::slice::from_ref(&url));
         options.compress = compress;
+        let told = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let hook = told.clone();
+        options.on_identity = Some(backlinks::ingest::live::IdentityHook(Arc::new(move |did: &str| {
+            hook.lock().unwrap().push(did.to_string());
+        })));
         let ingest = start_ingest(&index, options, &runtime);
         wait_for_cursor(&index, &ingest, last, Duration::from_secs(30));
         let status = ingest.status.clone();
         ingest.stop().unwrap();
+        assert_eq!(*told.lock().unwrap(), identity_events, "{url} compress={compress}: identity events are told");
         assert_eq!(status.applied(), lines.len() as u64, "{url} compress={compress}");
         assert_eq!(status.decode_errors.load(Ordering::Relaxed), 0);
         for subject in &subjects {

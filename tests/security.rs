@@ -230,3 +230,73 @@ fn print_config_shows_the_connection_limit_and_threads() {
         .unwrap();
     assert!(String::from_utf8_lossy(&bad.stderr).contains("max_connections must be between 1 and 65536"));
 }
+
+/// Opens `count` connections from `from` (another loopback address than the normal client's)
+/// that send a request head one byte a second, for at most `patience`; returns how many the
+/// server cut off (closed) before then.
+async fn slowloris(server: std::net::SocketAddr, from: std::net::IpAddr, count: usize, patience: Duration) -> usize {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut connections = tokio::task::JoinSet::new();
+    for _ in 0..count {
+        connections.spawn(async move {
+            let socket = tokio::net::TcpSocket::new_v4().unwrap();
+            socket.bind(std::net::SocketAddr::new(from, 0)).unwrap();
+            let Ok(mut stream) = socket.connect(server).await else { return true };
+            let head = b"GET /xrpc/_health HTTP/1.1\r\nHost: x\r\nX-Padding: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n";
+            let started = tokio::time::Instant::now();
+            for byte in head.iter().cycle() {
+                if started.elapsed() > patience {
+                    return false;
+                }
+                if stream.write_all(&[*byte]).await.is_err() {
+                    return true;
+                }
+                let mut answer = [0u8; 64];
+                match tokio::time::timeout(Duration::from_secs(1), stream.read(&mut answer)).await {
+                    Ok(Ok(0)) | Ok(Err(_)) => return true,
+                    Ok(Ok(_)) => panic!("a head sent a byte a second was answered"),
+                    Err(_) => {} // still open: the next byte
+                }
+            }
+            unreachable!("the head cycles forever")
+        });
+    }
+    let mut cut_off = 0;
+    while let Some(done) = connections.join_next().await {
+        cut_off += usize::from(done.unwrap());
+    }
+    cut_off
+}
+
+#[test]
+fn a_thousand_slow_request_heads_do_not_stop_a_normal_client() {
+    let (_dir, data) = imported();
+    // Room for 512 connections, and a header deadline longer than the test: only the
+    // per-address limit stands between the attacker and every place.
+    let server = server_with(&data, "header_read_timeout_secs = 60\nmax_connections = 512\n");
+    let address: std::net::SocketAddr = server.addr.parse().unwrap();
+    let attacker = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Runtime::new().unwrap();
+        runtime.block_on(slowloris(address, "127.0.0.2".parse().unwrap(), 1_000, Duration::from_secs(4)))
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    // While the attack holds its connections, a normal client (from 127.0.0.1) is answered.
+    let health = || parse(&exchange(&server.addr, &request("GET", "/xrpc/_health", &server.addr, ""))).0;
+    for _ in 0..4 {
+        assert_eq!(health(), 200, "the normal client was not served");
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let default_per_address = 256;
+    assert_eq!(attacker.join().unwrap(), 1_000 - default_per_address, "one address held more than its share");
+}
+
+#[test]
+fn slow_request_heads_are_cut_off_at_the_header_deadline() {
+    let (_dir, data) = imported();
+    let server = server_with(&data, "header_read_timeout_secs = 2\n");
+    let address: std::net::SocketAddr = server.addr.parse().unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let cut_off = runtime.block_on(slowloris(address, "127.0.0.3".parse().unwrap(), 100, Duration::from_secs(8)));
+    assert_eq!(cut_off, 100, "a head sent a byte a second outlived the deadline");
+    assert_eq!(server.get("/xrpc/_health").0, 200);
+}

@@ -158,6 +158,7 @@ fn the_unit_file_asks_for_notify_a_watchdog_restarts_and_a_sandbox() {
         ("ProtectHome", "yes"),
         ("PrivateTmp", "yes"),
         ("User", "backlinks"),
+        ("IPAddressDeny", "link-local"),
     ] {
         assert_eq!(one(key), Some(value), "{key}");
     }

@@ -3,8 +3,6 @@
 //! period (a reader may still hold a manifest naming them), and delete them once it is over. The
 //! real binary, a local-directory bucket, and the grace period set through the environment.
 
-#[path = "support/car_writer.rs"]
-mod car_writer;
 mod support;
 
 use backlinks::manifest::Manifest;
@@ -170,7 +168,7 @@ fn backfill_collects_what_its_merges_retired_after_the_grace_period() {
         .map(|i| {
             let path = dir.path().join(format!("repo{i}.car"));
             let did = format!("did:plc:backfillgc{i:014}");
-            std::fs::write(&path, car_writer::generated_repo(&did, 1_500)).unwrap();
+            std::fs::write(&path, support::car_writer::generated_repo(&did, 1_500)).unwrap();
             path
         })
         .collect();

@@ -85,7 +85,7 @@ fn apply(conn: &Connection, operation: &Operation<'_>) -> rusqlite::Result<()> {
         }
         Operation::Delete(record_ref) => delete_record(conn, record_ref),
         Operation::Account { did, active, status } => account(conn, did, *active, status.as_deref()),
-        Operation::Skip => Ok(()),
+        Operation::Identity { .. } | Operation::Skip => Ok(()),
     }
 }
 

@@ -1,7 +1,7 @@
 //! DAG-CBOR -> atproto JSON: the first byte is `max_depth`, the rest is decoded as DAG-CBOR and
 //! converted by `dagcbor_to_json`.
 //!
-//! Invariants checked (src/ingest/car.rs states them):
+//! Invariants checked (src/ingest/repo/json.rs states them):
 //! - The conversion succeeds exactly when the value has no float, no integer outside i64 and no
 //!   more than `min(max_depth, RECORD_DEPTH_CAP)` nested lists and maps.
 //! - It loses nothing: converting the JSON back (an independent inverse written here: `$link`
@@ -9,7 +9,7 @@
 //!   no map that would itself look like a `$link` or `$bytes` object.
 #![no_main]
 
-use backlinks::ingest::car::{RECORD_DEPTH_CAP, dagcbor_to_json};
+use backlinks::ingest::repo::{RECORD_DEPTH_CAP, dagcbor_to_json};
 use ipld_core::cid::Cid;
 use ipld_core::ipld::Ipld;
 use libfuzzer_sys::fuzz_target;

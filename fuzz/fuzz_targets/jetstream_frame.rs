@@ -13,9 +13,9 @@
 //! update carries an object; a v2 time formats and parses back to the same microsecond.
 #![no_main]
 
+use backlinks::base::dates::format_rfc3339_us;
 use backlinks::ingest::frames::{
-    Frame, FrameDecoder, FrameError, LEGACY_DICTIONARY, Protocol, StreamEvent, V2_DICTIONARY, format_time_us,
-    parse_time_us,
+    Frame, FrameDecoder, FrameError, LEGACY_DICTIONARY, Protocol, StreamEvent, V2_DICTIONARY, parse_time_us,
 };
 use backlinks::model::operation::{Operation, RecordRef};
 use backlinks::model::syntax::{validate_did, validate_nsid, validate_record_key};
@@ -67,7 +67,7 @@ fuzz_target!(|data: &[u8]| {
 fn check_time(text: &[u8]) {
     let Ok(text) = std::str::from_utf8(text) else { return };
     if let Ok(time_us) = parse_time_us(text) {
-        assert_eq!(parse_time_us(&format_time_us(time_us)).ok(), Some(time_us), "time {text:?}");
+        assert_eq!(parse_time_us(&format_rfc3339_us(time_us)).ok(), Some(time_us), "time {text:?}");
     }
 }
 
@@ -87,7 +87,7 @@ fn check_event(protocol: Protocol, event: &StreamEvent) {
     if protocol == Protocol::V1 {
         assert_eq!(event.cursor, event.time_us, "a v1 cursor is its time_us");
     } else {
-        let text = format_time_us(event.time_us);
+        let text = format_rfc3339_us(event.time_us);
         assert_eq!(parse_time_us(&text).ok(), Some(event.time_us), "time {} via {text:?}", event.time_us);
     }
     match &event.operation {
@@ -96,7 +96,7 @@ fn check_event(protocol: Protocol, event: &StreamEvent) {
             assert!(op.record.is_object(), "record is not an object");
         }
         Operation::Delete(record_ref) => check_record_ref(record_ref),
-        Operation::Account { did, .. } => validate_did(did).expect("account DID re-validates"),
+        Operation::Account { did, .. } | Operation::Identity { did } => validate_did(did).expect("DID re-validates"),
         Operation::Skip => {}
     }
 }

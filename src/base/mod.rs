@@ -7,7 +7,8 @@
 //! - `dates`: proleptic Gregorian day arithmetic for the wire's timestamps;
 //! - `drop_flag`: a flag that a scope raises unless it ends well;
 //! - `positions`: an open-addressing hash index of positions into a caller's vector;
-//! - `corruption`: how a reader that met a failed checksum logs and counts it.
+//! - `corruption`: how a reader that met a failed checksum logs and counts it;
+//! - `redact`: credentials inside URLs, hidden wherever a URL is shown.
 
 pub mod clock;
 pub mod corruption;
@@ -15,4 +16,5 @@ pub mod dates;
 pub mod drop_flag;
 pub mod durable;
 pub mod positions;
+pub mod redact;
 pub mod rng;

@@ -69,7 +69,7 @@ impl Index {
             Operation::Account { did, active, status } => {
                 no_links(Change::Account { did: did.as_ref(), active: *active, status: status.as_deref() })
             }
-            Operation::Skip => Ok(()),
+            Operation::Identity { .. } | Operation::Skip => Ok(()),
         }
     }
 

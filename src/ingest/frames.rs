@@ -9,7 +9,7 @@
 //! - Every event carries a resume cursor: v1 its `time_us`, v2 its `seq` (both positive).
 //! - `#info`, `#identity`, `#sync` and unknown payload types never reach the index as writes.
 
-use crate::base::dates::{civil_from_days, days_from_civil};
+use crate::base::dates::parse_rfc3339_us;
 use crate::ingest::jetstream::{self, EventError};
 use crate::model::operation::{Operation, RecordOp, RecordRef};
 use crate::model::syntax::{validate_did, validate_nsid, validate_record_key};
@@ -70,7 +70,7 @@ impl EventKind {
             Operation::Update(_) => EventKind::Update,
             Operation::Delete(_) => EventKind::Delete,
             Operation::Account { .. } => EventKind::Account,
-            Operation::Skip => EventKind::Other,
+            Operation::Identity { .. } | Operation::Skip => EventKind::Other,
         }
     }
 }
@@ -258,7 +258,8 @@ fn decode_message(mut payload: Value) -> Result<Frame, FrameError> {
     let operation = match kind.as_str() {
         "commit" => commit_operation(did, &mut payload)?,
         "account" => account_operation(did, &payload)?,
-        // identity and sync: nothing to index (a #sync asks for a repo resync, which is backfill's job).
+        "identity" => Operation::Identity { did: did.into() },
+        // sync: nothing to index (a #sync asks for a repo resync, which is backfill's job).
         _ => Operation::Skip,
     };
     Ok(Frame::Event(StreamEvent { cursor: seq, time_us, operation, rev }))
@@ -322,63 +323,14 @@ pub fn owned_operation(operation: Operation<'_>) -> Operation<'static> {
             active,
             status: status.map(|s| Cow::Owned(s.into_owned())),
         },
+        Operation::Identity { did } => Operation::Identity { did: Cow::Owned(did.into_owned()) },
         Operation::Skip => Operation::Skip,
     }
 }
 
-/// Parses an RFC 3339 UTC datetime (`2024-09-09T19:46:02.329308Z`, fraction optional, up to
-/// nanoseconds, `Z` or `+00:00`) into microseconds since the epoch.
+/// Parses an RFC 3339 UTC datetime into microseconds since the epoch (`base::dates`).
 pub fn parse_time_us(text: &str) -> Result<i64, FrameError> {
-    let bad = || FrameError::Time(text.chars().take(64).collect());
-    let b = text.as_bytes();
-    if b.len() < 20 || b.len() > 40 || b[4] != b'-' || b[7] != b'-' || b[10] != b'T' || b[13] != b':' || b[16] != b':' {
-        return Err(bad());
-    }
-    // The date and time are sliced at fixed byte offsets below, which must be char boundaries.
-    if !b[..19].is_ascii() {
-        return Err(bad());
-    }
-    let num = |from: usize, to: usize| -> Result<i64, FrameError> {
-        let digits = &text[from..to];
-        if digits.bytes().all(|c| c.is_ascii_digit()) { digits.parse().map_err(|_| bad()) } else { Err(bad()) }
-    };
-    let (year, month, day) = (num(0, 4)?, num(5, 7)?, num(8, 10)?);
-    let (hour, minute, second) = (num(11, 13)?, num(14, 16)?, num(17, 19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 || second > 60 {
-        return Err(bad());
-    }
-    let mut rest = &text[19..];
-    let mut micros = 0;
-    if let Some(fraction) = rest.strip_prefix('.') {
-        let digits = fraction.bytes().take_while(u8::is_ascii_digit).count();
-        if digits == 0 || digits > 9 {
-            return Err(bad());
-        }
-        let padded = format!("{:0<6}", &fraction[..digits.min(6)]);
-        micros = padded.parse::<i64>().map_err(|_| bad())?;
-        rest = &fraction[digits..];
-    }
-    if rest != "Z" && rest != "+00:00" {
-        return Err(bad());
-    }
-    let seconds = days_from_civil(year, month, day) * 86_400 + hour * 3_600 + minute * 60 + second;
-    Ok(seconds * 1_000_000 + micros)
-}
-
-/// Formats microseconds since the epoch as the v2 wire does: six fractional digits, `Z`.
-pub fn format_time_us(time_us: i64) -> String {
-    let (days, in_day) = (time_us.div_euclid(86_400_000_000), time_us.rem_euclid(86_400_000_000));
-    let (year, month, day) = civil_from_days(days);
-    let seconds = in_day / 1_000_000;
-    let text = format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        seconds / 3_600,
-        seconds / 60 % 60,
-        seconds % 60,
-        in_day % 1_000_000
-    );
-    debug_assert_eq!(parse_time_us(&text).ok(), Some(time_us), "format/parse disagree on {time_us}");
-    text
+    parse_rfc3339_us(text).ok_or_else(|| FrameError::Time(text.chars().take(64).collect()))
 }
 
 #[cfg(test)]
@@ -457,7 +409,7 @@ mod tests {
         let identity = br#"{"$type":"message","payload":{"$type":"network.bsky.jetstream.subscribeEvents#identity","seq":10,"did":"did:plc:a","time":"2024-01-01T00:00:00Z","identity":{}}}"#;
         assert!(matches!(
             decoder.decode_text(identity).unwrap(),
-            Frame::Event(StreamEvent { cursor: 10, operation: Operation::Skip, .. })
+            Frame::Event(StreamEvent { cursor: 10, operation: Operation::Identity { .. }, .. })
         ));
 
         let info = br#"{"$type":"message","payload":{"$type":"network.bsky.jetstream.subscribeEvents#info","name":"OutdatedCursor","message":"resumed from 3"}}"#;
@@ -529,7 +481,7 @@ mod tests {
             ("2000-02-29T23:59:59.999999Z", 951_868_799_999_999),
         ] {
             assert_eq!(parse_time_us(text).unwrap(), micros);
-            assert_eq!(format_time_us(micros), text);
+            assert_eq!(crate::base::dates::format_rfc3339_us(micros), text);
         }
         assert_eq!(parse_time_us("2024-09-09T19:46:02Z").unwrap(), 1_725_911_162_000_000);
         assert_eq!(parse_time_us("2024-09-09T19:46:02.5+00:00").unwrap(), 1_725_911_162_500_000);

@@ -76,6 +76,7 @@ pub fn parse_event(line: &[u8]) -> Result<Event<'_>, EventError> {
             let account = raw.account.ok_or(EventError::Missing("account event without account"))?;
             Operation::Account { did: raw.did, active: account.active, status: account.status }
         }
+        "identity" => Operation::Identity { did: raw.did },
         _ => Operation::Skip,
     };
     Ok(Event { time_us: raw.time_us, operation, rev })
@@ -124,7 +125,7 @@ mod tests {
         assert_eq!(status.as_deref(), Some("deleted"));
 
         let identity = br#"{"did":"did:plc:a","time_us":8,"kind":"identity","identity":{}}"#;
-        assert_eq!(parse_event(identity).unwrap().operation, Operation::Skip);
+        assert_eq!(parse_event(identity).unwrap().operation, Operation::Identity { did: "did:plc:a".into() });
     }
 
     #[test]

@@ -6,9 +6,9 @@
 //! - A line longer than the limit is skipped without being buffered whole.
 
 pub mod backfill;
-pub mod car;
 pub mod frames;
-pub mod http;
+pub mod repo;
+
 pub mod jetstream;
 pub mod live;
 pub mod prepare;

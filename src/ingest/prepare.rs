@@ -111,7 +111,7 @@ impl Batch {
                 let status = status.as_deref().map(|status| self.span(status));
                 (Kind::Account { active: *active, status }, [did, did, did], None)
             }
-            Operation::Skip => unreachable!("skipped lines are counted, not batched"),
+            Operation::Identity { .. } | Operation::Skip => unreachable!("skipped lines are counted, not batched"),
         };
         let first_link = self.links.len();
         let mut stats = ExtractStats::default();
@@ -250,7 +250,7 @@ fn prepare_line(line: &[u8], batch: &mut Batch, report: &mut ImportReport, limit
         return;
     }
     match jetstream::parse_event(line) {
-        Ok(event) if event.operation == Operation::Skip => report.skipped += 1,
+        Ok(event) if !event.operation.writes() => report.skipped += 1,
         Ok(event) => batch.push(&event.operation, event.time_us, limits),
         Err(e) => report.malformed(report.lines, e.to_string()),
     }
@@ -337,7 +337,7 @@ mod tests {
         let (mut applied, mut skipped, mut malformed) = (0, 0, 0);
         for line in text.lines().filter(|line| line.len() <= MAX_LINE_BYTES && !line.trim().is_empty()) {
             match jetstream::parse_event(line.as_bytes()) {
-                Ok(event) if event.operation == Operation::Skip => skipped += 1,
+                Ok(event) if !event.operation.writes() => skipped += 1,
                 Ok(event) => {
                     applied += 1;
                     direct.apply(&event.operation, Some(event.time_us)).unwrap();

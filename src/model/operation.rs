@@ -16,8 +16,20 @@ pub enum Operation<'a> {
         active: bool,
         status: Option<Cow<'a, str>>,
     },
-    /// Valid, but nothing to index (identity events, unknown kinds).
+    /// The account's identity (handle, signing key, PDS) may have changed: nothing to index, but
+    /// whatever resolved it should look again.
+    Identity {
+        did: Cow<'a, str>,
+    },
+    /// Valid, but nothing to index (sync events, unknown kinds).
     Skip,
+}
+
+impl Operation<'_> {
+    /// Whether the index has anything to do for it.
+    pub fn writes(&self) -> bool {
+        !matches!(self, Operation::Identity { .. } | Operation::Skip)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]

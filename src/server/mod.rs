@@ -10,17 +10,22 @@
 //! `LoadShed` + `Timeout`: those queue, or answer with bodies that are not XRPC errors.)
 //!
 //! Limits on the public listener (`HttpThreads`, `refusal`): at most `max_connections`
-//! open connections (the next waits in the kernel's accept backlog, costing nothing here); a
-//! connection with no byte read or written for `idle_timeout` (twice the request timeout, so a
-//! running query always answers first) is closed; a request target longer than `MAX_URI_BYTES`
-//! gets a 414 and a request with a body a 413 (no endpoint takes one, and none is ever read);
-//! hyper bounds the request head (about 400 KiB, at most 100 headers).
+//! open connections (the next waits in the kernel's accept backlog, costing nothing here), at
+//! most `max_connections_per_address` from one IP address (more are closed at once); a request
+//! head must arrive whole within `header_read_timeout` of the connection's start or its previous
+//! answer (a client sending headers a byte at a time is cut off); a connection with no byte read
+//! or written for `idle_timeout` (twice the request timeout, so a running query always answers
+//! first) is closed; a request target longer than `MAX_URI_BYTES` gets a 414 and a request with a
+//! body a 413 (no endpoint takes one, and none is ever read); hyper bounds the request head
+//! (about 400 KiB, at most 100 headers).
 //!
 //! Invariants:
 //! - The public listener has no mutating endpoint: every route answers GET (and HEAD) only;
 //!   any other method gets a 405 XRPC error and changes nothing.
 //! - Every error is an XRPC error body `{"error", "message"}` with a 4xx/5xx status, CORS headers
 //!   and `Cache-Control: no-store` (an error must not be cached as if it were the answer).
+//! - An internal error tells the client nothing of the server (paths, object keys, store
+//!   errors): a generic 500 with an error id, which the log line with the details carries too.
 //! - Nothing depends on the `Accept` header.
 //! - A query string has at most `MAX_QUERY_PAIRS` parameters.
 
@@ -66,6 +71,11 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
 pub const MAX_MAX_CONNECTIONS: usize = 65_536;
+/// Open connections one IP address may hold (behind a reverse proxy, raise it to
+/// `max_connections`: every client then shares the proxy's address).
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
+/// Time a client has to send a whole request head.
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 /// The shortest idle timeout of a connection, whatever the request timeout.
 pub const MIN_IDLE_TIMEOUT: Duration = Duration::from_secs(1);
 /// Longest request target (path and query string) accepted.
@@ -99,6 +109,11 @@ pub struct ServerOptions {
     pub request_timeout: Duration,
     /// Open connections at once; more wait to be accepted.
     pub max_connections: usize,
+    /// Open connections from one IP address; more are closed at once.
+    pub max_connections_per_address: usize,
+    /// Time a client has to send a whole request head, from the connection's start or its
+    /// previous answer.
+    pub header_read_timeout: Duration,
     /// Threads serving HTTP connections (see `HttpThreads`).
     pub http_threads: usize,
     /// `max-age` of successful query answers.
@@ -117,6 +132,8 @@ impl Default for ServerOptions {
             max_concurrent_queries: DEFAULT_MAX_CONCURRENT_QUERIES,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             http_threads: default_http_threads(),
             cache_max_age: DEFAULT_CACHE_MAX_AGE,
             count: CountOptions::default(),
@@ -148,6 +165,13 @@ impl ServerOptions {
         }
         if let Some(n) = file.max_connections {
             options.max_connections = bounded("max_connections", n as u64, 1, MAX_MAX_CONNECTIONS as u64)? as usize;
+        }
+        if let Some(n) = file.max_connections_per_address {
+            options.max_connections_per_address =
+                bounded("max_connections_per_address", n as u64, 1, MAX_MAX_CONNECTIONS as u64)? as usize;
+        }
+        if let Some(secs) = file.header_read_timeout_secs {
+            options.header_read_timeout = Duration::from_secs(bounded("header_read_timeout_secs", secs, 1, 300)?);
         }
         if let Some(n) = file.http_threads {
             options.http_threads = bounded("http_threads", n as u64, 1, MAX_HTTP_THREADS as u64)? as usize;
@@ -270,12 +294,22 @@ impl From<QueryError> for XrpcError {
     fn from(e: QueryError) -> Self {
         match e {
             QueryError::InvalidRequest(message) => XrpcError::invalid_request(message),
-            QueryError::Internal(message) => {
-                tracing::error!(%message, "query failed");
-                XrpcError { status: StatusCode::INTERNAL_SERVER_ERROR, error: "InternalServerError", message }
-            }
+            QueryError::Internal(details) => XrpcError {
+                status: StatusCode::INTERNAL_SERVER_ERROR,
+                error: "InternalServerError",
+                message: internal_error(&details),
+            },
         }
     }
+}
+
+/// Logs an internal error's details under a fresh id; returns what the client is told.
+fn internal_error(details: &str) -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut seed = crate::base::clock::unix_ms() ^ NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed) << 48;
+    let id = format!("{:016x}", crate::base::rng::splitmix64(&mut seed));
+    tracing::error!(error_id = %id, details, "internal error answering a request");
+    format!("internal error (id {id}); the server's log has the details")
 }
 
 /// Decodes a raw query string into at most `MAX_QUERY_PAIRS` (name, value) pairs.
@@ -427,7 +461,7 @@ async fn status_handler(State(state): State<AppState>) -> Result<Response, XrpcE
     let ingest = options.ingest.clone();
     let facts = tokio::task::spawn_blocking(move || StatusFacts::gather(&index, ingest, uptime, now_us))
         .await
-        .map_err(|e| XrpcError::service_unavailable(format!("status task failed: {e}")))?
+        .map_err(|e| XrpcError::from(QueryError::Internal(format!("status task failed: {e}"))))?
         .map_err(QueryError::Internal)?;
     Ok(([(CACHE_CONTROL, "no-cache")], Html(render_status(&facts))).into_response())
 }
@@ -444,7 +478,8 @@ async fn ui_results_handler(State(state): State<AppState>, RawQuery(raw): RawQue
         Err(QueryError::InvalidRequest(message)) => {
             (StatusCode::BAD_REQUEST, Html(render_error(&target, &message))).into_response()
         }
-        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Html(render_error(&target, &e.to_string()))).into_response(),
+        Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, Html(render_error(&target, &internal_error(&e.to_string()))))
+            .into_response(),
     }
 }
 

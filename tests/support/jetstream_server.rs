@@ -14,7 +14,8 @@
 // tungstenite's handshake callback returns its `ErrorResponse` (an http::Response) by value.
 #![allow(clippy::result_large_err)]
 
-use backlinks::ingest::frames::{LEGACY_DICTIONARY, V2_DICTIONARY, dictionary_id, format_time_us};
+use backlinks::base::dates::format_rfc3339_us;
+use backlinks::ingest::frames::{LEGACY_DICTIONARY, V2_DICTIONARY, dictionary_id};
 use futures::{SinkExt, StreamExt};
 use serde_json::{Value, json};
 use std::net::SocketAddr;
@@ -284,7 +285,7 @@ pub fn v2_frame(line: &str, seq: i64) -> String {
         "$type": format!("network.bsky.jetstream.subscribeEvents#{kind}"),
         "seq": seq,
         "did": event["did"],
-        "time": format_time_us(event["time_us"].as_i64().unwrap_or(0)),
+        "time": format_rfc3339_us(event["time_us"].as_i64().unwrap_or(0)),
     });
     match kind {
         "commit" => {

@@ -142,7 +142,10 @@ pub fn garage_settings(test: &str) -> backlinks::store::s3::S3Settings {
     assert!(settings.force_path_style, "a custom endpoint must default to path style");
     settings
 }
+pub mod car_writer;
 pub mod jetstream_server;
 pub mod model;
 pub mod pds_server;
+pub mod plc;
 pub mod store_contract;
+pub mod world;

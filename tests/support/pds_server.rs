@@ -1,7 +1,10 @@
 //! A test-only atproto sync server (axum) that plays a relay (`listHosts`), a PDS (`listRepos`,
-//! `getRepo` from fixture CARs) and a PLC directory (`GET /<did>`), with faults injected by a
-//! deterministic plan: 429s with `Retry-After`, 500s, honest short bodies (a cut CAR) and
-//! connections dropped mid-body. It counts what it served so a test can kill a client mid-way.
+//! `getRepo` from CARs) and a PLC directory (`GET /<did>/log/audit` and the bulk `/export`), with
+//! faults injected by a
+//! deterministic plan: 429s with `Retry-After`, 500s, honest short bodies (a cut CAR),
+//! connections dropped mid-body, endless error bodies, bodies a byte a second; and, for attacks,
+//! a listing that never ends. It counts what it served so a test can kill a client mid-way, and
+//! what it was asked, so a test can show a host was never asked.
 
 use axum::Router;
 use axum::body::Body;
@@ -26,6 +29,10 @@ pub enum Fault {
     ShortBody,
     /// 200 declaring the whole length, then the connection ends after half.
     DroppedConnection,
+    /// 500 with a body that never ends.
+    EndlessErrorBody,
+    /// 200 with the CAR at one byte a second.
+    Trickle,
 }
 
 /// Faults by (did, attempt number starting at 1); `None` answers normally.
@@ -53,6 +60,8 @@ pub fn mixed_faults(seed: u64) -> FaultPlan {
 pub struct Counters {
     /// getRepo answers with a whole CAR.
     pub repos_served: AtomicU64,
+    /// getRepo requests, whatever the answer.
+    pub get_repo_calls: AtomicU64,
     pub faults: AtomicU64,
     pub listings: AtomicU64,
     /// The shortest wait, in milliseconds, between a 429 and the next getRepo of the same DID
@@ -71,8 +80,12 @@ struct Shared {
     repos: BTreeMap<String, (String, Bytes)>,
     /// Hostnames listHosts answers with.
     hosts: Vec<String>,
-    /// DID -> PDS URL for the PLC directory role.
-    plc: HashMap<String, String>,
+    /// DID -> audit log, for the PLC directory role.
+    plc: HashMap<String, serde_json::Value>,
+    /// listRepos invents new DIDs and a new cursor on every page, forever.
+    endless_listing: bool,
+    /// The PLC directory answers only its bulk export (per-DID logs are 404).
+    export_only: bool,
     plan: FaultPlan,
     attempts: Mutex<HashMap<String, u32>>,
     /// When each DID was last answered 429.
@@ -93,11 +106,13 @@ pub struct SyncServer {
 pub struct SyncServerBuilder {
     repos: BTreeMap<String, (String, Bytes)>,
     hosts: Vec<String>,
-    plc: HashMap<String, String>,
+    plc: HashMap<String, serde_json::Value>,
     plan: FaultPlan,
     page_size: usize,
     delay: Duration,
     fail_first_listing: bool,
+    endless_listing: bool,
+    export_only: bool,
 }
 
 impl SyncServerBuilder {
@@ -110,12 +125,16 @@ impl SyncServerBuilder {
             page_size: 3,
             delay: Duration::ZERO,
             fail_first_listing: false,
+            endless_listing: false,
+            export_only: false,
         }
     }
 
     /// Serves `car` under the DID of its commit, listed with the commit's revision.
     pub fn repo(mut self, car: Vec<u8>) -> Self {
-        let (commit, _, _) = backlinks::ingest::car::read_repo_bytes(&car, &Default::default()).expect("a fixture CAR");
+        let any = backlinks::ingest::repo::Expect { did: None, key: None, now_us: i64::MAX / 2, deadline: None };
+        let commit =
+            backlinks::ingest::repo::read_repo_bytes(&car, &Default::default(), &any).expect("a fixture CAR").commit;
         self.repos.insert(commit.did, (commit.rev, Bytes::from(car)));
         self
     }
@@ -125,8 +144,26 @@ impl SyncServerBuilder {
         self
     }
 
-    pub fn plc(mut self, did: &str, pds: &str) -> Self {
-        self.plc.insert(did.to_string(), pds.to_string());
+    /// Serves `car` under `did` at `rev`, whatever it holds (a forgery, a broken CAR).
+    pub fn repo_as(mut self, did: &str, rev: &str, car: Vec<u8>) -> Self {
+        self.repos.insert(did.to_string(), (rev.to_string(), Bytes::from(car)));
+        self
+    }
+
+    /// Serves `log` as the audit log of `did` (the PLC directory role).
+    pub fn plc_log(mut self, did: &str, log: serde_json::Value) -> Self {
+        self.plc.insert(did.to_string(), log);
+        self
+    }
+
+    pub fn endless_listing(mut self) -> Self {
+        self.endless_listing = true;
+        self
+    }
+
+    /// The PLC directory role answers `/export` only: a client must keep its own copy.
+    pub fn export_only(mut self) -> Self {
+        self.export_only = true;
         self
     }
 
@@ -153,6 +190,8 @@ impl SyncServerBuilder {
             repos: self.repos,
             hosts: self.hosts,
             plc: self.plc,
+            endless_listing: self.endless_listing,
+            export_only: self.export_only,
             plan: self.plan,
             attempts: Mutex::default(),
             rate_limited_at: Mutex::default(),
@@ -165,7 +204,8 @@ impl SyncServerBuilder {
             .route("/xrpc/com.atproto.sync.listHosts", get(list_hosts))
             .route("/xrpc/com.atproto.sync.listRepos", get(list_repos))
             .route("/xrpc/com.atproto.sync.getRepo", get(get_repo))
-            .route("/{did}", get(plc_document))
+            .route("/{did}/log/audit", get(plc_audit_log))
+            .route("/export", get(plc_export))
             .with_state(shared);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
@@ -205,6 +245,13 @@ async fn list_repos(State(shared): State<Arc<Shared>>, Query(query): Query<HashM
         return xrpc_error(StatusCode::INTERNAL_SERVER_ERROR, "InternalServerError");
     }
     let after = query.get("cursor").cloned().unwrap_or_default();
+    if shared.endless_listing {
+        let page_number: u64 = after.parse().unwrap_or(0) + 1;
+        let page: Vec<_> = (0..shared.page_size)
+            .map(|i| serde_json::json!({ "did": format!("did:plc:endless{page_number:08}x{i:04}"), "active": true }))
+            .collect();
+        return axum::Json(serde_json::json!({ "repos": page, "cursor": page_number.to_string() })).into_response();
+    }
     let page: Vec<_> = shared
         .repos
         .iter()
@@ -218,6 +265,7 @@ async fn list_repos(State(shared): State<Arc<Shared>>, Query(query): Query<HashM
 
 async fn get_repo(State(shared): State<Arc<Shared>>, Query(query): Query<HashMap<String, String>>) -> Response {
     let did = query.get("did").cloned().unwrap_or_default();
+    shared.counters.get_repo_calls.fetch_add(1, Ordering::Relaxed);
     let Some((_, car)) = shared.repos.get(&did).cloned() else {
         return xrpc_error(StatusCode::BAD_REQUEST, "RepoNotFound");
     };
@@ -256,16 +304,79 @@ async fn get_repo(State(shared): State<Arc<Shared>>, Query(query): Query<HashMap
             response.headers_mut().insert(header::CONTENT_LENGTH, car.len().to_string().parse().unwrap());
             response
         }
+        Some(Fault::EndlessErrorBody) => {
+            let chunk = Bytes::from(vec![b'x'; 64 << 10]);
+            let stream = futures::stream::repeat_with(move || Ok::<_, std::io::Error>(chunk.clone()));
+            let mut response = Response::new(Body::from_stream(stream));
+            *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+            response
+        }
+        Some(Fault::Trickle) => {
+            let bytes = car.to_vec();
+            let stream = futures::stream::unfold(0usize, move |at| {
+                let byte = bytes.get(at).copied();
+                async move {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    byte.map(|b| (Ok::<_, std::io::Error>(Bytes::from(vec![b])), at + 1))
+                }
+            });
+            let mut response = Response::new(Body::from_stream(stream));
+            response.headers_mut().insert(header::CONTENT_LENGTH, car.len().to_string().parse().unwrap());
+            response
+        }
     }
 }
 
-async fn plc_document(State(shared): State<Arc<Shared>>, Path(did): Path<String>) -> Response {
-    match shared.plc.get(&did) {
-        Some(pds) => axum::Json(serde_json::json!({
-            "id": did,
-            "service": [{ "id": "#atproto_pds", "type": "AtprotoPersonalDataServer", "serviceEndpoint": pds }],
-        }))
-        .into_response(),
-        None => (StatusCode::NOT_FOUND, "no such DID").into_response(),
+/// A listener that accepts connections and only counts them: the target of a forged address,
+/// to show that nothing ever connected.
+pub struct AcceptCounter {
+    pub address: std::net::SocketAddr,
+    pub accepted: Arc<AtomicU64>,
+}
+
+impl AcceptCounter {
+    pub async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let accepted = Arc::new(AtomicU64::new(0));
+        let counted = accepted.clone();
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::Relaxed);
+                drop(socket);
+            }
+        });
+        AcceptCounter { address, accepted }
     }
+}
+
+async fn plc_audit_log(State(shared): State<Arc<Shared>>, Path(did): Path<String>) -> Response {
+    match shared.plc.get(&did).filter(|_| !shared.export_only) {
+        Some(log) => axum::Json(log.clone()).into_response(),
+        None => (StatusCode::NOT_FOUND, "DID not registered").into_response(),
+    }
+}
+
+/// `/export?after=SEQ&count=N`: every log's operations as sequenced JSON lines (DIDs in order,
+/// each log in its order), those after `after`, at most `count` (1,000).
+async fn plc_export(State(shared): State<Arc<Shared>>, Query(query): Query<HashMap<String, String>>) -> Response {
+    let after: u64 = query.get("after").and_then(|a| a.parse().ok()).unwrap_or(0);
+    let count: usize = query.get("count").and_then(|c| c.parse().ok()).unwrap_or(1000).min(1000);
+    let mut dids: Vec<&String> = shared.plc.keys().collect();
+    dids.sort();
+    let entries = dids.into_iter().flat_map(|did| shared.plc[did].as_array().cloned().unwrap_or_default());
+    let lines: Vec<String> = entries
+        .enumerate()
+        .map(|(i, mut entry)| {
+            let fields = entry.as_object_mut().unwrap();
+            fields.remove("nullified");
+            fields.insert("seq".into(), (i as u64 + 1).into());
+            fields.insert("type".into(), "sequenced_op".into());
+            (i as u64 + 1, entry.to_string())
+        })
+        .filter(|(seq, _)| *seq > after)
+        .take(count)
+        .map(|(_, line)| line)
+        .collect();
+    ([(header::CONTENT_TYPE, "application/jsonlines")], lines.join("\n")).into_response()
 }

@@ -31,7 +31,7 @@ fn every_line_is_an_event_the_importer_applies_with_the_counted_links() {
             }
             Operation::Delete(_) => 2,
             Operation::Account { .. } => 3,
-            Operation::Skip => 4,
+            Operation::Identity { .. } | Operation::Skip => 4,
         };
         operations[slot] += 1;
     }
@@ -72,7 +72,7 @@ fn deactivated_and_deleted_accounts_write_nothing() {
             }
             Operation::Create(op) | Operation::Update(op) => op.record_ref.did.into_owned(),
             Operation::Delete(record_ref) => record_ref.did.into_owned(),
-            Operation::Skip => continue,
+            Operation::Identity { .. } | Operation::Skip => continue,
         };
         commits += 1;
         assert!(!deleted.contains(&did), "a deleted account wrote: {}", String::from_utf8_lossy(line));

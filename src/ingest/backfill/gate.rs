@@ -24,8 +24,8 @@
 
 use crate::index::{Index, IndexError};
 use crate::ingest::backfill::repos::{ReposDb, ReposError};
-use crate::ingest::car::{RepoCommit, RepoRecord};
 use crate::ingest::frames::StreamEvent;
+use crate::ingest::repo::{RepoCommit, RepoRecord};
 use crate::model::account::AccountState;
 use crate::model::operation::{Operation, RecordRef};
 use crate::model::tid::parse_tid;
@@ -135,7 +135,7 @@ fn operation_did<'o>(operation: &'o Operation<'_>) -> Option<&'o str> {
         Operation::Create(op) | Operation::Update(op) => Some(&op.record_ref.did),
         Operation::Delete(record_ref) => Some(&record_ref.did),
         Operation::Account { did, .. } => Some(did),
-        Operation::Skip => None,
+        Operation::Identity { .. } | Operation::Skip => None,
     }
 }
 
@@ -288,7 +288,7 @@ impl SnapshotGate {
                 collection: Cow::Borrowed(r.collection.as_str()),
                 rkey: Cow::Borrowed(r.rkey.as_str()),
             };
-            (record_ref, &r.record)
+            (record_ref, r.record.as_ref())
         });
         let (stamp, links) = self.index.apply_snapshot(did, records)?;
         let replayed = self.release(&mut state, did, Some(snapshot_rev))?;

@@ -1,47 +1,68 @@
 //! Backfill: whole repositories (`com.atproto.sync.getRepo` CARs, or CAR files) into the index,
-//! for one repo, one PDS, or every PDS behind a relay; resumable, paced, and safe next to live
-//! ingest.
+//! for one repo, one PDS, or every PDS behind a relay; verified, resumable, paced, and safe next
+//! to live ingest.
 //!
-//! The pieces: `xrpc` (the sync endpoints and what their answers mean), `repos` (repos.db, the
-//! durable state), `limiter` (per-host pacing), `gate` (the meeting point with live ingest),
-//! `progress` (figures). This module drives them: listings fill repos.db with pending
-//! repositories while a bounded pool of fetches drains it.
+//! The pieces: `xrpc` (the sync endpoints and what their answers mean), `listing` (relays' and
+//! hosts' listings, interleaved and capped), `fetch` (one repository: its identity, its own PDS,
+//! its verified snapshot), `car_file` (CAR files read offline), `repos` (repos.db, the durable
+//! state), `limiter` (per-host pacing), `hosts` (per-host slots and circuit breaker), `gate` (the
+//! meeting point with live ingest), `progress` (figures). This module drives them: listings fill
+//! repos.db with pending repositories while a bounded pool of fetches drains it.
+//!
+//! Trust: a listing is a hint. A repository is fetched only from the PDS its DID document names,
+//! and written only when its commit is signed by the DID document's key and everything under it
+//! checks out (`ingest::repo`). What fails is recorded `rejected` with the check that failed.
 //!
 //! Invariants:
-//! - At most `concurrency` repositories are fetched or parsed at once; at most one per DID.
+//! - At most `concurrency` repositories are fetched or checked at once; at most one per DID; at
+//!   most `breaker.slots_per_host` from one PDS; CAR bytes in memory stay within
+//!   `car_memory_budget` (the rest waits in unnamed files).
 //! - Every fetch of a DID is bracketed by `gate.begin` and exactly one of `gate.finish` /
 //!   `gate.abandon`, whatever fails in between.
 //! - A repository is marked done only after its snapshot is in the index; the index's flush makes
 //!   it durable, and `ReposDb::reset_undurable` undoes marks a crash got ahead of. So a killed
 //!   backfill, restarted, ends with the same index as one that was never killed.
 //! - Retries are bounded (`max_attempts`), spaced by capped, jittered exponential backoff from an
-//!   injected seed, or by the server's `Retry-After`; unavailable repositories are recorded once.
+//!   injected seed, or by the server's `Retry-After`; unavailable repositories are recorded once;
+//!   rejected ones are tried again by a later run after `reject_retry`, `max_attempts` times in all.
 //! - The index is flushed whenever a memtable is full, so memory stays bounded on any repo count.
 
+pub mod car_file;
 pub mod checkpoint;
+pub mod fetch;
 pub mod gate;
+pub mod hosts;
 pub mod limiter;
+pub mod listing;
 pub mod progress;
 pub mod repos;
 pub mod xrpc;
 
 use crate::base::clock::Clock;
 use crate::base::rng::splitmix64;
+use crate::identity::directory::Directory;
+use crate::identity::resolve::{Resolver, ResolverOptions};
 use crate::index::{Index, IndexError};
-use crate::ingest::car::{CarError, CarLimits, RepoCommit, RepoRecord, read_repo_bytes};
-use crate::ingest::http::HttpClient;
+use crate::ingest::repo::{CarError, CarLimits};
+use crate::net::guard::AddressPolicy;
+use crate::net::http::HttpClient;
+use crate::net::spill::MemoryBudget;
 use crate::store::object::StoreError;
 use gate::{GateError, GateLimits, SnapshotGate, SnapshotOutcome};
+use hosts::{BreakerOptions, HostGuard};
 use limiter::HostLimiter;
 use progress::BackfillProgress;
-use repos::{Listed, RepoRow, RepoStatus, ReposDb, ReposError};
+use repos::{RepoRow, RepoStatus, ReposDb, ReposError};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinSet;
-use xrpc::Failure;
+use xrpc::{CarSpill, Failure};
+
+/// How often the local PLC directory asks the export for news once caught up.
+pub const PLC_EXPORT_POLL: Duration = Duration::from_secs(60);
 
 /// Where repositories come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,28 +73,61 @@ pub enum Source {
     Repo(String),
     /// Every repository `listRepos` shows on one PDS.
     Pds(String),
-    /// Every repository of every host `listHosts` shows on a relay, fetched from each host.
+    /// Every repository of every host `listHosts` shows on a relay.
     Relay(String),
 }
 
 #[derive(Debug, Clone)]
 pub struct BackfillOptions {
-    /// Repositories fetched (and parsed) at once.
+    /// Repositories fetched (and checked) at once.
     pub concurrency: usize,
     /// Requests started per second on one host, and how many may go back to back.
     pub per_host_per_second: f64,
     pub host_burst: u32,
-    /// Attempts before a repository that keeps failing transiently is recorded as failed.
+    /// Fetches at once per PDS, and when a host that keeps failing is paused or given up.
+    pub breaker: BreakerOptions,
+    /// Attempts before a repository that keeps failing transiently is recorded as failed; also
+    /// how many times in all a rejected repository is fetched.
     pub max_attempts: u32,
-    /// Deadline of one getRepo (headers and whole body).
+    /// How long a rejected repository waits before a later run fetches it again (doubling with
+    /// each rejection).
+    pub reject_retry: Duration,
+    /// Deadline of one getRepo (headers and whole body); a body must also keep arriving at
+    /// `min_bytes_per_sec` (after a grace period) and never be silent for `stall`.
     pub fetch_timeout: Duration,
-    /// Deadline of one listing page or DID document.
+    pub min_bytes_per_sec: u64,
+    pub stall: Duration,
+    /// Deadline of one listing page or DID resolution.
     pub listing_timeout: Duration,
+    /// Listing pages and listed DIDs one host (or relay) may give; its listing is cut off past
+    /// either, and the cut reported.
+    pub max_pages_per_host: u64,
+    pub max_dids_per_host: u64,
+    /// Hosts whose listings are paged at once, a page each in turn.
+    pub listing_concurrency: usize,
+    /// Deadline of checking one repository once fetched.
+    pub parse_timeout: Duration,
     pub backoff_min: Duration,
     pub backoff_max: Duration,
     pub car: CarLimits,
-    /// The PLC directory that resolves `did:plc` identities.
+    /// Bytes of one CAR kept in memory, and of all CARs in flight together; the rest goes to
+    /// unnamed files in the data directory.
+    pub car_memory_bytes: usize,
+    pub car_memory_budget: usize,
+    /// The PLC directory (or a mirror) that resolves `did:plc` identities.
     pub plc_url: String,
+    /// Keep a local copy of the PLC directory (`plc.db`) from its bulk export while backfilling,
+    /// and resolve did:plc from it: one request per page of 1,000 operations instead of one per
+    /// DID.
+    pub plc_sync: bool,
+    /// Identities resolved are kept this long, this many at most.
+    pub identity_ttl: Duration,
+    pub identity_cache_entries: usize,
+    /// Non-public addresses that backfill and DID resolution may reach anyway (`IP` or
+    /// `IP:port`): for local setups and tests. Empty: public addresses only, https only.
+    pub allow_private: Vec<String>,
+    /// DID documents at hand for CAR files (`--did-doc`), to verify their signatures offline.
+    pub did_documents: Vec<PathBuf>,
     /// Seeds the retry jitter.
     pub seed: u64,
 }
@@ -84,13 +138,28 @@ impl Default for BackfillOptions {
             concurrency: 8,
             per_host_per_second: 5.0,
             host_burst: 5,
+            breaker: BreakerOptions::default(),
             max_attempts: 6,
+            reject_retry: Duration::from_secs(24 * 3600),
             fetch_timeout: Duration::from_secs(300),
+            min_bytes_per_sec: 16 << 10,
+            stall: Duration::from_secs(30),
             listing_timeout: Duration::from_secs(60),
+            max_pages_per_host: 20_000,
+            max_dids_per_host: 5_000_000,
+            listing_concurrency: 8,
+            parse_timeout: Duration::from_secs(300),
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(600),
             car: CarLimits::default(),
+            car_memory_bytes: 32 << 20,
+            car_memory_budget: 256 << 20,
             plc_url: "https://plc.directory".into(),
+            plc_sync: false,
+            identity_ttl: Duration::from_secs(3600),
+            identity_cache_entries: 100_000,
+            allow_private: Vec::new(),
+            did_documents: Vec::new(),
             seed: 0,
         }
     }
@@ -112,6 +181,10 @@ pub enum BackfillError {
     Checkpoint(#[from] checkpoint::CheckpointError),
     #[error("{path}: {reason}")]
     CarFile { path: String, reason: String },
+    #[error("backfill options: {0}")]
+    Options(String),
+    #[error(transparent)]
+    Directory(#[from] crate::identity::directory::DirectoryError),
     #[error("backfill task failed: {0}")]
     Task(String),
 }
@@ -121,7 +194,11 @@ pub struct Backfill {
     gate: Arc<SnapshotGate>,
     repos: Arc<ReposDb>,
     http: HttpClient,
+    resolver: Resolver,
+    directory: Option<Arc<Directory>>,
     limiter: HostLimiter,
+    hosts: HostGuard,
+    spill: CarSpill,
     options: BackfillOptions,
     clock: Clock,
     pub progress: Arc<BackfillProgress>,
@@ -130,12 +207,6 @@ pub struct Backfill {
     flushing: tokio::sync::Mutex<()>,
     listings_done: AtomicBool,
     listing_news: tokio::sync::Notify,
-}
-
-/// What one fetched repository came to.
-enum Fetched {
-    Snapshot { commit: RepoCommit, records: Vec<RepoRecord>, bytes: usize },
-    Failed(Failure),
 }
 
 /// Opens backfill's state beside `index` in `data_dir`: repos.db (restored from the newest
@@ -155,7 +226,7 @@ pub async fn open(
     }
     let repos = Arc::new(ReposDb::open(&path)?);
     let gate = Arc::new(SnapshotGate::new(index, repos.clone(), GateLimits::default()));
-    Ok(Arc::new(Backfill::new(gate, repos, options, clock)))
+    Ok(Arc::new(Backfill::new(gate, repos, options, clock)?))
 }
 
 impl Backfill {
@@ -178,14 +249,47 @@ impl Backfill {
         Ok(Some(checkpoint::save(index.store.as_ref(), &self.repos, generation, id, &scratch).await?))
     }
 
-    pub fn new(gate: Arc<SnapshotGate>, repos: Arc<ReposDb>, options: BackfillOptions, clock: Clock) -> Self {
+    pub fn new(
+        gate: Arc<SnapshotGate>,
+        repos: Arc<ReposDb>,
+        options: BackfillOptions,
+        clock: Clock,
+    ) -> Result<Self, BackfillError> {
         assert!(options.concurrency > 0 && options.max_attempts > 0, "backfill needs workers and attempts");
-        let limiter = HostLimiter::new(options.per_host_per_second, options.host_burst);
-        Backfill {
+        let policy = AddressPolicy::with_allowed(&options.allow_private).map_err(BackfillError::Options)?;
+        let http = HttpClient::new(policy);
+        let directory = match options.plc_sync {
+            true => Some(Arc::new(Directory::open(&gate.index().data_dir.join("plc.db"))?)),
+            false => None,
+        };
+        let resolver = Resolver::new(
+            http.clone(),
+            ResolverOptions {
+                plc_url: options.plc_url.clone(),
+                timeout: options.listing_timeout,
+                cache_entries: options.identity_cache_entries,
+                ttl_ms: options.identity_ttl.as_millis() as u64,
+            },
+            clock.clone(),
+        );
+        let resolver = match &directory {
+            Some(directory) => resolver.with_directory(directory.clone()),
+            None => resolver,
+        };
+        let spill = CarSpill {
+            memory_bytes: options.car_memory_bytes,
+            budget: MemoryBudget::new(options.car_memory_budget),
+            directory: gate.index().data_dir.clone(),
+        };
+        Ok(Backfill {
             gate,
             repos,
-            http: HttpClient::new(),
-            limiter,
+            http,
+            resolver,
+            directory,
+            limiter: HostLimiter::new(options.per_host_per_second, options.host_burst),
+            hosts: HostGuard::new(options.breaker),
+            spill,
             jitter: Mutex::new(options.seed),
             options,
             clock,
@@ -194,11 +298,38 @@ impl Backfill {
             flushing: tokio::sync::Mutex::new(()),
             listings_done: AtomicBool::new(false),
             listing_news: tokio::sync::Notify::new(),
-        }
+        })
+    }
+
+    /// `did`'s identity may have changed (an `#identity` event): resolve it afresh next time.
+    pub fn forget_identity(&self, did: &str) {
+        self.resolver.forget(did);
+    }
+
+    /// The local PLC directory, when kept: DIDs held, stale among them, the export position.
+    pub fn directory_figures(&self) -> Result<Option<(u64, u64, u64)>, BackfillError> {
+        let Some(directory) = &self.directory else { return Ok(None) };
+        let (dids, stale) = directory.counts()?;
+        Ok(Some((dids, stale, directory.position()?)))
+    }
+
+    /// Hosts paused by their circuit breaker now, or given up (for reports).
+    pub fn paused_hosts(&self) -> Vec<hosts::PausedHost> {
+        self.hosts.paused()
+    }
+
+    /// The most recently rejected repositories, with why (for reports).
+    pub fn rejected(&self, limit: usize) -> Result<Vec<(String, String)>, BackfillError> {
+        Ok(self.repos.rejected(limit)?)
     }
 
     fn now_ms(&self) -> u64 {
         (self.clock)()
+    }
+
+    /// The injected clock in microseconds (what a commit's `rev` is checked against).
+    fn now_us(&self) -> i64 {
+        (self.now_ms() as i64).saturating_mul(1_000)
     }
 
     /// Indexes every repository of `sources`; returns when none is left to fetch (all settled or
@@ -219,12 +350,27 @@ impl Backfill {
         }
         let lister = self.clone();
         let listing = tokio::spawn(async move { lister.list_all(network).await });
+        let following = self.follow_directory().await;
         let fetched = self.fetch_until_settled().await;
         listing.abort();
+        if let Some(following) = following {
+            following.abort();
+        }
         fetched?;
         self.flush().await?;
         self.count_known()?;
         Ok(())
+    }
+
+    /// Takes one page of the PLC export now (so what it holds serves this run from the start),
+    /// then follows the export in the background; `None` when no local directory is kept.
+    async fn follow_directory(&self) -> Option<tokio::task::JoinHandle<()>> {
+        let directory = self.directory.clone()?;
+        let (http, url) = (self.http.clone(), self.options.plc_url.clone());
+        if let Err(e) = directory.sync_page(&http, &url, self.options.listing_timeout).await {
+            tracing::warn!(error = %e, "the PLC export could not be read; resolving DID by DID meanwhile");
+        }
+        Some(tokio::spawn(directory.follow(http, url, PLC_EXPORT_POLL)))
     }
 
     fn start_progress(&self) -> Result<(), BackfillError> {
@@ -241,115 +387,8 @@ impl Backfill {
         Ok(())
     }
 
-    /// Lists every network source into repos.db, then says so.
-    async fn list_all(&self, sources: Vec<Source>) {
-        for source in sources {
-            let listed = match &source {
-                Source::Repo(did) => self.list_one_repo(did).await,
-                Source::Pds(url) => self.list_host(&xrpc::base_url(url, "https")).await,
-                Source::Relay(url) => self.list_relay(url).await,
-                Source::Car(_) => Ok(()),
-            };
-            if let Err(e) = listed {
-                tracing::error!(?source, error = %e, "listing failed; the repositories listed so far are still fetched");
-            }
-        }
-        self.listings_done.store(true, Ordering::Release);
-        self.listing_news.notify_one();
-    }
-
-    async fn list_one_repo(&self, did: &str) -> Result<(), BackfillError> {
-        let pds = self
-            .with_retries(did, || {
-                xrpc::resolve_pds(&self.http, &self.options.plc_url, did, self.options.listing_timeout)
-            })
-            .await;
-        match pds {
-            Ok(pds) => self.offer(&[Listed { did, host: &pds, rev: None, inactive: None }]),
-            Err(failure) => {
-                tracing::warn!(did, error = %failure, "could not resolve the repository's PDS");
-                let listed = Listed { did, host: "", rev: None, inactive: None };
-                self.repos.offer(&[listed], self.now_ms())?;
-                self.repos.mark_settled(did, RepoStatus::Failed, Some(&failure.to_string()), self.now_ms())?;
-                Ok(())
-            }
-        }
-    }
-
-    fn offer(&self, listed: &[Listed<'_>]) -> Result<(), BackfillError> {
-        self.repos.offer(listed, self.now_ms())?;
-        self.count_known()?;
-        self.listing_news.notify_one();
-        Ok(())
-    }
-
-    /// Pages through `listRepos` on one host from its saved cursor.
-    async fn list_host(&self, base: &str) -> Result<(), BackfillError> {
-        let source = format!("listRepos {base}");
-        let (mut cursor, complete) = self.repos.listing(&source)?;
-        if complete {
-            return Ok(());
-        }
-        loop {
-            let page = self
-                .with_retries(base, || {
-                    xrpc::list_repos(&self.http, base, cursor.as_deref(), self.options.listing_timeout)
-                })
-                .await;
-            let page = match page {
-                Ok(page) => page,
-                Err(failure) => {
-                    tracing::warn!(host = base, error = %failure, "listRepos failed; host skipped this run");
-                    return Ok(());
-                }
-            };
-            self.progress.invalid_listed.fetch_add(page.invalid as u64, Ordering::Relaxed);
-            let listed: Vec<Listed<'_>> = page
-                .items
-                .iter()
-                .map(|r| Listed { did: &r.did, host: base, rev: r.rev, inactive: r.inactive })
-                .collect();
-            self.offer(&listed)?;
-            self.repos.set_listing(&source, page.next.as_deref(), page.next.is_none())?;
-            match page.next {
-                Some(next) => cursor = Some(next),
-                None => return Ok(()),
-            }
-        }
-    }
-
-    /// Lists a relay's hosts (every run: it is short), then each host's repositories.
-    async fn list_relay(&self, relay: &str) -> Result<(), BackfillError> {
-        let relay = xrpc::base_url(relay, "https");
-        // Hosts are bare hostnames; they are reached the way the relay itself was (https in
-        // production, plain http only when the relay was given as http://, as in local tests).
-        let scheme = if relay.starts_with("http://") { "http" } else { "https" };
-        let mut cursor: Option<String> = None;
-        loop {
-            let page = self
-                .with_retries(&relay, || {
-                    xrpc::list_hosts(&self.http, &relay, cursor.as_deref(), self.options.listing_timeout)
-                })
-                .await;
-            let page = match page {
-                Ok(page) => page,
-                Err(failure) => {
-                    tracing::error!(relay, error = %failure, "listHosts failed");
-                    return Ok(());
-                }
-            };
-            for host in &page.items {
-                self.list_host(&xrpc::base_url(host, scheme)).await?;
-            }
-            match page.next {
-                Some(next) => cursor = Some(next),
-                None => return Ok(()),
-            }
-        }
-    }
-
-    /// Runs `call` with this host's pacing, retrying transient failures and rate limits within
-    /// `max_attempts`.
+    /// Runs `call` on `host` with its slot, pacing and breaker, retrying transient failures and
+    /// rate limits within `max_attempts`.
     async fn with_retries<T, F, Fut>(&self, host: &str, mut call: F) -> Result<T, Failure>
     where
         F: FnMut() -> Fut,
@@ -357,11 +396,18 @@ impl Backfill {
     {
         let mut attempt = 0;
         loop {
+            let _slot = self.hosts.slot(host).await.map_err(|until| Failure::HostPaused { until })?;
             self.limiter.acquire(host).await;
             let failure = match call().await {
-                Ok(value) => return Ok(value),
+                Ok(value) => {
+                    self.hosts.succeeded(host);
+                    return Ok(value);
+                }
                 Err(failure) => failure,
             };
+            if failure.counts_against_host() && self.hosts.failed(host, &failure.to_string()) {
+                self.progress.host_pauses.fetch_add(1, Ordering::Relaxed);
+            }
             attempt += 1;
             let wait = match &failure {
                 _ if attempt >= self.options.max_attempts => return Err(failure),
@@ -374,6 +420,7 @@ impl Backfill {
         }
     }
 
+    /// `host` answered 429: it is paused for what it asked (or a backoff); returns the wait.
     fn rate_limited(&self, host: &str, retry_after: Option<Duration>, attempt: u32) -> Duration {
         self.progress.rate_limited.fetch_add(1, Ordering::Relaxed);
         let wait = retry_after.unwrap_or_else(|| self.backoff(attempt));
@@ -425,7 +472,7 @@ impl Backfill {
             return Ok(0);
         }
         let mut in_flight = self.in_flight.lock().expect("in-flight lock poisoned");
-        let mut due = self.repos.due(room + in_flight.len(), self.now_ms())?;
+        let mut due = self.repos.due(room + in_flight.len(), self.now_ms(), self.options.max_attempts)?;
         due.retain(|row| !in_flight.contains(&row.did));
         let mut spawned = 0;
         for row in due.into_iter().take(room) {
@@ -442,54 +489,36 @@ impl Backfill {
         Ok(spawned)
     }
 
-    /// One repository: fetch, parse, hand to the gate, record the outcome.
+    /// One repository: resolve, fetch, verify, hand to the gate, record the outcome.
     async fn backfill_repo(self: &Arc<Self>, row: RepoRow) -> Result<(), BackfillError> {
         if !self.gate.begin(&row.did) {
             return Ok(());
         }
-        let fetched = self.fetch_and_parse(&row).await;
-        let (commit, records, bytes) = match fetched {
-            Fetched::Snapshot { commit, records, bytes } => (commit, records, bytes),
-            Fetched::Failed(failure) => {
+        let snapshot = match self.fetch_verified(&row.did).await {
+            Ok(snapshot) => snapshot,
+            Err(failure) => {
                 self.gate.abandon(&row.did)?;
                 return self.record_failure(&row, failure);
             }
         };
+        self.progress.verified.fetch_add(1, Ordering::Relaxed);
         let gate = self.gate.clone();
+        let (commit, records) = (snapshot.repo.commit, snapshot.repo.records);
         let (outcome, records) =
             tokio::task::spawn_blocking(move || gate.finish(&commit, &records).map(|o| (o, records.len())))
                 .await
                 .map_err(|e| BackfillError::Task(e.to_string()))??;
-        self.progress.bytes.fetch_add(bytes as u64, Ordering::Relaxed);
+        self.progress.bytes.fetch_add(snapshot.bytes, Ordering::Relaxed);
         self.record_outcome(&row.did, outcome, records)?;
         self.flush_if_full().await
-    }
-
-    async fn fetch_and_parse(&self, row: &RepoRow) -> Fetched {
-        self.limiter.acquire(&row.host).await;
-        let max_bytes = usize::try_from(self.options.car.max_bytes).unwrap_or(usize::MAX);
-        let body = match xrpc::get_repo(&self.http, &row.host, &row.did, max_bytes, self.options.fetch_timeout).await {
-            Ok(body) => body,
-            Err(failure) => return Fetched::Failed(failure),
-        };
-        let (limits, bytes) = (self.options.car.clone(), body.len());
-        let parsed = tokio::task::spawn_blocking(move || read_repo_bytes(&body, &limits)).await;
-        match parsed {
-            Ok(Ok((commit, _, _))) if commit.did != row.did => {
-                Fetched::Failed(Failure::Permanent(format!("getRepo answered a repository of {}", commit.did)))
-            }
-            Ok(Ok((commit, records, _stats))) => Fetched::Snapshot { commit, records, bytes },
-            Ok(Err(error)) => Fetched::Failed(car_failure(error)),
-            Err(join) => Fetched::Failed(Failure::Permanent(format!("parsing the CAR: {join}"))),
-        }
     }
 
     fn record_failure(&self, row: &RepoRow, failure: Failure) -> Result<(), BackfillError> {
         let now = self.now_ms();
         let retry_in = match &failure {
-            Failure::RateLimited { retry_after } => Some(self.rate_limited(&row.host, *retry_after, row.attempts + 1)),
+            Failure::RateLimited { retry_after } => Some(retry_after.unwrap_or_else(|| self.backoff(row.attempts + 1))),
             Failure::Transient(_) => Some(self.backoff(row.attempts + 1)),
-            Failure::Unavailable(_) | Failure::Permanent(_) => None,
+            _ => None,
         };
         match (retry_in, &failure) {
             (Some(wait), _) => {
@@ -501,6 +530,17 @@ impl Backfill {
                     self.progress.repos_other.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(did = row.did, error = %failure, "giving up on the repository");
                 }
+            }
+            (None, Failure::HostPaused { until: Some(until) }) => {
+                let wait = until.saturating_duration_since(tokio::time::Instant::now());
+                self.repos.postpone(&row.did, &failure.to_string(), now + wait.as_millis() as u64, now)?;
+            }
+            (None, Failure::Rejected { reason, message }) => {
+                let wait = self.options.reject_retry.saturating_mul(1 << row.attempts.min(10));
+                self.repos.mark_rejected(&row.did, message, now + wait.as_millis() as u64, now)?;
+                self.progress.reject(reason);
+                self.progress.repos_other.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(did = row.did, reason, error = %message, "repository rejected: it failed verification");
             }
             (None, Failure::Unavailable(status)) => {
                 self.repos.mark_settled(&row.did, *status, None, now)?;
@@ -556,55 +596,14 @@ impl Backfill {
         tokio::task::spawn_blocking(move || gate.flush()).await.map_err(|e| BackfillError::Task(e.to_string()))??;
         Ok(())
     }
-
-    /// A CAR file: parsed, then written through the gate like a fetched snapshot.
-    async fn index_car_file(&self, path: &std::path::Path) -> Result<(), BackfillError> {
-        let car_error = |reason: String| BackfillError::CarFile { path: path.display().to_string(), reason };
-        let length = std::fs::metadata(path).map_err(|e| car_error(e.to_string()))?.len();
-        if length > self.options.car.max_bytes {
-            return Err(car_error(format!("larger than {} bytes", self.options.car.max_bytes)));
-        }
-        let bytes = tokio::fs::read(path).await.map_err(|e| car_error(e.to_string()))?;
-        let limits = self.options.car.clone();
-        let (commit, records, _) = tokio::task::spawn_blocking(move || read_repo_bytes(&bytes, &limits))
-            .await
-            .map_err(|e| BackfillError::Task(e.to_string()))?
-            .map_err(|e| car_error(e.to_string()))?;
-        let did = commit.did.clone();
-        self.repos.offer(&[Listed { did: &did, host: "", rev: None, inactive: None }], self.now_ms())?;
-        self.count_known()?;
-        if !self.gate.begin(&did) {
-            return Err(car_error(format!("{did} is already being backfilled")));
-        }
-        let gate = self.gate.clone();
-        let (outcome, count) =
-            tokio::task::spawn_blocking(move || gate.finish(&commit, &records).map(|o| (o, records.len())))
-                .await
-                .map_err(|e| BackfillError::Task(e.to_string()))??;
-        self.progress.bytes.fetch_add(length, Ordering::Relaxed);
-        if let SnapshotOutcome::Stale { .. } = outcome {
-            // A file cannot be fetched again: say so and leave it recorded.
-            self.repos.mark_settled(
-                &did,
-                RepoStatus::Stale,
-                Some("CAR file older than live commits"),
-                self.now_ms(),
-            )?;
-            tracing::warn!(path = %path.display(), did, "CAR file is older than live commits already applied; skipped");
-        } else {
-            self.record_outcome(&did, outcome, count)?;
-        }
-        self.flush_if_full().await
-    }
 }
 
-/// A CAR that did not parse: a cut body is worth another try, a malformed one too (a proxy may
-/// have mangled it), within the attempt limit; an oversized one is not.
+/// A CAR that failed: a transfer cut short (or a check that ran out of time) is worth another
+/// try within the attempt limit; a CAR that is wrong as served is rejected.
 fn car_failure(error: CarError) -> Failure {
-    match error {
-        CarError::TooBig { .. } | CarError::TooManyBlocks { .. } | CarError::TooManyRecords { .. } => {
-            Failure::Permanent(error.to_string())
-        }
-        _ => Failure::Transient(error.to_string()),
+    if error.is_verification_failure() {
+        Failure::Rejected { reason: error.reason(), message: error.to_string() }
+    } else {
+        Failure::Transient(error.to_string())
     }
 }

@@ -5,6 +5,8 @@
 //! - Rates and the ETA are computed from the injected clock's milliseconds, never the wall clock.
 //! - A rendering never panics on zero elapsed time or zero totals, and is one line.
 
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Counters shared by the backfill's tasks.
@@ -26,6 +28,17 @@ pub struct BackfillProgress {
     pub stale: AtomicU64,
     pub invalid_listed: AtomicU64,
     pub started_ms: AtomicU64,
+    /// Snapshots whose commit signature verified with the identity's key.
+    pub verified: AtomicU64,
+    /// CAR files indexed with their CIDs and structure checked but no key to check the signature.
+    pub unverified: AtomicU64,
+    /// Repositories rejected by this run, by the check that failed (`CarError::reason`, or
+    /// `identity`).
+    rejected: Mutex<BTreeMap<&'static str, u64>>,
+    /// Times a host's circuit breaker paused it.
+    pub host_pauses: AtomicU64,
+    /// Listings cut off at a per-host cap.
+    pub listings_capped: AtomicU64,
 }
 
 fn load(v: &AtomicU64) -> u64 {
@@ -33,6 +46,16 @@ fn load(v: &AtomicU64) -> u64 {
 }
 
 impl BackfillProgress {
+    /// One more repository rejected for `reason`.
+    pub fn reject(&self, reason: &'static str) {
+        *self.rejected.lock().expect("progress lock poisoned").entry(reason).or_default() += 1;
+    }
+
+    /// Repositories rejected by this run, by reason.
+    pub fn rejected(&self) -> BTreeMap<&'static str, u64> {
+        self.rejected.lock().expect("progress lock poisoned").clone()
+    }
+
     /// Repositories finished (any way) out of those known.
     pub fn settled(&self) -> u64 {
         load(&self.repos_settled_before) + load(&self.repos_done) + load(&self.repos_other)

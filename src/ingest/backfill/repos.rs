@@ -9,7 +9,11 @@
 //! - `attempts` only grows until the repository is done or given up; a transient failure past
 //!   `max_attempts` becomes `failed` (recorded, not retried forever).
 //! - A listing that shows a done repository at the same revision leaves it alone; a newer
-//!   revision makes it pending again.
+//!   revision makes it pending again. A listing never touches a `rejected` row: a host cannot
+//!   reset the count of a repository that failed verification.
+//! - A `rejected` repository (its snapshot failed verification) is settled for the run that
+//!   rejected it and fetched again by a later run once `next_attempt_ms` passes, at most
+//!   `max_attempts` times in all: never in a loop.
 //! - Revisions are TIDs (63-bit), stored as SQLite integers; stamps and times too. Errors are cut
 //!   to `MAX_ERROR_CHARS`.
 
@@ -23,7 +27,10 @@ use std::sync::{Mutex, MutexGuard};
 pub const MAX_ERROR_CHARS: usize = 512;
 
 fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(include_str!("../../../migrations/repos/0001_repos.sql"))])
+    Migrations::new(vec![
+        M::up(include_str!("../../../migrations/repos/0001_repos.sql")),
+        M::up(include_str!("../../../migrations/repos/0002_listing_counts.sql")),
+    ])
 }
 
 /// Where a repository stands.
@@ -39,10 +46,12 @@ pub enum RepoStatus {
     Failed,
     /// The snapshot was older than live commits already applied; refetched later.
     Stale,
+    /// The snapshot (or the identity behind it) failed verification; `last_error` says why.
+    Rejected,
 }
 
 impl RepoStatus {
-    pub const ALL: [RepoStatus; 9] = [
+    pub const ALL: [RepoStatus; 10] = [
         RepoStatus::Pending,
         RepoStatus::Done,
         RepoStatus::Deactivated,
@@ -52,6 +61,7 @@ impl RepoStatus {
         RepoStatus::NotFound,
         RepoStatus::Failed,
         RepoStatus::Stale,
+        RepoStatus::Rejected,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -65,6 +75,7 @@ impl RepoStatus {
             RepoStatus::NotFound => "not_found",
             RepoStatus::Failed => "failed",
             RepoStatus::Stale => "stale",
+            RepoStatus::Rejected => "rejected",
         }
     }
 
@@ -103,6 +114,16 @@ pub struct RepoRow {
     pub attempts: u32,
     pub last_error: Option<String>,
     pub next_attempt_ms: u64,
+}
+
+/// How far one listing got: the cursor of its next page, whether it reached its end, and how
+/// many pages and entries it has given (what the per-host caps count).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub cursor: Option<String>,
+    pub complete: bool,
+    pub pages: u64,
+    pub dids: u64,
 }
 
 /// What a listing said about one repository.
@@ -177,6 +198,9 @@ impl ReposDb {
                 .optional()?;
             let indexed_rev = existing.as_ref().and_then(|(_, rev)| rev.map(|r| r as u64));
             let done = existing.as_ref().is_some_and(|(status, _)| status == "done");
+            if existing.as_ref().is_some_and(|(status, _)| status == "rejected") {
+                continue;
+            }
             let status = match repo.inactive {
                 Some(inactive) => inactive,
                 None if done && repo.rev.is_some_and(|r| Some(r) <= indexed_rev) => continue,
@@ -205,15 +229,18 @@ impl ReposDb {
         Ok(())
     }
 
-    /// Up to `limit` pending repositories whose retry time has come, oldest retry first. Rows
-    /// without a host (read from CAR files) are never due: only the file can bring them.
-    pub fn due(&self, limit: usize, now_ms: u64) -> Result<Vec<RepoRow>, ReposError> {
+    /// Up to `limit` repositories whose (re)try time has come, oldest first: pending ones, and
+    /// rejected ones with attempts left (`max_attempts`). Rows without a host (read from CAR
+    /// files) are never due: only the file can bring them.
+    pub fn due(&self, limit: usize, now_ms: u64, max_attempts: u32) -> Result<Vec<RepoRow>, ReposError> {
         let db = self.lock()?;
         let mut query = db.prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM repos WHERE status = 'pending' AND host != '' AND next_attempt_ms <= ?1
+            "SELECT {COLUMNS} FROM repos
+             WHERE (status = 'pending' OR (status = 'rejected' AND attempts < ?3))
+                 AND host != '' AND next_attempt_ms <= ?1
              ORDER BY next_attempt_ms, did LIMIT ?2"
         ))?;
-        let rows = query.query_map(params![to_sql(now_ms)?, limit as i64], read_row)?;
+        let rows = query.query_map(params![to_sql(now_ms)?, limit as i64, max_attempts], read_row)?;
         rows.map(|row| row?).collect()
     }
 
@@ -290,6 +317,41 @@ impl ReposDb {
         Ok(())
     }
 
+    /// The snapshot failed verification: recorded with the reason, not fetched again before
+    /// `next_attempt_ms` (and never once `attempts` reaches the limit `due` is given).
+    pub fn mark_rejected(&self, did: &str, reason: &str, next_attempt_ms: u64, now_ms: u64) -> Result<(), ReposError> {
+        let db = self.lock()?;
+        db.execute(
+            "UPDATE repos SET status = 'rejected', attempts = attempts + 1, last_error = ?2, next_attempt_ms = ?3,
+                 updated_ms = ?4 WHERE did = ?1",
+            params![did, cut(reason), to_sql(next_attempt_ms)?, to_sql(now_ms)?],
+        )?;
+        Ok(())
+    }
+
+    /// Not tried now for a reason that is not the repository's (its host is paused): tried again
+    /// at `next_attempt_ms`, no attempt counted.
+    pub fn postpone(&self, did: &str, reason: &str, next_attempt_ms: u64, now_ms: u64) -> Result<(), ReposError> {
+        let db = self.lock()?;
+        db.execute(
+            "UPDATE repos SET last_error = ?2, next_attempt_ms = max(next_attempt_ms, ?3), updated_ms = ?4
+             WHERE did = ?1",
+            params![did, cut(reason), to_sql(next_attempt_ms)?, to_sql(now_ms)?],
+        )?;
+        Ok(())
+    }
+
+    /// The repositories rejected, with their reasons, newest first (at most `limit`).
+    pub fn rejected(&self, limit: usize) -> Result<Vec<(String, String)>, ReposError> {
+        let db = self.lock()?;
+        let mut query = db.prepare_cached(
+            "SELECT did, coalesce(last_error, '') FROM repos WHERE status = 'rejected'
+             ORDER BY updated_ms DESC, did LIMIT ?1",
+        )?;
+        let rows = query.query_map([limit as i64], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// How many repositories are in each status.
     pub fn counts(&self) -> Result<BTreeMap<RepoStatus, u64>, ReposError> {
         let db = self.lock()?;
@@ -303,23 +365,29 @@ impl ReposDb {
         Ok(counts)
     }
 
-    /// Where listing `source` stopped: its next cursor, and whether it reached the end.
-    pub fn listing(&self, source: &str) -> Result<(Option<String>, bool), ReposError> {
+    /// Where listing `source` stopped.
+    pub fn listing(&self, source: &str) -> Result<Listing, ReposError> {
         let db = self.lock()?;
         let row = db
-            .query_row("SELECT cursor, complete FROM listings WHERE source = ?1", [source], |r| {
-                Ok((r.get::<_, Option<String>>(0)?, r.get::<_, bool>(1)?))
+            .query_row("SELECT cursor, complete, pages, dids FROM listings WHERE source = ?1", [source], |r| {
+                Ok(Listing {
+                    cursor: r.get(0)?,
+                    complete: r.get(1)?,
+                    pages: r.get::<_, i64>(2)?.max(0) as u64,
+                    dids: r.get::<_, i64>(3)?.max(0) as u64,
+                })
             })
             .optional()?;
-        Ok(row.unwrap_or((None, false)))
+        Ok(row.unwrap_or_default())
     }
 
-    pub fn set_listing(&self, source: &str, cursor: Option<&str>, complete: bool) -> Result<(), ReposError> {
+    pub fn set_listing(&self, source: &str, listing: &Listing) -> Result<(), ReposError> {
         let db = self.lock()?;
         db.execute(
-            "INSERT INTO listings (source, cursor, complete) VALUES (?1, ?2, ?3)
-             ON CONFLICT (source) DO UPDATE SET cursor = excluded.cursor, complete = excluded.complete",
-            params![source, cursor, complete],
+            "INSERT INTO listings (source, cursor, complete, pages, dids) VALUES (?1, ?2, ?3, ?4, ?5)
+             ON CONFLICT (source) DO UPDATE SET cursor = excluded.cursor, complete = excluded.complete,
+                 pages = excluded.pages, dids = excluded.dids",
+            params![source, listing.cursor, listing.complete, to_sql(listing.pages)?, to_sql(listing.dids)?],
         )?;
         Ok(())
     }
@@ -428,15 +496,34 @@ mod tests {
         let (_dir, db) = open();
         db.offer(&[listed("did:plc:a", 1)], 0).unwrap();
         assert_eq!(db.mark_retry("did:plc:a", "HTTP 500", 100, 3, 1).unwrap(), RepoStatus::Pending);
-        assert!(db.due(10, 99).unwrap().is_empty(), "not before its retry time");
-        assert_eq!(db.due(10, 100).unwrap().len(), 1);
+        assert!(db.due(10, 99, 3).unwrap().is_empty(), "not before its retry time");
+        assert_eq!(db.due(10, 100, 3).unwrap().len(), 1);
         assert_eq!(db.next_due_ms().unwrap(), Some(100));
         assert_eq!(db.mark_retry("did:plc:a", "HTTP 500", 200, 3, 2).unwrap(), RepoStatus::Pending);
         assert_eq!(db.mark_retry("did:plc:a", &"x".repeat(2000), 300, 3, 3).unwrap(), RepoStatus::Failed);
         let row = db.get("did:plc:a").unwrap().unwrap();
         assert_eq!((row.attempts, row.last_error.unwrap().len()), (3, MAX_ERROR_CHARS));
-        assert!(db.due(10, u64::MAX >> 1).unwrap().is_empty());
+        assert!(db.due(10, u64::MAX >> 1, 3).unwrap().is_empty());
         assert_eq!(db.next_due_ms().unwrap(), None);
+    }
+
+    #[test]
+    fn rejected_repos_wait_their_turn_keep_their_count_and_run_out_of_attempts() {
+        let (_dir, db) = open();
+        db.offer(&[listed("did:plc:a", 1)], 0).unwrap();
+        db.mark_rejected("did:plc:a", "bad signature", 1_000, 1).unwrap();
+        assert_eq!(db.next_due_ms().unwrap(), None, "a rejected repo does not hold a run open");
+        assert!(db.due(10, 999, 3).unwrap().is_empty());
+        assert_eq!(db.due(10, 1_000, 3).unwrap().len(), 1, "a later run tries again");
+        assert_eq!(db.offer(&[listed("did:plc:a", 2)], 2).unwrap(), 0, "a listing does not reset it");
+        let row = db.get("did:plc:a").unwrap().unwrap();
+        assert_eq!((row.status, row.attempts), (RepoStatus::Rejected, 1));
+        db.mark_rejected("did:plc:a", "bad signature", 2_000, 3).unwrap();
+        db.mark_rejected("did:plc:a", "bad signature", 3_000, 4).unwrap();
+        assert!(db.due(10, 10_000, 3).unwrap().is_empty(), "out of attempts");
+        assert_eq!(db.rejected(10).unwrap(), vec![("did:plc:a".to_string(), "bad signature".to_string())]);
+        db.postpone("did:plc:a", "host paused", 20_000, 5).unwrap();
+        assert_eq!(db.get("did:plc:a").unwrap().unwrap().attempts, 3, "postponing counts no attempt");
     }
 
     #[test]
@@ -457,9 +544,10 @@ mod tests {
         db.record_live_revs([("did:plc:a", 5)]).unwrap();
         assert_eq!(db.live_rev("did:plc:a").unwrap(), Some(9));
         assert_eq!(db.live_rev("did:plc:z").unwrap(), None);
-        assert_eq!(db.listing("relay").unwrap(), (None, false));
-        db.set_listing("relay", Some("c1"), false).unwrap();
-        assert_eq!(db.listing("relay").unwrap(), (Some("c1".into()), false));
+        assert_eq!(db.listing("relay").unwrap(), Listing::default());
+        let listing = Listing { cursor: Some("c1".into()), complete: false, pages: 3, dids: 2_000 };
+        db.set_listing("relay", &listing).unwrap();
+        assert_eq!(db.listing("relay").unwrap(), listing);
         let copy = db.snapshot_bytes(&dir.path().join("copy.db")).unwrap();
         assert!(copy.starts_with(b"SQLite format 3\0"));
     }

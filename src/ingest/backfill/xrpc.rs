@@ -1,7 +1,7 @@
 //! The sync endpoints backfill calls, and what their answers mean:
 //! `com.atproto.sync.listHosts` (a relay's upstream PDSes), `com.atproto.sync.listRepos` (a host's
-//! repositories), `com.atproto.sync.getRepo` (one repository as a CAR), and DID documents (the PLC
-//! directory for `did:plc`, `/.well-known/did.json` for `did:web`) to find a repository's PDS.
+//! repositories) and `com.atproto.sync.getRepo` (one repository as a CAR). Which host a
+//! repository may be fetched from is the identity's business (`identity::resolve`), not a listing's.
 //!
 //! Invariants:
 //! - Every answer is classified into exactly one [`Failure`] kind or a success; the caller's retry
@@ -9,12 +9,17 @@
 //! - A listing page is bounded (`MAX_LISTING_BYTES`, at most `PAGE_LIMIT` entries asked for) and
 //!   every DID in it is validated before it reaches repos.db; invalid entries are counted, skipped.
 //! - A listing cursor that does not move is an error (a server bug would otherwise loop forever).
+//! - A CAR is held in memory up to `spill_bytes` and in an unnamed file past that, never whole in
+//!   memory when large.
 
 use crate::ingest::backfill::repos::RepoStatus;
-use crate::ingest::http::{FetchError, HttpClient, Response};
 use crate::model::syntax::validate_did;
 use crate::model::tid::parse_tid;
+use crate::net::http::{FetchError, HttpClient, Limits, Response};
+use crate::net::spill::{MemoryBudget, SpillSink, Spilled};
 use serde::Deserialize;
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Entries asked for per listing page (the lexicons' maximum).
@@ -39,11 +44,32 @@ pub enum Failure {
     /// Anything else (a 4xx, a malformed answer): recorded, not retried.
     #[error("{0}")]
     Permanent(String),
+    /// What was served failed verification (the snapshot, or the identity behind it): recorded
+    /// as `rejected` with the check that failed (`reason`), tried again only much later.
+    #[error("{message}")]
+    Rejected { reason: &'static str, message: String },
+    /// The host is paused by its circuit breaker (until the instant given, or for the rest of the
+    /// run): not the repository's fault, so no attempt is counted.
+    #[error("host paused after repeated failures")]
+    HostPaused { until: Option<tokio::time::Instant> },
+}
+
+impl Failure {
+    /// Whether this failure says something about the host that served it (and counts towards
+    /// pausing it): transport trouble, server errors, malformed answers, forgeries.
+    pub fn counts_against_host(&self) -> bool {
+        matches!(self, Failure::Transient(_) | Failure::Permanent(_) | Failure::Rejected { .. })
+    }
 }
 
 impl From<FetchError> for Failure {
     fn from(error: FetchError) -> Self {
-        if error.is_transient() { Failure::Transient(error.to_string()) } else { Failure::Permanent(error.to_string()) }
+        match error {
+            // An identity that sends us to a loopback, private or metadata address is hostile.
+            FetchError::Refused { .. } => Failure::Rejected { reason: "forbidden_address", message: error.to_string() },
+            _ if error.is_transient() => Failure::Transient(error.to_string()),
+            _ => Failure::Permanent(error.to_string()),
+        }
     }
 }
 
@@ -128,7 +154,7 @@ fn listing_url(base: &str, method: &str, cursor: Option<&str>) -> String {
 }
 
 async fn get_json(http: &HttpClient, url: &str, timeout: Duration) -> Result<Response, Failure> {
-    let response = http.get(url, MAX_LISTING_BYTES, timeout).await?;
+    let response = http.get(url, Limits::new(MAX_LISTING_BYTES, timeout)).await?;
     if response.is_success() { Ok(response) } else { Err(classify(&response)) }
 }
 
@@ -202,51 +228,39 @@ fn valid_hostname(host: &str) -> bool {
         && host.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b':'))
 }
 
-/// `com.atproto.sync.getRepo` for `did` on `base`: the CAR bytes.
+/// Where a downloaded CAR goes: memory up to `memory_bytes` (within the budget shared by every
+/// download), an unnamed file in `directory` past that.
+#[derive(Clone, Debug)]
+pub struct CarSpill {
+    pub memory_bytes: usize,
+    pub budget: Arc<MemoryBudget>,
+    pub directory: PathBuf,
+}
+
+/// `com.atproto.sync.getRepo` for `did` on `base`: the CAR, kept as `spill` says.
 pub async fn get_repo(
     http: &HttpClient,
     base: &str,
     did: &str,
-    max_bytes: usize,
-    timeout: Duration,
-) -> Result<bytes::Bytes, Failure> {
+    limits: Limits,
+    spill: &CarSpill,
+) -> Result<Spilled, Failure> {
     let url = format!(
         "{base}/xrpc/com.atproto.sync.getRepo?did={}",
         form_urlencoded::byte_serialize(did.as_bytes()).collect::<String>()
     );
-    let response = http.get(&url, max_bytes, timeout).await?;
-    if response.is_success() { Ok(response.body) } else { Err(classify(&response)) }
-}
-
-/// The PDS endpoint of `did`, from its DID document: the PLC directory at `plc` for `did:plc`,
-/// `https://<host>/.well-known/did.json` for `did:web`.
-pub async fn resolve_pds(http: &HttpClient, plc: &str, did: &str, timeout: Duration) -> Result<String, Failure> {
-    validate_did(did).map_err(|e| Failure::Permanent(format!("{did}: {e}")))?;
-    let url = if did.starts_with("did:plc:") {
-        format!("{}/{did}", plc.trim_end_matches('/'))
-    } else if let Some(host) = did.strip_prefix("did:web:") {
-        if host.contains(':') {
-            return Err(Failure::Permanent(format!("{did}: did:web with a path or port is not supported")));
-        }
-        format!("https://{host}/.well-known/did.json")
-    } else {
-        return Err(Failure::Permanent(format!("{did}: unsupported DID method")));
+    let mut sink = SpillSink::new(spill.memory_bytes, &spill.budget, &spill.directory);
+    let (status, retry_after) = http.get_into(&url, limits, &mut sink).await?;
+    let body = sink.finish().map_err(|e| Failure::Transient(format!("spilling the CAR: {e}")))?;
+    if (200..300).contains(&status) {
+        return Ok(body);
+    }
+    // An error body is at most `MAX_ERROR_BODY`; one that spilled is not worth reading back.
+    let body = match body {
+        Spilled::Memory(bytes, _) => bytes.into(),
+        Spilled::File { .. } => bytes::Bytes::new(),
     };
-    let response = get_json(http, &url, timeout).await?;
-    pds_from_document(&response.body).ok_or_else(|| Failure::Permanent(format!("{did}: no #atproto_pds service")))
-}
-
-/// The `#atproto_pds` service endpoint of a DID document.
-pub fn pds_from_document(document: &[u8]) -> Option<String> {
-    let document: serde_json::Value = serde_json::from_slice(document).ok()?;
-    let services = document.get("service")?.as_array()?;
-    let service = services.iter().find(|s| {
-        let id = s.get("id").and_then(|v| v.as_str()).unwrap_or_default();
-        id == "#atproto_pds" || id.ends_with("#atproto_pds")
-    })?;
-    let endpoint = service.get("serviceEndpoint")?.as_str()?;
-    let valid = (endpoint.starts_with("https://") || endpoint.starts_with("http://")) && endpoint.len() <= 512;
-    valid.then(|| endpoint.trim_end_matches('/').to_string())
+    Err(classify(&Response { status, retry_after, body }))
 }
 
 #[cfg(test)]
@@ -322,13 +336,5 @@ mod tests {
         assert!(valid_hostname("pds.example.com:2583"));
         assert!(!valid_hostname("evil.com/path"));
         assert!(!valid_hostname(""));
-    }
-
-    #[test]
-    fn pds_endpoints_come_from_did_documents() {
-        let document = br##"{"id":"did:plc:x","service":[{"id":"#atproto_pds","type":"AtprotoPersonalDataServer","serviceEndpoint":"https://pds.example.com/"}]}"##;
-        assert_eq!(pds_from_document(document).as_deref(), Some("https://pds.example.com"));
-        assert_eq!(pds_from_document(br#"{"service":[]}"#), None);
-        assert_eq!(pds_from_document(br##"{"service":[{"id":"#atproto_pds","serviceEndpoint":"ftp://x"}]}"##), None);
     }
 }

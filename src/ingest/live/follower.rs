@@ -10,12 +10,14 @@
 //! - A refused dictionary is refetched once, after which that instance is followed uncompressed.
 
 use super::{IngestStatus, LiveError, LiveOptions};
+use crate::base::redact::redact_url;
 use crate::base::rng::splitmix64;
 use crate::ingest::frames::{
     Frame, FrameDecoder, LEGACY_DICTIONARY, Protocol, StreamEvent, V2_DICTIONARY, XrpcError, dictionary_id,
     parse_xrpc_error,
 };
-use crate::ingest::http::HttpClient;
+use crate::net::guard::AddressPolicy;
+use crate::net::http::{HttpClient, Limits};
 use futures::StreamExt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -218,7 +220,7 @@ impl Follower {
         let protocol = self.current().protocol;
         let dictionary = self.dictionary().await;
         let url = self.url(dictionary.as_ref().map(|(_, id)| *id));
-        tracing::debug!(%url, "connecting");
+        tracing::debug!(url = %redact_url(&url), "connecting");
         let mut socket = match connect(&url).await {
             Ok(socket) => socket,
             Err(ended) => return (0, ended),
@@ -292,15 +294,15 @@ impl Follower {
                 self.dictionaries[slot] = match fetch_dictionary(&url).await {
                     Ok((bytes, id)) if Some(id) != refused => Dictionary::Ready(bytes, id),
                     Ok((_, id)) => {
-                        tracing::warn!(%url, id, "the instance serves the dictionary it refuses; going uncompressed");
+                        tracing::warn!(url = %redact_url(&url), id, "the instance serves the dictionary it refuses; going uncompressed");
                         Dictionary::Off
                     }
                     Err(e) if refused.is_none() => {
-                        tracing::warn!(%url, error = %e, "no dictionary fetched; using the embedded one");
+                        tracing::warn!(url = %redact_url(&url), error = %e, "no dictionary fetched; using the embedded one");
                         embedded(V2_DICTIONARY).map_or(Dictionary::Off, |(bytes, id)| Dictionary::Ready(bytes, id))
                     }
                     Err(e) => {
-                        tracing::warn!(%url, error = %e, "no new dictionary after a refusal; going uncompressed");
+                        tracing::warn!(url = %redact_url(&url), error = %e, "no new dictionary after a refusal; going uncompressed");
                         Dictionary::Off
                     }
                 };
@@ -313,7 +315,7 @@ impl Follower {
     fn after_connection(&mut self, delivered: u64, ended: Ended) -> Duration {
         self.status.reconnects.fetch_add(1, Ordering::Relaxed);
         let url = self.current().url.clone();
-        tracing::warn!(%url, delivered, reason = %ended, "jetstream connection ended; reconnecting");
+        tracing::warn!(url = %redact_url(&url), delivered, reason = %ended, "jetstream connection ended; reconnecting");
         if delivered > 0 {
             self.failures = 0;
             self.outage = 0;
@@ -327,7 +329,7 @@ impl Follower {
         match &ended {
             Ended::Rejected(Some(error), _) if error.error == "UnknownZstdDictionary" => {
                 // A rotation: refetch once; compression is an optimization, never a reason to stop.
-                tracing::warn!(%url, message = %error.message, "dictionary refused; refetching");
+                tracing::warn!(url = %redact_url(&url), message = %error.message, "dictionary refused; refetching");
                 let slot = &mut self.dictionaries[self.instance];
                 *slot = match slot {
                     Dictionary::Ready(_, id) => Dictionary::Fetch { refused: Some(*id) },
@@ -339,7 +341,7 @@ impl Follower {
             Ended::Rejected(Some(error), _) if error.error == "CursorTooOld" => {
                 // A timestamp cursor is clamped to the floor instead of refused: resume by time and
                 // lose only what the instance no longer has.
-                tracing::error!(%url, message = %error.message, "seq cursor below the retention floor; resuming by time");
+                tracing::error!(url = %redact_url(&url), message = %error.message, "seq cursor below the retention floor; resuming by time");
                 self.last_seq = None;
             }
             _ => {}
@@ -350,7 +352,7 @@ impl Follower {
             self.failures = 0;
             self.last_seq = None;
             self.status.instance_switches.fetch_add(1, Ordering::Relaxed);
-            tracing::warn!(to = %self.current().url, "switching jetstream instance");
+            tracing::warn!(to = %redact_url(&self.current().url), "switching jetstream instance");
         }
         self.resume = self.next_resume();
         self.backoff()
@@ -407,8 +409,9 @@ async fn fetch_dictionary(socket_url: &str) -> Result<(Arc<[u8]>, u32), String> 
     };
     let authority = rest.split('/').next().unwrap_or_default();
     let url = format!("{scheme}://{authority}{DICTIONARY_PATH}");
-    let response = HttpClient::new()
-        .get(&url, MAX_DICTIONARY_BYTES, FETCH_TIMEOUT)
+    // The operator named this instance: it is trusted, wherever it is.
+    let response = HttpClient::new(AddressPolicy::any())
+        .get(&url, Limits::new(MAX_DICTIONARY_BYTES, FETCH_TIMEOUT))
         .await
         .map_err(|e| format!("dictionary: {e}"))?;
     if !response.is_success() {

@@ -32,6 +32,7 @@ use crate::base::clock::Clock;
 use crate::index::{Index, IndexError};
 use crate::ingest::backfill::gate::SnapshotGate;
 use crate::ingest::frames::{EventKind, StreamEvent};
+use crate::model::operation::Operation;
 use crate::writer::Writer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -45,7 +46,7 @@ const ENGINE_TICK: Duration = Duration::from_millis(200);
 
 #[derive(Debug, thiserror::Error)]
 pub enum LiveError {
-    #[error("jetstream URL {url:?}: {reason}")]
+    #[error("jetstream URL {:?}: {reason}", crate::base::redact::redact_url(.url))]
     Url { url: String, reason: &'static str },
     #[error("no jetstream instance configured")]
     NoInstances,
@@ -83,6 +84,19 @@ pub struct LiveOptions {
     /// later on this data): commits are ordered against repository snapshots, and their
     /// revisions recorded in repos.db before each flush.
     pub gate: Option<Arc<SnapshotGate>>,
+    /// Told the DID of every `#identity` event (its key or PDS may have changed): the resolver
+    /// backfill uses forgets what it knew.
+    pub on_identity: Option<IdentityHook>,
+}
+
+/// What live ingest calls for an `#identity` event.
+#[derive(Clone)]
+pub struct IdentityHook(pub Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for IdentityHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("IdentityHook")
+    }
 }
 
 impl LiveOptions {
@@ -99,6 +113,7 @@ impl LiveOptions {
             max_unflushed_ms: 60_000,
             seed,
             gate: None,
+            on_identity: None,
         }
     }
 }
@@ -182,7 +197,7 @@ impl LiveIngest {
         let status = Arc::new(IngestStatus::default());
         let (events, queue) = mpsc::channel(options.queue_events.max(1));
         let resume = Resume::from_durable(index.position().cursor, options.rewind_us);
-        tracing::info!(?resume, instance = %options.instances[0].url, "starting live ingest");
+        tracing::info!(?resume, instance = %crate::base::redact::redact_url(&options.instances[0].url), "starting live ingest");
         let options = Arc::new(options);
         let socket = runtime.spawn(follow(options.clone(), resume, events, status.clone()));
         let engine_status = status.clone();
@@ -285,6 +300,9 @@ impl Engine {
 
     fn apply(&self, event: StreamEvent) -> Result<(), LiveError> {
         self.status.count(&event, (self.clock)());
+        if let (Operation::Identity { did }, Some(hook)) = (&event.operation, &self.options.on_identity) {
+            (hook.0)(did);
+        }
         // The durable cursor is the time, valid on every instance (see the module header).
         match &self.options.gate {
             Some(gate) => {
