@@ -154,7 +154,7 @@ impl FileConfig {
     }
 
     /// How a writer publishes and collects garbage, from the file (defaults for what it leaves
-    /// out). `import` publishes only when it ends, whatever the file says.
+    /// out).
     pub fn writer_options(&self) -> WriterOptions {
         let mut options = WriterOptions::default();
         if let Some(secs) = self.publish_interval_secs {

@@ -7,6 +7,7 @@ use backlinks::index::{Index, IndexError, IndexOptions};
 use backlinks::ingest::backfill::progress::BackfillProgress;
 use backlinks::ingest::backfill::{self as backfills, Backfill, Source};
 use backlinks::ingest::import_lines_with;
+use backlinks::ingest::import_progress::{Backlog, ImportProgress};
 use backlinks::ingest::live::{IdentityHook, Instance, LiveIngest, LiveOptions};
 use backlinks::ingest::read_ahead::ReadAhead;
 use backlinks::metrics::{MeteredStore, Metrics};
@@ -110,7 +111,7 @@ struct ServeArgs {
 struct ImportArgs {
     #[command(flatten)]
     common: Common,
-    /// Jetstream v1 JSON-lines file.
+    /// Jetstream v1 JSON-lines file, or `-` for standard input (a generated workload piped in).
     file: PathBuf,
 }
 
@@ -455,22 +456,32 @@ fn start_following(index: Arc<Index>, every: std::time::Duration) {
 async fn import(args: ImportArgs) -> anyhow::Result<()> {
     let setup = setup(&args.common)?;
     let index = open_index(&setup, false)?;
-    // The import publishes once, at its end; merges run on the compactor's thread meanwhile.
-    let options = WriterOptions { publish_every_ms: None, ..setup.file.writer_options() };
-    let mut writer = start_writer(&index, &setup, options).await?;
-    let file = std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?;
-    let (importing, runtime) = (index.clone(), tokio::runtime::Handle::current());
-    let (report, writer) = tokio::task::spawn_blocking(move || {
+    // Merges run on the compactor's thread; uploads and manifests go on as the import does (a
+    // task beside it ticks the writer), so local disk holds metas and the cache, not the index.
+    let writer = Arc::new(tokio::sync::Mutex::new(start_writer(&index, &setup, setup.file.writer_options()).await?));
+    let input: Box<dyn std::io::Read + Send> = match args.file.as_os_str() == "-" {
+        true => Box::new(std::io::stdin()),
+        false => Box::new(std::fs::File::open(&args.file).with_context(|| format!("opening {}", args.file.display()))?),
+    };
+    let progress = Arc::new(ImportProgress::new(unix_ms()));
+    let (stop_ticking, stopped) = tokio::sync::watch::channel(false);
+    let ticking = tokio::spawn(tick_while_importing(writer.clone(), index.clone(), progress.clone(), stopped));
+    let (importing, nudged, counted) = (index.clone(), writer.clone(), progress.clone());
+    let imported = tokio::task::spawn_blocking(move || {
         let mut after_flush = |_: &Index| {
-            writer.flushed();
-            runtime.block_on(writer.tick()).map(drop).map_err(IndexError::from)
+            nudged.blocking_lock().flushed();
+            Ok(())
         };
-        let input = ReadAhead::spawn(file, IMPORT_CHUNK_BYTES)
+        let input = ReadAhead::spawn(input, IMPORT_CHUNK_BYTES)
             .map_err(|source| IndexError::Io { path: "<input>".into(), source })?;
-        let report = import_lines_with(&importing, input, &mut after_flush)?;
-        Ok::<_, IndexError>((report, writer))
+        import_lines_with(&importing, input, &mut after_flush, &counted)
     })
-    .await??;
+    .await;
+    // Stopped between ticks, never inside one (a publish is not cut in half).
+    let _ = stop_ticking.send(true);
+    ticking.await??;
+    let report = imported??;
+    let writer = Arc::into_inner(writer).expect("the ticking task is gone").into_inner();
     let finished = writer.finish().await?;
     for (line, reason) in &report.examples {
         tracing::warn!(line, %reason, "skipped malformed line");
@@ -490,6 +501,46 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
     });
     println!("{summary}");
     Ok(())
+}
+
+/// Ticks the writer (lease, publish, GC) every second while an import runs, and shows progress:
+/// a line rewritten on a terminal, a log line every `BACKFILL_LOG_EVERY_MS` otherwise; ends
+/// between ticks once `stopped` says so.
+async fn tick_while_importing(
+    writer: Arc<tokio::sync::Mutex<Writer>>,
+    index: Arc<Index>,
+    progress: Arc<ImportProgress>,
+    mut stopped: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let mut each_second = tokio::time::interval(std::time::Duration::from_secs(1));
+    let mut last_log_ms = unix_ms();
+    loop {
+        tokio::select! {
+            _ = stopped.wait_for(|stop| *stop) => {
+                if terminal {
+                    eprintln!();
+                }
+                return Ok(());
+            }
+            _ = each_second.tick() => {}
+        }
+        if let Err(e) = writer.lock().await.tick().await {
+            tracing::error!(error = %e, "the writer failed while importing");
+            return Err(e.into());
+        }
+        let backlog = Backlog {
+            runs: index.links.runs().len() + index.thresholds.runs().len(),
+            unuploaded_bytes: index.unuploaded_bytes().unwrap_or(0),
+        };
+        let now = unix_ms();
+        if terminal {
+            eprint!("\r{}", progress.line(now, backlog));
+        } else if now.saturating_sub(last_log_ms) >= BACKFILL_LOG_EVERY_MS {
+            last_log_ms = now;
+            tracing::info!(progress = %progress.line(now, backlog), "import");
+        }
+    }
 }
 
 /// A microsecond counter in seconds, to the millisecond.

@@ -350,11 +350,13 @@ async fn background_compaction_during_ingest_keeps_answers() {
     let writer = index.clone();
     let merges = std::thread::spawn(move || {
         let text = events(1500);
-        backlinks::ingest::import_lines_with(&writer, text.as_bytes(), &mut |_| {
+        let progress = backlinks::ingest::import_progress::ImportProgress::default();
+        let nudge = &mut |_: &Index| {
             compactor.nudge();
             Ok(())
-        })
-        .unwrap();
+        };
+        backlinks::ingest::import_lines_with(&writer, text.as_bytes(), nudge, &progress).unwrap();
+        assert_eq!(progress.events.load(std::sync::atomic::Ordering::Relaxed), 1500, "every event counted");
         compactor.finish().unwrap()
     })
     .join()

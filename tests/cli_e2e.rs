@@ -190,3 +190,65 @@ fn serve_on_an_empty_data_dir_restores_from_garage() {
         "the restored server reads table data from the bucket by range"
     );
 }
+
+/// `import -` reads standard input, and uploads and publishes as it goes: while the pipe is
+/// still open (half a generated workload in), tables and a manifest are already in the bucket; at
+/// the end the index answers exactly as an import of the same file does.
+#[test]
+fn import_from_standard_input_publishes_before_its_input_ends() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let dir = tempfile::tempdir().unwrap();
+    let (piped, from_file, workload) = (dir.path().join("piped"), dir.path().join("file"), dir.path().join("w.jsonl"));
+    let generated = Command::new(env!("CARGO_BIN_EXE_backlinks-workload"))
+        .args(["--events", "20000", "--seed", "3", "--out"])
+        .arg(&workload)
+        .status()
+        .unwrap();
+    assert!(generated.success());
+    let lines = std::fs::read_to_string(&workload).unwrap();
+    let (first, second) = lines.split_at(lines[..lines.len() / 2].rfind('\n').unwrap() + 1);
+    let mut child = Command::new(support::BIN)
+        .args(["import", "-", "--data-dir"])
+        .arg(&piped)
+        .env("BACKLINKS_PUBLISH_INTERVAL_SECS", "1")
+        .env("BACKLINKS_MEMTABLE_BYTES", "65536")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(first.as_bytes()).unwrap();
+    stdin.flush().unwrap();
+    let (current, tables) = (piped.join("bucket/CURRENT"), piped.join("bucket/tables/links"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !current.exists() || std::fs::read_dir(&tables).map_or(0, |d| d.count()) == 0 {
+        assert!(Instant::now() < deadline, "nothing uploaded and published while the input was still open");
+        assert!(child.try_wait().unwrap().is_none(), "the import ended before its input did");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    stdin.write_all(second.as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let summary: Value =
+        serde_json::from_slice(out.stdout.split(|&b| b == b'\n').find(|l| !l.is_empty()).unwrap()).unwrap();
+    assert_eq!(summary["lines"], lines.lines().count(), "{summary}");
+
+    let (ok, _, stderr) = run(&["import", "--data-dir", from_file.to_str().unwrap(), workload.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let (a, b) = (Server::start(&piped), Server::start(&from_file));
+    let targets: Vec<String> = lines
+        .lines()
+        .take(2_000)
+        .filter_map(|l| {
+            serde_json::from_str::<Value>(l).ok()?["commit"]["record"]["subject"]["uri"].as_str().map(String::from)
+        })
+        .collect();
+    assert!(targets.len() > 100, "the workload links to posts");
+    for target in &targets {
+        assert_eq!(a.get(&list_path(target, "")), b.get(&list_path(target, "")), "{target}");
+    }
+}

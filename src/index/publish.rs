@@ -46,6 +46,11 @@ impl Published {
 }
 
 impl Index {
+    /// Bytes of live tables (data and meta) not yet uploaded.
+    pub fn unuploaded_bytes(&self) -> Result<u64, IndexError> {
+        Ok(self.catalog.pending_uploads()?.iter().map(|t| t.data_len + t.meta_len).sum())
+    }
+
     /// Uploads each table (checked first; data before meta) and records it as uploaded.
     async fn upload_tables(&self, records: &[TableRecord]) -> Result<(), IndexError> {
         for record in records {

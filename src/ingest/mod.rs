@@ -7,6 +7,7 @@
 
 pub mod backfill;
 pub mod frames;
+pub mod import_progress;
 pub mod repo;
 
 pub mod jetstream;
@@ -16,8 +17,9 @@ pub mod read_ahead;
 
 use crate::base::drop_flag::SetOnDrop;
 use crate::index::{Index, IndexError};
+use import_progress::ImportProgress;
 use std::io::{BufRead, Read};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::sync_channel;
 
 /// Longest accepted line; Jetstream events are a few KiB (records are capped at 1 MiB upstream).
@@ -85,10 +87,11 @@ const SKIP_PIECE_BYTES: u64 = 64 << 10;
 /// Applies every event of a Jetstream v1 JSON-lines stream in order, flushing when a memtable is
 /// full and once at the end.
 pub fn import_lines(index: &Index, reader: impl BufRead + Send) -> Result<ImportReport, IndexError> {
-    import_lines_with(index, reader, &mut |_| Ok(()))
+    import_lines_with(index, reader, &mut |_| Ok(()), &ImportProgress::default())
 }
 
-/// `import_lines`, calling `after_flush` after every flush (to compact, say). Two threads share
+/// `import_lines`, calling `after_flush` after every flush (to compact, say) and counting into
+/// `progress` as it goes. Two threads share
 /// the work: one reads, parses and finds links (`prepare`), this one writes them (the caller
 /// may read ahead on another, `read_ahead`). Each flush but the last runs on a thread of its own
 /// while writing goes on; the next flush waits for it, so at most one runs.
@@ -96,6 +99,7 @@ pub fn import_lines_with(
     index: &Index,
     reader: impl BufRead + Send,
     after_flush: &mut dyn FnMut(&Index) -> Result<(), IndexError>,
+    progress: &ImportProgress,
 ) -> Result<ImportReport, IndexError> {
     let limits = index.extract_limits().clone();
     let stop = &AtomicBool::new(false);
@@ -118,7 +122,9 @@ pub fn import_lines_with(
         let mut flushing: Option<std::thread::ScopedJoinHandle<'_, Result<usize, IndexError>>> = None;
         let mut flush_if_full = || -> Result<(), IndexError> {
             if index.wants_flush() {
-                flushes += finish_flush(flushing.take(), index, after_flush)?;
+                let finished = finish_flush(flushing.take(), index, after_flush)?;
+                flushes += finished;
+                progress.flushes.fetch_add(finished, Ordering::Relaxed);
                 let job = index.begin_flush()?;
                 flushing = Some(scope.spawn(move || job.finish()));
             }
@@ -127,6 +133,7 @@ pub fn import_lines_with(
         for batch in &filled {
             batch.apply(index, &mut flush_if_full)?;
             applied += batch.len() as u64;
+            progress.events.fetch_add(batch.len() as u64, Ordering::Relaxed);
             // The parser is gone only when it is done or failed: no batch is needed then.
             let _ = emptied.send(batch);
         }
@@ -188,10 +195,11 @@ mod tests {
         };
         let text: Vec<String> = (0..50_000).map(line).collect();
         let mut flushes = 0;
-        let result = import_lines_with(&index, text.join("\n").as_bytes(), &mut |_| {
+        let fail = &mut |_: &Index| {
             flushes += 1;
             Err(IndexError::Lease("lost the lease".into()))
-        });
+        };
+        let result = import_lines_with(&index, text.join("\n").as_bytes(), fail, &ImportProgress::default());
         assert!(matches!(result, Err(IndexError::Lease(reason)) if reason == "lost the lease"));
         assert_eq!(flushes, 1, "stopped at the first failure");
         assert!(index.position().clock < 10_000, "stopped early, at {}", index.position().clock);

@@ -92,7 +92,7 @@ impl BackfillProgress {
 }
 
 /// `3h04m`, `5m02s`, `42s`.
-fn format_duration(seconds: u64) -> String {
+pub fn format_duration(seconds: u64) -> String {
     match seconds {
         s if s >= 3600 => format!("{}h{:02}m", s / 3600, s % 3600 / 60),
         s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
