@@ -33,18 +33,7 @@ BENCH_DIR=${BENCH_DIR:-$(mktemp -d -t backlinks-bench.XXXXXX)}
 mkdir -p "$BENCH_DIR"
 echo "bench: $LINKS links in $BENCH_DIR" >&2
 
-# Private copies: builds by anyone else during the run must not change the binaries under it.
-mkdir -p "$BENCH_DIR/bin"
-if [ -n "${BENCH_BINARIES:-}" ]; then
-    cp "$BENCH_BINARIES/backlinks" "$BENCH_BINARIES/backlinks-workload" "$BENCH_BINARIES/suite" "$BENCH_DIR/bin/"
-else
-    cargo build --release --bins
-    SUITE=$(cargo bench --bench suite --no-run --message-format=json 2>/dev/null |
-        jq -r 'select(.reason == "compiler-artifact" and .target.name == "suite" and .executable != null) | .executable' |
-        tail -n 1)
-    cp target/release/backlinks target/release/backlinks-workload "$BENCH_DIR/bin/"
-    cp "$SUITE" "$BENCH_DIR/bin/suite"
-fi
+scripts/private-binaries.sh "$BENCH_DIR/bin" "${BENCH_BINARIES:-}"
 SUITE="$BENCH_DIR/bin/suite"
 BIN="$BENCH_DIR/bin/backlinks"
 WORKLOAD="$BENCH_DIR/workload.jsonl"

@@ -49,6 +49,9 @@ pub struct FileConfig {
     pub outline_cache_entries: Option<usize>,
     /// Local bytes of table data kept as a cache; colder uploaded tables are read by range.
     pub cache_bytes: Option<u64>,
+    /// Memory for the pages of the tables' metas (filter pages, frame-index chunks), per tree
+    /// (default 32 MiB): all a meta costs in memory beyond a small directory per table.
+    pub meta_cache_bytes: Option<usize>,
     /// Runs of one size tier that trigger a compaction (and that it merges).
     pub compaction_fan_in: Option<usize>,
     /// Compressed bytes per shard table of a compacted run.
@@ -190,6 +193,9 @@ impl FileConfig {
         if let Some(bytes) = self.cache_bytes {
             options.cache_bytes = bytes;
         }
+        if let Some(bytes) = self.meta_cache_bytes {
+            options.meta_cache_bytes = bounded("meta_cache_bytes", bytes, 0, 16 << 30)?;
+        }
         if let Some(fan_in) = self.compaction_fan_in {
             options.compaction.fan_in = bounded("compaction_fan_in", fan_in, 2, 64)?;
         }
@@ -310,6 +316,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("filter_fpr", EnvKind::Scalar),
     ("outline_cache_entries", EnvKind::Scalar),
     ("cache_bytes", EnvKind::Scalar),
+    ("meta_cache_bytes", EnvKind::Scalar),
     ("compaction_fan_in", EnvKind::Scalar),
     ("compaction_shard_bytes", EnvKind::Scalar),
     ("compaction_bytes_per_sec", EnvKind::Scalar),

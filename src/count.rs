@@ -21,7 +21,7 @@
 
 use crate::index::{Index, IndexError};
 use crate::lsm::entry::Entry;
-use crate::lsm::handle::TableHandle;
+use crate::lsm::handle::{ReadError, TableHandle};
 use crate::model::ids::{Backlink, RecordId};
 use crate::model::syntax::parse_target;
 use crate::outline::OutlineKind;
@@ -85,7 +85,7 @@ pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountO
     if filters.matches_nothing() {
         return Ok(Count::default());
     }
-    let scope = TargetScope::of(index, target);
+    let scope = TargetScope::of(index, target)?;
     let limit = options.exact_scan_limit.max(MIN_EXACT_SCAN_LIMIT);
     if scope.upper_bound() <= limit as u64 {
         let entries = scope.read_all(index).await?;
@@ -100,15 +100,25 @@ pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountO
     }
 }
 
-/// The frames of one table that can hold the target.
+/// The frames of one table that can hold the target, and their entry counts (read once from
+/// the frame index).
 struct TableSpan {
     table: Arc<TableHandle<Backlink>>,
     frames: Range<usize>,
+    frame_entries: Vec<u32>,
 }
 
 impl TableSpan {
+    fn of(table: Arc<TableHandle<Backlink>>, target: RecordId) -> Result<Self, ReadError> {
+        let frames = table.frames_for_key(target)?;
+        let frame_entries = table.frame_infos(frames.clone())?.iter().map(|f| f.entries).collect();
+        Ok(TableSpan { table, frames, frame_entries })
+    }
+
+    /// Entries of `frames` (table frame numbers within the span).
     fn entries(&self, frames: Range<usize>) -> u64 {
-        self.table.meta.frames[frames].iter().map(|f| u64::from(f.entries)).sum()
+        let base = self.frames.start;
+        self.frame_entries[frames.start - base..frames.end - base].iter().map(|&n| u64::from(n)).sum()
     }
 
     /// The frames to read for a sample of about `budget` entries: the first frame (it may begin
@@ -144,16 +154,17 @@ struct Sample {
 }
 
 impl TargetScope {
-    fn of(index: &Index, target: RecordId) -> Self {
+    fn of(index: &Index, target: RecordId) -> Result<Self, ReadError> {
         let (lo, hi) = (Backlink::min_for_key(target), Backlink::max_for_key(target));
         let snapshot = index.links.snapshot(&[(lo, hi)]);
-        let spans = snapshot
-            .tables_for_key(&target)
-            .into_iter()
-            .map(|table| TableSpan { frames: table.meta.frames_for_key(target), table })
-            .filter(|span| !span.frames.is_empty())
-            .collect();
-        TargetScope { target, memtable_entries: snapshot.memtable_entries, spans }
+        let mut spans = Vec::new();
+        for table in snapshot.tables_for_key(&target) {
+            let span = TableSpan::of(table, target)?;
+            if !span.frames.is_empty() {
+                spans.push(span);
+            }
+        }
+        Ok(TargetScope { target, memtable_entries: snapshot.memtable_entries, spans })
     }
 
     /// Entries that may belong to the target, from metadata alone (boundary frames counted whole).
@@ -394,7 +405,7 @@ mod tests {
         }
         index.flush().unwrap();
         let target = index.lookup_target(&parse_target(POST).unwrap()).unwrap().unwrap();
-        let scope = TargetScope::of(&index, target);
+        let scope = TargetScope::of(&index, target).unwrap();
         assert_eq!(scope.spans.len(), 1);
         let span = &scope.spans[0];
         let n = span.frames.len();

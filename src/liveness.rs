@@ -183,8 +183,8 @@ pub async fn read_thresholds(
     let snapshot = thresholds.snapshot(&ranges);
     let mut reads = Vec::new();
     for (table, keys) in snapshot.tables_for_keys(keys) {
-        let frames = keys.iter().map(|key| table.meta.frames_for_key(*key));
-        for frames in coalesce(frames.collect()) {
+        let frames = keys.iter().map(|key| table.frames_for_key(*key)).collect::<Result<Vec<_>, _>>()?;
+        for frames in coalesce(frames) {
             reads.push((table.clone(), frames, keys.clone()));
         }
     }

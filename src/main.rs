@@ -390,6 +390,7 @@ fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
     set("zstd_level", i64::from(engine.table.zstd_level).into());
     set("filter_fpr", engine.table.filter_fpr.into());
     set("outline_cache_entries", (engine.outline_cache_entries as i64).into());
+    set("meta_cache_bytes", (engine.meta_cache_bytes as i64).into());
     set("max_concurrent_queries", (server.max_concurrent_queries as i64).into());
     set("request_timeout_ms", (server.request_timeout.as_millis() as i64).into());
     set("max_connections", (server.max_connections as i64).into());
@@ -498,6 +499,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         "compactionSeconds": seconds(&index.counters.compaction_micros),
         "clock": index.position().clock,
         "manifest": finished.manifest,
+        "runs": index.links.runs().len() + index.thresholds.runs().len(),
     });
     println!("{summary}");
     Ok(())
@@ -538,7 +540,8 @@ async fn tick_while_importing(
             eprint!("\r{}", progress.line(now, backlog));
         } else if now.saturating_sub(last_log_ms) >= BACKFILL_LOG_EVERY_MS {
             last_log_ms = now;
-            tracing::info!(progress = %progress.line(now, backlog), "import");
+            let (events, elapsed_ms) = progress.figures(now);
+            tracing::info!(progress = %progress.line(now, backlog), events, elapsed_ms, "import");
         }
     }
 }

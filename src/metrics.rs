@@ -242,27 +242,38 @@ fn index_registry(index: &Index) -> Registry {
     let frame_hits: Family<TreeLabel, Counter> = Family::default();
     let frame_misses: Family<TreeLabel, Counter> = Family::default();
     let frame_bytes: Family<TreeLabel, Gauge> = Family::default();
-    for (tree, cache_hits, cache_misses, bytes) in [
+    let meta_hits: Family<TreeLabel, Counter> = Family::default();
+    let meta_misses: Family<TreeLabel, Counter> = Family::default();
+    let meta_bytes: Family<TreeLabel, Gauge> = Family::default();
+    // (hits, misses, bytes) of each tree's frame cache and meta cache.
+    let figures = |(hits, misses): (u64, u64), bytes: usize| (hits, misses, bytes as i64);
+    let trees = [
         (
             Backlink::TREE.name(),
-            &index.links.frame_cache.hits,
-            &index.links.frame_cache.misses,
-            index.links.frame_cache.bytes(),
+            figures(index.links.frame_cache.hits_and_misses(), index.links.frame_cache.bytes()),
+            figures(index.links.meta_cache.hits_and_misses(), index.links.meta_cache.bytes()),
         ),
         (
             Revocation::TREE.name(),
-            &index.thresholds.frame_cache.hits,
-            &index.thresholds.frame_cache.misses,
-            index.thresholds.frame_cache.bytes(),
+            figures(index.thresholds.frame_cache.hits_and_misses(), index.thresholds.frame_cache.bytes()),
+            figures(index.thresholds.meta_cache.hits_and_misses(), index.thresholds.meta_cache.bytes()),
         ),
-    ] {
-        frame_hits.get_or_create(&TreeLabel { tree }).inc_by(read(cache_hits));
-        frame_misses.get_or_create(&TreeLabel { tree }).inc_by(read(cache_misses));
-        frame_bytes.get_or_create(&TreeLabel { tree }).set(bytes as i64);
+    ];
+    for (tree, frames, metas) in trees {
+        let label = TreeLabel { tree };
+        frame_hits.get_or_create(&label).inc_by(frames.0);
+        frame_misses.get_or_create(&label).inc_by(frames.1);
+        frame_bytes.get_or_create(&label).set(frames.2);
+        meta_hits.get_or_create(&label).inc_by(metas.0);
+        meta_misses.get_or_create(&label).inc_by(metas.1);
+        meta_bytes.get_or_create(&label).set(metas.2);
     }
     registry.register("frame_cache_hits", "Frame reads served decoded from memory, by tree", frame_hits);
     registry.register("frame_cache_misses", "Frame reads that had to read and decode, by tree", frame_misses);
     registry.register("frame_cache_bytes", "Bytes of decoded frames held in memory, by tree", frame_bytes);
+    registry.register("meta_cache_hits", "Meta page reads served from memory, by tree", meta_hits);
+    registry.register("meta_cache_misses", "Meta page reads from the local meta file, by tree", meta_misses);
+    registry.register("meta_cache_bytes", "Bytes of meta pages held in memory, by tree", meta_bytes);
     let skipped: Family<ReasonLabel, Counter> = Family::default();
     for (reason, value) in [
         ("collection_only", &counters.links_collection_only),

@@ -346,13 +346,16 @@ struct Plan {
 }
 
 /// Picks the frames of `table` that hold the first `want` entries of the pass.
-fn plan_table(table: &Arc<TableHandle<Backlink>>, pass: &Pass, want: usize) -> Option<Plan> {
+fn plan_table(table: &Arc<TableHandle<Backlink>>, pass: &Pass, want: usize) -> Result<Option<Plan>, ReadError> {
     let (lo, hi) = pass.bounds();
-    let all = table.meta.frames_overlapping(&lo, &hi);
+    let all = table.frames_overlapping(&lo, &hi)?;
     if all.is_empty() {
-        return None;
+        return Ok(None);
     }
-    let frames = &table.meta.frames;
+    // The index records of the frames overlapping the pass, and of the one after them.
+    let window =
+        FrameWindow { base: all.start, infos: table.frame_infos(all.start..(all.end + 1).min(table.frame_count()))? };
+    let frames = &window;
     let mut taken = 0usize;
     let mut range = if pass.reverse { all.start..all.start } else { all.end..all.end };
     while taken < want && range.len() < all.len() {
@@ -370,19 +373,36 @@ fn plan_table(table: &Arc<TableHandle<Backlink>>, pass: &Pass, want: usize) -> O
             .filter(|f| range.end < all.end && f.first.target == pass.target)
             .map(|f| Horizon::Below(Cursor::of(&f.first)))
     } else {
-        let first = &frames[range.start].first;
+        let first = &frames.at(range.start).first;
         (range.start > all.start && first.target == pass.target).then(|| Horizon::AtLeast(Cursor::of(first)))
     };
-    Some(Plan { table: table.clone(), frames: range, horizon })
+    Ok(Some(Plan { table: table.clone(), frames: range, horizon }))
+}
+
+/// Index records of consecutive frames, addressed by table frame number.
+struct FrameWindow {
+    base: usize,
+    infos: Vec<FrameInfo<Backlink>>,
+}
+
+impl FrameWindow {
+    fn get(&self, i: usize) -> Option<&FrameInfo<Backlink>> {
+        i.checked_sub(self.base).and_then(|at| self.infos.get(at))
+    }
+
+    fn at(&self, i: usize) -> &FrameInfo<Backlink> {
+        self.get(i).expect("a frame inside the window")
+    }
 }
 
 /// The entries of frame `i` that are certainly `target`'s: all of them when the frame starts with
 /// the target and the next frame continues it; none counted otherwise. A frame shared with other
 /// targets may hold as few as one of the target's entries, and counting it whole would end the
 /// plan early and cost the page another pass (two more serial rounds).
-fn whole_target_entries(frames: &[FrameInfo<Backlink>], i: usize, target: RecordId) -> usize {
+fn whole_target_entries(frames: &FrameWindow, i: usize, target: RecordId) -> usize {
     let next_continues = frames.get(i + 1).is_some_and(|next| next.continues && next.first.target == target);
-    if frames[i].first.target == target && next_continues { frames[i].entries as usize } else { 0 }
+    let frame = frames.at(i);
+    if frame.first.target == target && next_continues { frame.entries as usize } else { 0 }
 }
 
 /// Round 1: candidate backlinks of the pass (freshest per position) and the horizon reached.
@@ -394,7 +414,10 @@ async fn read_candidates(
     let (lo, hi) = pass.bounds();
     let snapshot = index.links.snapshot(&[(lo, hi)]);
     let tables = snapshot.tables_for_key(&pass.target);
-    let plans: Vec<Plan> = tables.iter().filter_map(|table| plan_table(table, pass, want)).collect();
+    let mut plans: Vec<Plan> = Vec::new();
+    for table in &tables {
+        plans.extend(plan_table(table, pass, want)?);
+    }
     let store = index.store.as_ref();
     let reads = futures::future::try_join_all(
         plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone())),
@@ -559,7 +582,10 @@ mod tests {
             entries: 1000,
         };
         // other | target.. | target (continued) .. other | other
-        let frames = [frame(other, false), frame(target, false), frame(target, true), frame(other, false)];
+        let frames = FrameWindow {
+            base: 0,
+            infos: vec![frame(other, false), frame(target, false), frame(target, true), frame(other, false)],
+        };
         assert_eq!(whole_target_entries(&frames, 0, target), 0, "another target's frame");
         assert_eq!(whole_target_entries(&frames, 1, target), 1000, "filled by the target up to the next frame");
         assert_eq!(whole_target_entries(&frames, 2, target), 0, "shared with the next target");

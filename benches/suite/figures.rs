@@ -110,14 +110,14 @@ pub fn filter(data_dir: &Path, probes: usize) -> anyhow::Result<serde_json::Valu
     let mut state = 11;
     let keys: Vec<[u8; 24]> = (0..probes).map(|_| absent_key(&mut state).to_bytes()).collect();
     let hashes: Vec<KeyHash> = keys.iter().map(|k| KeyHash::of(k)).collect();
-    let prehashed = |table: &TableHandle<Backlink>| hashes.iter().filter(|h| table.meta.may_contain(**h)).count();
+    let prehashed = |table: &TableHandle<Backlink>| hashes.iter().filter(|h| table.may_contain(**h)).count();
     let hashing =
-        |table: &TableHandle<Backlink>| keys.iter().filter(|k| table.meta.may_contain(KeyHash::of(&k[..]))).count();
+        |table: &TableHandle<Backlink>| keys.iter().filter(|k| table.may_contain(KeyHash::of(&k[..]))).count();
     // As a query probes its keys: a batch's filter lines all requested first, then tested.
     let prefetched = |table: &TableHandle<Backlink>| {
         let batch = |hashes: &[KeyHash]| {
-            hashes.iter().for_each(|h| table.meta.prefetch(*h));
-            hashes.iter().filter(|h| table.meta.may_contain(**h)).count()
+            hashes.iter().for_each(|h| table.prefetch(*h));
+            hashes.iter().filter(|h| table.may_contain(**h)).count()
         };
         hashes.chunks(PREFETCH_BATCH).map(batch).sum::<usize>()
     };
@@ -135,7 +135,7 @@ pub fn filter(data_dir: &Path, probes: usize) -> anyhow::Result<serde_json::Valu
     let (prefetched_ns, prefetched_cpu_ns) = per_lookup(prefetched_ns);
     let target = IndexOptions::default().table.filter_fpr;
     let measured = positives as f64 / (probes * tables.len()) as f64;
-    let filter_bytes: usize = tables.iter().map(|t| t.meta.filter.encoded_len()).sum();
+    let filter_bytes: usize = tables.iter().map(|t| t.filter_bytes()).sum();
     let entries: u64 = tables.iter().map(|t| t.record.entries).sum();
     Ok(serde_json::json!({
         "tables": tables.len(), "probes_per_table": probes, "filter_bytes": filter_bytes, "entries": entries,

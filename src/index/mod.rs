@@ -48,7 +48,7 @@ use crate::extract::ExtractLimits;
 use crate::lsm::compaction::CompactionOptions;
 use crate::lsm::handle::ReadError;
 use crate::lsm::table::TableOptions;
-use crate::lsm::tree::{TableFiles, Tree};
+use crate::lsm::tree::{TableFiles, Tree, TreeCaches};
 use crate::model::account::AccountState;
 use crate::model::ids::{Backlink, Revocation, TreeKind};
 use crate::outline::{OutlineKind, OutlineOptions, Outlines};
@@ -60,6 +60,9 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+
+/// Default of `IndexOptions::meta_cache_bytes`.
+pub const DEFAULT_META_CACHE_BYTES: usize = 32 << 20;
 
 #[derive(Debug, Clone)]
 pub struct IndexOptions {
@@ -73,6 +76,9 @@ pub struct IndexOptions {
     pub cache_bytes: u64,
     /// Memory for decoded frames, per tree (warm queries skip the read and the decode).
     pub frame_cache_bytes: usize,
+    /// Memory for the pages of paged metas (filter pages, frame-index chunks), per tree: the
+    /// only part of the metas held beyond a small directory per table.
+    pub meta_cache_bytes: usize,
     /// Open without taking the writer lock (for `backlinks query` next to a running server).
     /// Such an index must not be written to.
     pub read_only: bool,
@@ -88,6 +94,7 @@ impl Default for IndexOptions {
             compaction: CompactionOptions::default(),
             cache_bytes: 4 << 30,
             frame_cache_bytes: 64 << 20,
+            meta_cache_bytes: DEFAULT_META_CACHE_BYTES,
             read_only: false,
         }
     }
@@ -196,10 +203,10 @@ impl Index {
         )?;
         let catalog = Catalog::open(&data_dir.join("state").join("state.db"))?;
         let tables_dir = data_dir.join("state").join("tables");
-        let frame_cache = options.frame_cache_bytes;
-        let links = Tree::new(tables_dir.join(TreeKind::Links.name()), options.table.clone(), frame_cache)
+        let caches = TreeCaches { frame_bytes: options.frame_cache_bytes, meta_bytes: options.meta_cache_bytes };
+        let links = Tree::new(tables_dir.join(TreeKind::Links.name()), options.table.clone(), caches)
             .map_err(io_err(&tables_dir))?;
-        let thresholds = Tree::new(tables_dir.join(TreeKind::Thresholds.name()), options.table.clone(), frame_cache)
+        let thresholds = Tree::new(tables_dir.join(TreeKind::Thresholds.name()), options.table.clone(), caches)
             .map_err(io_err(&tables_dir))?;
         if lock.is_some() {
             // Files of tables a crash wrote but never committed; nothing else writes yet.

@@ -31,6 +31,11 @@ impl ImportProgress {
         ImportProgress { started_ms: AtomicU64::new(now_ms), ..ImportProgress::default() }
     }
 
+    /// Events so far and milliseconds since the start (for log lines a script reads).
+    pub fn figures(&self, now_ms: u64) -> (u64, u64) {
+        (self.events.load(Ordering::Relaxed), now_ms.saturating_sub(self.started_ms.load(Ordering::Relaxed)))
+    }
+
     /// `1234567 events in 1m02s (19912 events/s), 12 flushes, 9 runs, 48.0 MiB not uploaded`
     pub fn line(&self, now_ms: u64, backlog: Backlog) -> String {
         let events = self.events.load(Ordering::Relaxed);

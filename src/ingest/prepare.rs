@@ -319,9 +319,10 @@ mod tests {
     fn everything<E: crate::lsm::entry::Entry>(tree: &crate::lsm::tree::Tree<E>) -> Vec<E> {
         let mut entries = Vec::new();
         for table in tree.tables() {
+            let meta = std::fs::read(tree.local_path(&table.record.id, "meta")).unwrap();
+            let meta = crate::lsm::table::TableMeta::<E>::decode(&meta).unwrap();
             let data = std::fs::read(tree.local_path(&table.record.id, "data")).unwrap();
-            let frames = 0..table.meta.frames.len();
-            crate::lsm::table::decode_frames(&table.meta, frames, &data, &mut entries).unwrap();
+            crate::lsm::table::decode_frames(&meta, 0..meta.frames.len(), &data, &mut entries).unwrap();
         }
         entries
     }

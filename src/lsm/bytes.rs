@@ -23,6 +23,9 @@ pub enum FormatError {
     OutOfRange { what: &'static str, field: &'static str, value: u64, min: u64, max: u64 },
     #[error("{what}: {detail}")]
     Invalid { what: &'static str, detail: String },
+    /// The bytes could not be read at all (a paged read of a local file failed): not corruption.
+    #[error("{what}: unreadable: {detail}")]
+    Unreadable { what: &'static str, detail: String },
 }
 
 /// Bytes of the xxh3-64 checksum that ends every frame and meta file.

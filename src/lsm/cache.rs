@@ -1,16 +1,20 @@
-//! Decoded frames, kept in memory for warm queries: a hit skips the read and the zstd decode.
+//! What readers keep in memory between queries, within a byte budget: decoded frames (a hit skips
+//! the read and the zstd decode) and the pages of paged metas (`table::MetaCache`: filter pages
+//! and frame-index chunks; a meta is never resident whole, so memory does not grow with the index).
 //!
 //! Invariants:
-//! - Bounded: the entries held never exceed `capacity_bytes` (counted as decoded entry bytes);
-//!   the oldest insertions go first (FIFO: cheap, and a hot frame is simply read again).
-//! - A key is (table serial, frame index); serials are unique per process and never reused, so
-//!   a frame of a retired table can never be served for another table. Retired tables' frames
-//!   age out like any other.
-//! - Only frames that decoded and passed their checksums are inserted.
+//! - Bounded: the values held never exceed `capacity_bytes` (counted by `CacheValue::bytes`)
+//!   but for the moment of an insert racing another (each frees room before it adds): a key has
+//!   one set of `WAYS` slots, a newer value replaces the older one of its key or else the set's
+//!   oldest, and a clock hand frees room when the budget needs it (cheap, and a hot value is
+//!   simply read again).
+//! - A key is (table serial, index); serials are unique per process and never reused, so a value
+//!   of a retired table can never be served for another table. Retired tables' values age out
+//!   like any other.
+//! - Only values that decoded and passed their checksums are inserted.
 
 use crate::lsm::entry::Entry;
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Source of table serials (cache keys).
@@ -23,58 +27,126 @@ pub fn next_serial() -> u64 {
 
 type Key = (u64, u32);
 
-#[derive(Debug)]
-struct Inner<E> {
-    frames: HashMap<Key, Arc<[E]>>,
-    order: VecDeque<Key>,
-    bytes: usize,
+/// A value a `BudgetCache` holds: cheap to clone, and the memory it stands for.
+pub trait CacheValue: Clone {
+    fn bytes(&self) -> usize;
 }
 
+impl<E: Entry> CacheValue for Arc<[E]> {
+    fn bytes(&self) -> usize {
+        std::mem::size_of_val(self.as_ref())
+    }
+}
+
+/// Values per set: a key may live in any slot of the one set its hash names.
+const WAYS: usize = 4;
+
+/// One set: up to `WAYS` keyed values, and which slot the next insert replaces when all are
+/// taken (round robin: the oldest insertion of the set).
 #[derive(Debug)]
-pub struct FrameCache<E: Entry> {
+struct Set<V> {
+    slots: [Option<(Key, V)>; WAYS],
+    next: usize,
+    /// Lookups of this set that found their key, and that did not: counted under the set's lock
+    /// (a shared counter would be one more cache line every reader writes).
+    hits: u64,
+    misses: u64,
+}
+
+/// A set-associative cache: a key lives in one of the `WAYS` slots of the set its hash names,
+/// each set behind its own lock (readers of different sets never wait for each other, and a hit
+/// takes one short, uncontended lock). When the values' bytes would pass the budget, a clock
+/// hand empties sets in turn until the new value fits.
+#[derive(Debug)]
+pub struct BudgetCache<V> {
     capacity_bytes: usize,
-    inner: Mutex<Inner<E>>,
-    pub hits: AtomicU64,
-    pub misses: AtomicU64,
+    sets: Box<[Mutex<Set<V>>]>,
+    bytes: AtomicUsize,
+    hand: AtomicUsize,
 }
 
-impl<E: Entry> FrameCache<E> {
+/// Decoded frames of a tree's tables.
+pub type FrameCache<E> = BudgetCache<Arc<[E]>>;
+
+/// Bytes per slot the cache is sized for (a meta page; a frame is up to four times that, and a
+/// cache of them simply holds fewer values than slots).
+const TYPICAL_VALUE_BYTES: usize = 4 << 10;
+const MAX_SETS: usize = 1 << 20;
+
+impl<V: CacheValue> BudgetCache<V> {
     pub fn new(capacity_bytes: usize) -> Self {
-        let inner = Inner { frames: HashMap::new(), order: VecDeque::new(), bytes: 0 };
-        FrameCache { capacity_bytes, inner: Mutex::new(inner), hits: AtomicU64::new(0), misses: AtomicU64::new(0) }
+        let sets = (capacity_bytes / TYPICAL_VALUE_BYTES / WAYS).clamp(1, MAX_SETS).next_power_of_two();
+        let empty = || Mutex::new(Set { slots: std::array::from_fn(|_| None), next: 0, hits: 0, misses: 0 });
+        let sets = (0..sets).map(|_| empty()).collect();
+        BudgetCache { capacity_bytes, sets, bytes: AtomicUsize::new(0), hand: AtomicUsize::new(0) }
     }
 
-    /// The frame if cached.
-    pub fn get(&self, serial: u64, frame: u32) -> Option<Arc<[E]>> {
-        let found = self.inner.lock().expect("frame cache poisoned").frames.get(&(serial, frame)).cloned();
-        let counter = if found.is_some() { &self.hits } else { &self.misses };
-        counter.fetch_add(1, Ordering::Relaxed);
+    fn set_of(&self, key: Key) -> &Mutex<Set<V>> {
+        // Fibonacci hashing of both halves: serials and indexes are small consecutive numbers.
+        let mixed = key.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(key.1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
+        &self.sets[(mixed >> 32) as usize & (self.sets.len() - 1)]
+    }
+
+    /// The value if cached.
+    pub fn get(&self, serial: u64, index: u32) -> Option<V> {
+        self.with(serial, index, V::clone)
+    }
+
+    /// `f` of the value if cached, without cloning it (the set stays locked meanwhile: `f` must
+    /// be short).
+    pub fn with<T>(&self, serial: u64, index: u32, f: impl FnOnce(&V) -> T) -> Option<T> {
+        let key = (serial, index);
+        let mut set = self.set_of(key).lock().expect("cache poisoned");
+        let found = set.slots.iter().flatten().find(|(k, _)| *k == key).map(|(_, value)| f(value));
+        match found.is_some() {
+            true => set.hits += 1,
+            false => set.misses += 1,
+        }
         found
     }
 
-    /// Keeps a decoded frame, evicting the oldest ones to stay within the capacity.
-    pub fn insert(&self, serial: u64, frame: u32, entries: Arc<[E]>) {
-        let size = std::mem::size_of_val(entries.as_ref());
+    /// Keeps a value (replacing one of the same key, else the set's oldest), emptying other sets
+    /// in turn first if the budget needs it.
+    pub fn insert(&self, serial: u64, index: u32, value: V) {
+        let (key, size) = ((serial, index), value.bytes());
         if size > self.capacity_bytes {
             return;
         }
-        let mut inner = self.inner.lock().expect("frame cache poisoned");
-        if inner.frames.insert((serial, frame), entries).is_some() {
-            return; // another reader decoded it too; same bytes, already counted
-        }
-        inner.order.push_back((serial, frame));
-        inner.bytes += size;
-        while inner.bytes > self.capacity_bytes {
-            let Some(oldest) = inner.order.pop_front() else { break };
-            if let Some(evicted) = inner.frames.remove(&oldest) {
-                inner.bytes -= std::mem::size_of_val(evicted.as_ref());
+        // Room for the new value: empty sets in clock order until it fits. Each turn frees a
+        // set or passes an empty one; a full turn over all of them frees everything.
+        for _ in 0..self.sets.len() {
+            if self.bytes.load(Ordering::Acquire) + size <= self.capacity_bytes {
+                break;
+            }
+            let hand = self.hand.fetch_add(1, Ordering::Relaxed) & (self.sets.len() - 1);
+            let mut set = self.sets[hand].lock().expect("cache poisoned");
+            for (_, old) in set.slots.iter_mut().filter_map(Option::take) {
+                self.bytes.fetch_sub(old.bytes(), Ordering::AcqRel);
             }
         }
-        assert!(inner.bytes <= self.capacity_bytes, "frame cache over its capacity");
+        let mut set = self.set_of(key).lock().expect("cache poisoned");
+        let at = match set.slots.iter().position(|slot| slot.as_ref().is_some_and(|(k, _)| *k == key)) {
+            Some(at) => at,
+            None => set.slots.iter().position(Option::is_none).unwrap_or_else(|| {
+                let at = set.next;
+                set.next = (at + 1) % WAYS;
+                at
+            }),
+        };
+        if let Some((_, old)) = set.slots[at].replace((key, value)) {
+            self.bytes.fetch_sub(old.bytes(), Ordering::AcqRel);
+        }
+        self.bytes.fetch_add(size, Ordering::AcqRel);
     }
 
     pub fn bytes(&self) -> usize {
-        self.inner.lock().expect("frame cache poisoned").bytes
+        self.bytes.load(Ordering::Acquire)
+    }
+
+    /// Lookups that found their key, and that did not, since the cache was made.
+    pub fn hits_and_misses(&self) -> (u64, u64) {
+        let sets = self.sets.iter().map(|set| set.lock().expect("cache poisoned"));
+        sets.fold((0, 0), |(hits, misses), set| (hits + set.hits, misses + set.misses))
     }
 }
 
@@ -88,19 +160,40 @@ mod tests {
     }
 
     #[test]
-    fn stays_within_capacity_and_evicts_oldest_first() {
+    fn stays_within_capacity() {
         let cache = FrameCache::new(32 * 10);
         cache.insert(1, 0, frame(4));
+        assert_eq!(cache.get(1, 0).unwrap().len(), 4);
         cache.insert(1, 1, frame(4));
-        assert_eq!(cache.bytes(), 32 * 8);
-        cache.insert(2, 0, frame(4)); // 12 entries > 10: the oldest goes
-        assert!(cache.get(1, 0).is_none());
-        assert_eq!(cache.get(1, 1).unwrap().len(), 4);
-        assert_eq!(cache.get(2, 0).unwrap().len(), 4);
-        assert_eq!(cache.bytes(), 32 * 8);
+        cache.insert(2, 0, frame(4)); // 12 entries > 10: room is made
+        assert!(cache.bytes() <= 32 * 10);
+        assert_eq!(cache.get(2, 0).unwrap().len(), 4, "the newest value is kept");
         cache.insert(3, 0, frame(11)); // larger than the whole cache: not kept
         assert!(cache.get(3, 0).is_none());
-        assert_eq!((cache.hits.load(Ordering::Relaxed), cache.misses.load(Ordering::Relaxed)), (2, 2));
+        assert_eq!(cache.hits_and_misses(), (2, 1));
+        // Values of the size slots are made for (4 KiB): 256 fit in 1 MiB.
+        let big: FrameCache<Revocation> = BudgetCache::new(1 << 20);
+        for i in 0..1_000u32 {
+            big.insert(u64::from(i % 7), i, frame(128));
+            assert!(big.bytes() <= 1 << 20);
+        }
+        let kept = (0..1_000u32).filter(|&i| big.get(u64::from(i % 7), i).is_some()).count();
+        assert!((150..=256).contains(&kept), "a full cache keeps about what fits: {kept}");
+        assert_eq!(big.with(9, 9, |v| v.len()), None);
+    }
+
+    #[test]
+    fn a_key_is_replaced_and_never_confused_with_another() {
+        let cache = FrameCache::new(1 << 20);
+        cache.insert(5, 1, frame(2));
+        cache.insert(5, 1, frame(3));
+        assert_eq!(cache.get(5, 1).unwrap().len(), 3);
+        assert_eq!(cache.bytes(), 32 * 3);
+        for i in 0..1_000u32 {
+            if let Some(found) = cache.get(6, i) {
+                panic!("key (6, {i}) found {found:?}");
+            }
+        }
     }
 
     #[test]

@@ -174,7 +174,7 @@ pub fn merge<E: Entry>(
         }
         pending = Some(entry);
         if output.entries_in.is_multiple_of(65_536) {
-            pacer.wait(scans.iter().map(|s| s.bytes_read()).sum());
+            pacer.wait(scans.iter().map(|s| s.bytes_read()).sum::<Result<u64, _>>()?);
         }
     }
     if let Some(last) = pending {

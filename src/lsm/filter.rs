@@ -137,7 +137,7 @@ impl KeyHash {
 
     /// Multiply-shift: maps the high 64 bits uniformly onto `0..blocks` without a division.
     #[inline]
-    fn block_index(self, blocks: usize) -> usize {
+    pub fn block_index(self, blocks: usize) -> usize {
         let high = self.0 >> 64;
         ((high * blocks as u128) >> 64) as usize
     }
@@ -327,6 +327,29 @@ impl Filter {
         assert_eq!(blocks.len(), shape.blocks);
         Ok(Filter { k: shape.k, blocks })
     }
+}
+
+/// `Filter::may_contain` on one block as encoded (64 bytes, `Filter::encode`'s order): a paged
+/// meta reads only the block a key falls in (`KeyHash::block_index`), never the whole filter.
+pub fn encoded_block_may_contain(k: usize, encoded_block: &[u8], h: KeyHash) -> bool {
+    assert_eq!(encoded_block.len(), BLOCK_BYTES);
+    let folded = h.folded_low();
+    // Words are little-endian, so bit b of the block is bit b % 8 of byte b / 8.
+    let bit = |b: u32| encoded_block[(b / 8) as usize] & (1 << (b % 8)) != 0;
+    parts(k.clamp(1, MAX_K)).iter().fold(true, |all, part| all & bit(part.bit_for(folded)))
+}
+
+/// A filter from its shape and its encoded blocks (the body `Filter::encode` writes after its
+/// header), checked as `decode` checks a whole encoding.
+pub fn from_blocks(shape: FilterShape, blocks: &[u8]) -> Result<Filter, FormatError> {
+    let mut encoded = Vec::with_capacity(HEADER_LEN + blocks.len());
+    encoded.extend_from_slice(&MAGIC);
+    encoded.push(VERSION);
+    encoded.push(shape.k.min(u8::MAX as usize) as u8);
+    encoded.extend_from_slice(&[0, 0]);
+    encoded.extend_from_slice(&(shape.blocks.min(u32::MAX as usize) as u32).to_le_bytes());
+    encoded.extend_from_slice(blocks);
+    Filter::decode(&encoded)
 }
 
 /// Checks everything but the block contents, including the exact total length.

@@ -1,5 +1,7 @@
-//! An open table: its catalog record, its decoded meta, its local data file while cached, and
-//! the reads of its frames (from the frame cache, the local file, or the bucket by range).
+//! An open table: its catalog record, its meta (paged for version 4: a directory in memory and
+//! pages read through the tree's meta cache; whole for the versions before), its local data file
+//! while cached, and the reads of its frames (from the frame cache, the local file, or the bucket
+//! by range).
 //!
 //! Invariants:
 //! - Entries reach a reader only from frames that passed their checksums. A corrupt frame is
@@ -7,12 +9,17 @@
 //!   a corrupt local copy of an uploaded table is deleted and the read served from the bucket
 //!   (a table not yet uploaded exists nowhere else, so its local copy is never deleted).
 //! - A read fetches one contiguous byte range: the frames asked for, coalesced.
+//! - A filter page that cannot be read answers "may contain" and is reported: the filter only
+//!   saves reads, so a bad page costs a read, never an answer. Every other meta read that fails
+//!   fails the lookup with an error naming the meta file.
 
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
 use crate::lsm::cache::{FrameCache, next_serial};
 use crate::lsm::entry::Entry;
+use crate::lsm::filter::KeyHash;
 use crate::lsm::record::TableRecord;
-use crate::lsm::table::{FormatError, TableMeta, decode_frames};
+use crate::lsm::table::{FormatError, FrameInfo, FrameSpan, MetaCache, PageSource, PagedMeta, TableMeta, decode_span};
+use crate::model::ids::RecordId;
 use crate::model::ids::TreeKind;
 use crate::store::object::{Store, StoreError};
 use bytes::Bytes;
@@ -50,11 +57,22 @@ pub enum ReadError {
     Store(#[from] StoreError),
 }
 
-/// One table: its catalog record, its decoded meta, and (when cached locally) its data file.
+/// A table's meta as its handle holds it: whole (versions 1 to 3, written before paged metas)
+/// or paged (version 4).
+#[derive(Debug)]
+enum MetaView<E: Entry> {
+    Resident(TableMeta<E>),
+    Paged(PagedMeta<E>),
+}
+
+/// The version field of a meta file (bytes 4..6).
+const META_VERSION_AT: std::ops::Range<usize> = 4..6;
+
+/// One table: its catalog record, its meta, and (when cached locally) its data file.
 #[derive(Debug)]
 pub struct TableHandle<E: Entry> {
     pub record: TableRecord,
-    pub meta: TableMeta<E>,
+    meta: MetaView<E>,
     /// The local copy of the data file, while cached (`None`: read by range from the bucket).
     local_data: RwLock<Option<Arc<File>>>,
     /// Where the local copy of the data file lives (while cached).
@@ -75,21 +93,29 @@ pub static LOCAL_READS: AtomicU64 = AtomicU64::new(0);
 pub static BUCKET_READS: AtomicU64 = AtomicU64::new(0);
 
 impl<E: Entry> TableHandle<E> {
-    /// Opens a table whose meta is at `meta_path` (decoded and checked now); its data file at
-    /// `data_path` is used while it exists (else the table is read from the bucket).
+    /// Opens a table whose meta is at `meta_path` (a paged meta's header and directory read and
+    /// checked now, an older meta decoded whole); its data file at `data_path` is used while it
+    /// exists (else the table is read from the bucket).
     pub fn open(
         record: TableRecord,
         meta_path: &Path,
         data_path: PathBuf,
-        frame_cache: Arc<FrameCache<E>>,
+        (frame_cache, meta_cache): (Arc<FrameCache<E>>, Arc<MetaCache<E>>),
     ) -> Result<Self, ReadError> {
-        let object = table_key(E::TREE, &record.id, "meta");
-        let bytes = std::fs::read(meta_path).map_err(|source| ReadError::Io { object: object.clone(), source })?;
-        let meta = TableMeta::decode(&bytes).map_err(|source| {
-            let object = format!("{object} (local copy {})", meta_path.display());
-            report_corruption(ObjectKind::Meta, Place::Local, &object, &source);
-            ReadError::Corrupt { object, source }
-        })?;
+        let object = format!("{} (local copy {})", table_key(E::TREE, &record.id, "meta"), meta_path.display());
+        let io = |source| ReadError::Io { object: object.clone(), source };
+        let serial = next_serial();
+        let mut file = File::open(meta_path).map_err(io)?;
+        let mut version = [0u8; 6];
+        let paged = match std::io::Read::read_exact(&mut file, &mut version) {
+            Ok(()) => version[META_VERSION_AT] == crate::lsm::table::META_PAGED_VERSION.to_le_bytes(),
+            Err(_) => false, // too short for any version: the whole decode says so
+        };
+        let meta = match paged {
+            true => PagedMeta::open(PageSource::File(file), meta_cache, serial).map(MetaView::Paged),
+            false => TableMeta::decode(&std::fs::read(meta_path).map_err(io)?).map(MetaView::Resident),
+        };
+        let meta = meta.map_err(|source| meta_error(&object, source))?;
         let local_data = File::open(&data_path).ok().map(Arc::new);
         Ok(TableHandle {
             uploaded: AtomicBool::new(record.uploaded),
@@ -99,8 +125,95 @@ impl<E: Entry> TableHandle<E> {
             data_path,
             last_read: AtomicU64::new(0),
             frame_cache,
-            serial: next_serial(),
+            serial,
         })
+    }
+
+    /// The table's entries, frames, data length and last entry (from the header: no read).
+    pub fn entries(&self) -> u64 {
+        match &self.meta {
+            MetaView::Resident(meta) => meta.entries,
+            MetaView::Paged(meta) => meta.entries(),
+        }
+    }
+
+    pub fn frame_count(&self) -> usize {
+        match &self.meta {
+            MetaView::Resident(meta) => meta.frames.len(),
+            MetaView::Paged(meta) => meta.frame_count(),
+        }
+    }
+
+    /// True unless the filter proves that no entry has the hashed key (see the module header).
+    pub fn may_contain(&self, h: KeyHash) -> bool {
+        match &self.meta {
+            MetaView::Resident(meta) => meta.may_contain(h),
+            MetaView::Paged(meta) => meta.may_contain(h).unwrap_or_else(|source| {
+                let _ = meta_error(&self.meta_name(), source);
+                true
+            }),
+        }
+    }
+
+    /// Starts loading what `may_contain(h)` will read, for a resident filter (a paged one reads
+    /// its page when asked).
+    pub fn prefetch(&self, h: KeyHash) {
+        if let MetaView::Resident(meta) = &self.meta {
+            meta.prefetch(h);
+        }
+    }
+
+    /// Frames that may hold entries `e` with `lo <= e <= hi` (see `TableMeta::frames_overlapping`).
+    pub fn frames_overlapping(&self, lo: &E, hi: &E) -> Result<Range<usize>, ReadError> {
+        match &self.meta {
+            MetaView::Resident(meta) => Ok(meta.frames_overlapping(lo, hi)),
+            MetaView::Paged(meta) => meta.frames_overlapping(lo, hi).map_err(|e| meta_error(&self.meta_name(), e)),
+        }
+    }
+
+    /// Frames that may hold entries whose key is `key`.
+    pub fn frames_for_key(&self, key: RecordId) -> Result<Range<usize>, ReadError> {
+        self.frames_overlapping(&E::min_for_key(key), &E::max_for_key(key))
+    }
+
+    /// The index records of frames `r`.
+    pub fn frame_infos(&self, r: Range<usize>) -> Result<Vec<FrameInfo<E>>, ReadError> {
+        match &self.meta {
+            MetaView::Resident(meta) => meta.frames.get(r.clone()).map(<[FrameInfo<E>]>::to_vec).ok_or_else(|| {
+                meta_error(&self.meta_name(), FormatError::Invalid { what: "meta", detail: format!("no frames {r:?}") })
+            }),
+            MetaView::Paged(meta) => meta.frame_infos(r).map_err(|e| meta_error(&self.meta_name(), e)),
+        }
+    }
+
+    /// Entries in frames `r`, from their index records.
+    pub fn entries_in(&self, r: Range<usize>) -> Result<u64, ReadError> {
+        Ok(self.frame_infos(r)?.iter().map(|frame| u64::from(frame.entries)).sum())
+    }
+
+    /// The data-file byte range covering frames `r` (see `TableMeta::byte_range`).
+    pub fn byte_range(&self, r: Range<usize>) -> Result<(u64, u64), ReadError> {
+        match &self.meta {
+            MetaView::Resident(meta) if r.end <= meta.frames.len() => Ok(meta.byte_range(r)),
+            MetaView::Resident(_) => Err(meta_error(
+                &self.meta_name(),
+                FormatError::Invalid { what: "meta", detail: format!("no frames {r:?}") },
+            )),
+            MetaView::Paged(meta) => meta.byte_range(r).map_err(|e| meta_error(&self.meta_name(), e)),
+        }
+    }
+
+    /// Bytes of the table's key filter (resident, or paged through the meta cache).
+    pub fn filter_bytes(&self) -> usize {
+        match &self.meta {
+            MetaView::Resident(meta) => meta.filter.encoded_len(),
+            MetaView::Paged(meta) => meta.filter_shape().encoded_len(),
+        }
+    }
+
+    /// How errors name the local meta file.
+    fn meta_name(&self) -> String {
+        table_key(E::TREE, &self.record.id, "meta")
     }
 
     /// Object key of the data file in the bucket.
@@ -158,7 +271,7 @@ impl<E: Entry> TableHandle<E> {
         frames: Range<usize>,
         use_cache: bool,
     ) -> Result<Decoded<E>, ReadError> {
-        let (start, end) = self.meta.byte_range(frames.clone());
+        let (start, end) = self.byte_range(frames.clone())?;
         let replaceable = self.uploaded.load(Ordering::Acquire);
         let failure = match self.read_range(store, start, end - start).await {
             Ok((bytes, place)) => match self.decode_range(frames.clone(), start, &bytes, use_cache) {
@@ -191,19 +304,43 @@ impl<E: Entry> TableHandle<E> {
         bytes: &[u8],
         use_cache: bool,
     ) -> Result<Decoded<E>, FormatError> {
+        let paged_infos;
+        let (infos, next, last, models) = match &self.meta {
+            MetaView::Resident(meta) => {
+                if frames.end > meta.frames.len() {
+                    return Err(FormatError::Invalid { what: "frame range", detail: format!("no frames {frames:?}") });
+                }
+                (&meta.frames[frames.clone()], meta.frames.get(frames.end), meta.last, meta.models.as_ref())
+            }
+            MetaView::Paged(meta) => {
+                paged_infos = meta.frame_infos(frames.start..(frames.end + 1).min(meta.frame_count()))?;
+                let (infos, next) = paged_infos.split_at(frames.len().min(paged_infos.len()));
+                (infos, next.first(), meta.last, meta.models.as_ref())
+            }
+        };
+        let span = |at: Range<usize>| FrameSpan {
+            first_index: frames.start + at.start,
+            infos: &infos[at.clone()],
+            next: infos.get(at.end).or(next),
+            last,
+            models,
+        };
         if !use_cache {
             let mut out = Vec::new();
-            decode_frames(&self.meta, frames, bytes, &mut out)?;
+            decode_span(&span(0..infos.len()), bytes, &mut out)?;
             return Ok(Decoded::Whole(out));
         }
-        let mut out = Vec::with_capacity(frames.len());
-        for i in frames {
-            let (frame_start, frame_end) = self.meta.byte_range(i..i + 1);
-            let slice = &bytes[(frame_start - start) as usize..(frame_end - start) as usize];
+        let mut out = Vec::with_capacity(infos.len());
+        for (at, info) in infos.iter().enumerate() {
+            let from = (info.offset - start) as usize;
+            let slice = bytes.get(from..from + info.len as usize).ok_or_else(|| FormatError::Invalid {
+                what: "frame range",
+                detail: format!("frame at {} is outside the bytes read", info.offset),
+            })?;
             let mut decoded = Vec::new();
-            decode_frames(&self.meta, i..i + 1, slice, &mut decoded)?;
+            decode_span(&span(at..at + 1), slice, &mut decoded)?;
             let decoded: Arc<[E]> = decoded.into();
-            self.frame_cache.insert(self.serial, i as u32, decoded.clone());
+            self.frame_cache.insert(self.serial, (frames.start + at) as u32, decoded.clone());
             out.push(decoded);
         }
         Ok(Decoded::Framed(out))
@@ -285,6 +422,19 @@ impl<E: Entry> TableHandle<E> {
         match std::fs::remove_file(dir.join(format!("{}.data", self.record.id))) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
             _ => Ok(self.record.data_len),
+        }
+    }
+}
+
+/// The error of a meta read that failed: unreadable (I/O), or corrupt (reported).
+fn meta_error(object: &str, source: FormatError) -> ReadError {
+    match source {
+        FormatError::Unreadable { detail, .. } => {
+            ReadError::Io { object: object.to_string(), source: std::io::Error::other(detail) }
+        }
+        source => {
+            report_corruption(ObjectKind::Meta, Place::Local, object, &source);
+            ReadError::Corrupt { object: object.to_string(), source }
         }
     }
 }

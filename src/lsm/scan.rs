@@ -26,7 +26,7 @@ impl<E: Entry> TableScan<E> {
 
     pub fn next(&mut self, store: &dyn Store, runtime: &tokio::runtime::Handle) -> Result<Option<E>, ReadError> {
         if self.position == self.buffer.len() {
-            let frames = self.table.meta.frames.len();
+            let frames = self.table.frame_count();
             if self.next_frame == frames {
                 return Ok(None);
             }
@@ -41,8 +41,8 @@ impl<E: Entry> TableScan<E> {
     }
 
     /// Compressed bytes of the frames read so far (for pacing).
-    pub fn bytes_read(&self) -> u64 {
-        let (start, end) = self.table.meta.byte_range(0..self.next_frame);
-        end - start
+    pub fn bytes_read(&self) -> Result<u64, ReadError> {
+        let (start, end) = self.table.byte_range(0..self.next_frame)?;
+        Ok(end - start)
     }
 }

@@ -19,7 +19,7 @@ use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::TableRecord;
 use crate::lsm::run::{Run, shard_hash};
-use crate::lsm::table::{FormatError, TableBuilder, TableOptions, TableSummary, learn_models};
+use crate::lsm::table::{FormatError, MetaCache, TableBuilder, TableOptions, TableSummary, learn_models};
 use crate::model::ids::RecordId;
 use std::fs::File;
 use std::io::BufWriter;
@@ -45,7 +45,7 @@ impl<E: Entry> Snapshot<E> {
     pub fn tables_for_key(&self, key: &RecordId) -> Vec<Arc<TableHandle<E>>> {
         let (hash, shard) = (KeyHash::of_record(key), shard_hash(key));
         let tables = self.runs.iter().map(|run| run.table_for_hash(shard));
-        tables.filter(|table| table.meta.may_contain(hash)).cloned().collect()
+        tables.filter(|table| table.may_contain(hash)).cloned().collect()
     }
 
     /// `tables_for_key` for many keys at once: every table that may hold any of them, with those
@@ -67,11 +67,11 @@ fn keys_by_table<E: Entry>(
     // Every key's filter line is requested before any is tested, so the cache misses overlap
     // (this probe loop was 6 % of a warm server's CPU, by profile).
     for (hash, shard_hash) in hashes {
-        run.table_for_hash(*shard_hash).meta.prefetch(*hash);
+        run.table_for_hash(*shard_hash).prefetch(*hash);
     }
     for (key, (hash, shard_hash)) in keys.iter().zip(hashes) {
         let table = run.table_for_hash(*shard_hash);
-        if !table.meta.may_contain(*hash) {
+        if !table.may_contain(*hash) {
             continue;
         }
         match by_table.iter_mut().find(|(t, _)| Arc::ptr_eq(t, table)) {
@@ -82,22 +82,33 @@ fn keys_by_table<E: Entry>(
     by_table
 }
 
+/// The memory a tree's readers may keep, in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TreeCaches {
+    pub frame_bytes: usize,
+    pub meta_bytes: usize,
+}
+
 #[derive(Debug)]
 pub struct Tree<E: Entry> {
     dir: PathBuf,
     options: TableOptions,
     /// Decoded frames of this tree's tables, shared by all of them.
     pub frame_cache: Arc<FrameCache<E>>,
+    /// Pages of this tree's paged metas (filter pages, frame-index chunks).
+    pub meta_cache: Arc<MetaCache<E>>,
     state: RwLock<TreeState<E>>,
 }
 
 impl<E: Entry> Tree<E> {
-    /// `dir` holds this tree's local table files; `frame_cache_bytes` bounds its decoded frames.
-    pub fn new(dir: PathBuf, options: TableOptions, frame_cache_bytes: usize) -> std::io::Result<Self> {
+    /// `dir` holds this tree's local table files; `caches` bound its decoded frames and its
+    /// meta pages, in bytes.
+    pub fn new(dir: PathBuf, options: TableOptions, caches: TreeCaches) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
         let state = TreeState { active: Memtable::default(), frozen: Vec::new(), runs: Arc::new(Vec::new()) };
-        let frame_cache = Arc::new(FrameCache::new(frame_cache_bytes));
-        Ok(Self { dir, options, frame_cache, state: RwLock::new(state) })
+        let frame_cache = Arc::new(FrameCache::new(caches.frame_bytes));
+        let meta_cache = Arc::new(MetaCache::new(caches.meta_bytes));
+        Ok(Self { dir, options, frame_cache, meta_cache, state: RwLock::new(state) })
     }
 
     pub fn dir(&self) -> &Path {
@@ -243,7 +254,7 @@ impl<E: Entry> Tree<E> {
     /// Opens a table whose files are on local disk (meta required; data optional = not cached).
     pub fn open_table(&self, record: TableRecord) -> Result<TableHandle<E>, ReadError> {
         let (meta_path, data_path) = (self.local_path(&record.id, "meta"), self.local_path(&record.id, "data"));
-        TableHandle::open(record, &meta_path, data_path, self.frame_cache.clone())
+        TableHandle::open(record, &meta_path, data_path, (self.frame_cache.clone(), self.meta_cache.clone()))
     }
 
     /// Makes `table` visible as a delta run and drops the frozen memtable it replaces, in one step.

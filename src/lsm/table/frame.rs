@@ -381,6 +381,19 @@ pub fn decode_frame<E: Entry>(
     result
 }
 
+/// What decoding consecutive frames needs from a meta: their index records, the record of the
+/// frame after them (`None` when they end the table), the table's last entry and the column
+/// models. A resident meta lends its slices; a paged one reads the chunks that hold them.
+#[derive(Clone, Copy, Debug)]
+pub struct FrameSpan<'a, E> {
+    /// The index of the first frame (for messages).
+    pub first_index: usize,
+    pub infos: &'a [FrameInfo<E>],
+    pub next: Option<&'a FrameInfo<E>>,
+    pub last: Option<E>,
+    pub models: Option<&'a ColumnModels>,
+}
+
 /// Decodes `meta.frames[r]` from `bytes`, the contiguous range `meta.byte_range(r)` of the data
 /// file, and checks every frame against its index record. On error `out` is unchanged.
 pub fn decode_frames<E: Entry>(
@@ -389,34 +402,42 @@ pub fn decode_frames<E: Entry>(
     bytes: &[u8],
     out: &mut Vec<E>,
 ) -> Result<(), FormatError> {
+    if r.start > r.end || r.end > meta.frames.len() {
+        return Err(invalid("frame range", format!("frames {r:?} of a table with {}", meta.frames.len())));
+    }
+    let span = FrameSpan {
+        first_index: r.start,
+        infos: &meta.frames[r.clone()],
+        next: meta.frames.get(r.end),
+        last: meta.last,
+        models: meta.models.as_ref(),
+    };
+    decode_span(&span, bytes, out)
+}
+
+/// Decodes the frames of `span` from `bytes` (the contiguous range of the data file they
+/// cover), checking every frame against its index record. On error `out` is unchanged.
+pub fn decode_span<E: Entry>(span: &FrameSpan<'_, E>, bytes: &[u8], out: &mut Vec<E>) -> Result<(), FormatError> {
     let original = out.len();
-    let result = decode_frames_checked(meta, r, bytes, out);
+    let result = decode_span_checked(span, bytes, out);
     if result.is_err() {
         out.truncate(original);
     }
     result
 }
 
-fn decode_frames_checked<E: Entry>(
-    meta: &TableMeta<E>,
-    r: Range<usize>,
-    bytes: &[u8],
-    out: &mut Vec<E>,
-) -> Result<(), FormatError> {
+fn decode_span_checked<E: Entry>(span: &FrameSpan<'_, E>, bytes: &[u8], out: &mut Vec<E>) -> Result<(), FormatError> {
     const WHAT: &str = "frame range";
-    if r.start > r.end || r.end > meta.frames.len() {
-        return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", meta.frames.len())));
-    }
-    let (start, end) = meta.byte_range(r.clone());
-    let expected = end.saturating_sub(start);
+    let start = span.infos.first().map_or(0, |info| info.offset);
+    let expected: u64 = span.infos.iter().map(|info| u64::from(info.len)).sum();
     if bytes.len() as u64 != expected {
         return Err(FormatError::Length { what: WHAT, expected, found: bytes.len() as u64 });
     }
     with_decoder(|decoder| {
-        for index in r {
+        for (at, info) in span.infos.iter().enumerate() {
             let before = out.len();
-            decoder.decode(frame_bytes(bytes, start, &meta.frames[index])?, meta.models.as_ref(), out)?;
-            check_frame_against_index(meta, index, &out[before..])?;
+            decoder.decode(frame_bytes(bytes, start, info)?, span.models, out)?;
+            check_frame_against_index(span, at, &out[before..])?;
         }
         Ok(())
     })
@@ -447,10 +468,10 @@ fn frame_bytes<'a, E>(bytes: &'a [u8], start: u64, info: &FrameInfo<E>) -> Resul
         .ok_or_else(|| invalid("frame range", format!("frame at {} is outside the bytes read", info.offset)))
 }
 
-/// The decoded entries of frame `index` must agree with the index: count, first entry, the next
-/// frame's first entry and `continues` flag, or the table's last entry.
-fn check_frame_against_index<E: Entry>(meta: &TableMeta<E>, index: usize, decoded: &[E]) -> Result<(), FormatError> {
-    let info = &meta.frames[index];
+/// The decoded entries of the span's frame `at` must agree with the index: count, first entry,
+/// the next frame's first entry and `continues` flag, or the table's last entry.
+fn check_frame_against_index<E: Entry>(span: &FrameSpan<'_, E>, at: usize, decoded: &[E]) -> Result<(), FormatError> {
+    let (info, index) = (&span.infos[at], span.first_index + at);
     let mismatch =
         |detail: &str| Err(invalid("frame", format!("frame {index} disagrees with the meta file: {detail}")));
     let (Some(first), Some(last)) = (decoded.first(), decoded.last()) else { return mismatch("no entries") };
@@ -460,10 +481,10 @@ fn check_frame_against_index<E: Entry>(meta: &TableMeta<E>, index: usize, decode
     if *first != info.first {
         return mismatch("first entry");
     }
-    match meta.frames.get(index + 1) {
+    match span.infos.get(at + 1).or(span.next) {
         Some(next) if *last >= next.first => mismatch("overlaps the next frame"),
         Some(next) if (last.key() == next.first.key()) != next.continues => mismatch("next frame's continues flag"),
-        None if Some(*last) != meta.last => mismatch("last entry"),
+        None if Some(*last) != span.last => mismatch("last entry"),
         _ => Ok(()),
     }
 }

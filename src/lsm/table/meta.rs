@@ -20,7 +20,7 @@ use crate::model::tid;
 use std::ops::Range;
 use xxhash_rust::xxh3::xxh3_64;
 
-const META_MAGIC: [u8; 4] = *b"BLKM";
+pub(super) const META_MAGIC: [u8; 4] = *b"BLKM";
 
 /// Meta version 1: the frame index as fixed records. Read, no longer written.
 const META_ROWS_VERSION: u16 = 1;
@@ -147,8 +147,9 @@ impl<E: Entry> TableMeta<E> {
     /// column models, else version 2, or version 1 when the frame index compresses more than
     /// `MAX_INDEX_EXPANSION`-fold (a reader refuses such a compressed index, so that a small file
     /// cannot make it allocate gigabytes; version 3 then keeps version 1's fixed records). Public
-    /// for the fuzz targets' round trip; tables are written by `TableBuilder`.
-    pub fn encode(&self, out: &mut Vec<u8>) {
+    /// for the fuzz targets' round trip and the older formats' tests; tables are written as
+    /// version 4 (`encode`).
+    pub fn encode_resident(&self, out: &mut Vec<u8>) {
         assert_eq!(self.entries == 0, self.frames.is_empty());
         assert_eq!(self.entries == 0, self.last.is_none());
         let index = encode_frame_index(&self.frames);
@@ -194,9 +195,18 @@ impl<E: Entry> TableMeta<E> {
         out.extend_from_slice(&checksum.to_le_bytes());
     }
 
-    /// Parses a meta file of either version: header, exact length, checksum, then body and
-    /// cross-field checks.
+    /// Appends the meta file encoding as tables are written: version 4, the paged meta
+    /// (`paged`), which a reader never holds whole.
+    pub fn encode(&self, out: &mut Vec<u8>) {
+        super::paged::encode(self, out);
+    }
+
+    /// Parses a meta file of any version, whole: header, exact length, checksums, then body and
+    /// cross-field checks (for version 4, every page and chunk too).
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
+        if bytes.get(4..6) == Some(&super::paged::META_PAGED_VERSION.to_le_bytes()[..]) {
+            return super::paged::decode_whole(bytes);
+        }
         let header = MetaHeader::parse::<E>(bytes)?;
         verify_checksum(META_WHAT, bytes)?;
         let mut reader = Reader::new(META_WHAT, &bytes[header.header_len()..bytes.len() - CHECKSUM_LEN]);
@@ -212,12 +222,12 @@ impl<E: Entry> TableMeta<E> {
         };
         reader.expect_end()?;
         let meta = TableMeta::new(filter, frames, last, header.entries, header.data_len, models);
-        meta.check_index()?;
+        meta.check()?;
         Ok(meta)
     }
 
     /// Cross-field checks of a decoded index (the checksum only proves it was written whole).
-    fn check_index(&self) -> Result<(), FormatError> {
+    pub(super) fn check(&self) -> Result<(), FormatError> {
         let bad = |detail: String| Err(invalid(META_WHAT, detail));
         if (self.entries == 0) != self.frames.is_empty() {
             return bad(format!("{} entries in {} frames", self.entries, self.frames.len()));
@@ -378,7 +388,7 @@ pub(super) fn encode_frame_index<E: Entry>(frames: &[FrameInfo<E>]) -> Vec<u8> {
 }
 
 /// Inverse of `encode_frame_index` for `count` frames (bounded by the header checks).
-fn decode_frame_index<E: Entry>(compressed: &[u8], count: usize) -> Result<Vec<FrameInfo<E>>, FormatError> {
+pub(super) fn decode_frame_index<E: Entry>(compressed: &[u8], count: usize) -> Result<Vec<FrameInfo<E>>, FormatError> {
     let expected = count * (E::WIDTH + FRAME_COLUMNS_FIXED_LEN);
     let columns = crate::store::inflate(compressed, expected).map_err(|e| invalid(META_WHAT, e))?;
     if columns.len() != expected {
@@ -410,7 +420,7 @@ fn decode_frame_index<E: Entry>(compressed: &[u8], count: usize) -> Result<Vec<F
 }
 
 /// Version 3's column models: one zstd frame (stating its size) of `ColumnModels::encode`.
-fn decode_models<E: Entry>(compressed: &[u8]) -> Result<ColumnModels, FormatError> {
+pub(super) fn decode_models<E: Entry>(compressed: &[u8]) -> Result<ColumnModels, FormatError> {
     let layout = layout_of::<E>();
     let bytes =
         crate::store::inflate(compressed, ColumnModels::encoded_len(layout)).map_err(|e| invalid(META_WHAT, e))?;
@@ -444,7 +454,7 @@ pub(super) fn encode_entry<E: Entry>(entry: &E, out: &mut Vec<u8>) {
     entry.encode(&mut out[at..]);
 }
 
-fn decode_entry<E: Entry>(bytes: &[u8]) -> E {
+pub(super) fn decode_entry<E: Entry>(bytes: &[u8]) -> E {
     assert_eq!(bytes.len(), E::WIDTH);
     E::decode(bytes)
 }

@@ -5,7 +5,9 @@
 //! - `builder`: `TableBuilder`, which streams sorted entries into frames and the meta;
 //! - `frame`: one frame: its header, its four payload encodings, encoding and decoding;
 //! - `columns`: the byte-column layouts the payload encodings and the frame index share;
-//! - `meta`: `TableMeta`, the decoded meta file, its lookups and its codec.
+//! - `meta`: `TableMeta`, the decoded meta file, its lookups and its codec (versions 1 to 3, and
+//!   whole reads of version 4);
+//! - `paged`: version 4, the paged meta, and `PagedMeta`, which reads it a page at a time.
 //!
 //! Invariants:
 //! - Entries are strictly increasing across the whole table (byte order == `Ord`).
@@ -30,13 +32,15 @@ mod builder;
 mod columns;
 mod frame;
 mod meta;
+mod paged;
 #[cfg(test)]
 mod tests;
 
 pub use super::bytes::FormatError;
 pub use builder::{Spill, TableBuilder, learn_models};
-pub use frame::{decode_frame, decode_frames, verify_data_checksums};
+pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data_checksums};
 pub use meta::TableMeta;
+pub use paged::{CHUNK_FRAMES, META_PAGED_VERSION, MetaCache, MetaPage, PAGE_BLOCKS, PageSource, PagedMeta};
 
 use super::bytes::CHECKSUM_LEN;
 use super::coder::Layout;

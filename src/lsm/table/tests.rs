@@ -14,6 +14,7 @@ use crate::model::ids::{Backlink, OUTLINED_BIT, RecordId, Revocation};
 use proptest::prelude::*;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Range;
+use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 fn options(frame_bytes: usize) -> TableOptions {
@@ -395,7 +396,7 @@ fn hostile_version_2_frame_indexes_are_rejected() {
     let meta = TableMeta::<Backlink>::decode(&v1).unwrap();
     let with_index = |index: Vec<u8>| {
         let mut bytes = Vec::new();
-        meta.encode(&mut bytes);
+        meta.encode_resident(&mut bytes);
         let index_len = u32::from_le_bytes(bytes[36..40].try_into().unwrap()) as usize;
         let index_at = bytes.len() - CHECKSUM_LEN - index_len;
         bytes.truncate(index_at);
@@ -444,7 +445,7 @@ fn version_2_frame_index_columns_are_byte_exact() {
     ];
     let meta = TableMeta::new(FilterBuilder::new(1, 0.01).finish(), frames, Some(second), 8, 300 + 0x0001_0304, None);
     let mut bytes = Vec::new();
-    meta.encode(&mut bytes);
+    meta.encode_resident(&mut bytes);
     assert_eq!(&bytes[4..6], &[2, 0]);
     let index_len = u32::from_le_bytes(bytes[36..40].try_into().unwrap()) as usize;
     let index = &bytes[bytes.len() - CHECKSUM_LEN - index_len..bytes.len() - CHECKSUM_LEN];
@@ -473,21 +474,32 @@ fn a_frame_count_its_index_cannot_hold_is_rejected_before_decompressing() {
 }
 
 /// An index that compresses more than a reader accepts of version 2 (thousands of frames of
-/// one entry with consecutive keys) is written as version 1, and reads back the same.
+/// one entry with consecutive keys): the older encoding writes it as version 1 (and as version 3's
+/// fixed records with models); version 4 bounds each chunk's expansion by its frame count, so it
+/// needs no fallback. Every one reads back the same.
 #[test]
 fn a_too_compressible_frame_index_is_written_as_version_1() {
     let entries: Vec<Revocation> = (0..4000).map(|i| Revocation { source: record(i, 0, 0), rev: 0 }).collect();
     let (data, meta_bytes, _) = build(&entries, &options(Revocation::WIDTH));
-    assert_eq!(&meta_bytes[4..6], &[1, 0], "written as version 1");
+    assert_eq!(&meta_bytes[4..6], &[4, 0], "tables are written as version 4");
     let meta = TableMeta::<Revocation>::decode(&meta_bytes).unwrap();
     assert_eq!(meta.frames.len(), 4000);
     assert_eq!(read_frames(&meta, &data, 0..4000), entries);
+    let mut resident = Vec::new();
+    meta.encode_resident(&mut resident);
+    assert_eq!(&resident[4..6], &[1, 0], "the older encoding: version 1");
+    assert_eq!(TableMeta::<Revocation>::decode(&resident).unwrap(), meta);
     let (_, realistic, _) = build(&realistic_backlinks(20_000, 500, 50_000, 7), &TableOptions::default());
-    assert_eq!(&realistic[4..6], &[2, 0], "realistic indexes are written as version 2");
+    let mut realistic_resident = Vec::new();
+    TableMeta::<Backlink>::decode(&realistic).unwrap().encode_resident(&mut realistic_resident);
+    assert_eq!(&realistic_resident[4..6], &[2, 0], "realistic indexes: version 2");
 
     // With column models: version 3, an index length of 0 and the fixed records.
     let modelled = TableOptions { model_min_entries: 0, ..options(Revocation::WIDTH) };
     let (data, meta_bytes, _) = build(&entries, &modelled);
+    let meta = TableMeta::<Revocation>::decode(&meta_bytes).unwrap();
+    let mut meta_bytes = Vec::new();
+    meta.encode_resident(&mut meta_bytes);
     assert_eq!(&meta_bytes[4..6], &[3, 0], "written as version 3");
     assert_eq!(&meta_bytes[36..40], &[0; 4], "with the index as fixed records");
     let meta = TableMeta::<Revocation>::decode(&meta_bytes).unwrap();
@@ -809,4 +821,100 @@ fn zstd_meta_len(meta: &TableMeta<Backlink>) -> usize {
     let mut bytes = Vec::new();
     meta.encode(&mut bytes);
     bytes.len()
+}
+
+/// A paged meta (version 4, read a page at a time through a cache) answers every lookup exactly
+/// as the whole decoded meta does, with a cache that holds everything and with one that holds
+/// nothing (every lookup reads its pages again).
+#[test]
+fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
+    use super::paged::MetaCache;
+    use super::paged::{PageSource, PagedMeta};
+    use crate::lsm::filter::KeyHash;
+    let entries = realistic_backlinks(60_000, 700, 40_000, 11);
+    let (_, meta_bytes, _) = build(&entries, &options(4 << 10));
+    let whole = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert!(whole.frames.len() > 3 * super::CHUNK_FRAMES, "several chunks: {}", whole.frames.len());
+    for budget in [64 << 20, 0] {
+        let cache = Arc::new(MetaCache::<Backlink>::new(budget));
+        let paged =
+            PagedMeta::<Backlink>::open(PageSource::Memory(meta_bytes.clone().into()), cache.clone(), 1).unwrap();
+        assert_eq!(
+            (paged.entries(), paged.data_len(), paged.frame_count()),
+            (whole.entries, whole.data_len, whole.frames.len())
+        );
+        assert_eq!(paged.frame_infos(0..whole.frames.len()).unwrap(), whole.frames);
+        let mut keys: Vec<RecordId> = entries.iter().step_by(97).map(|e| e.key()).collect();
+        keys.extend((0..500).map(|i| record(i * 7919 + 3, 9, i)));
+        for key in keys {
+            let h = KeyHash::of_record(&key);
+            assert_eq!(paged.may_contain(h).unwrap(), whole.may_contain(h), "{key:?}");
+            let range = paged.frames_for_key(key).unwrap();
+            assert_eq!(range, whole.frames_for_key(key), "{key:?}");
+            assert_eq!(paged.byte_range(range.clone()).unwrap(), whole.byte_range(range), "{key:?}");
+        }
+        for r in [
+            0..0,
+            0..1,
+            5..70,
+            63..65,
+            whole.frames.len() - 1..whole.frames.len(),
+            whole.frames.len()..whole.frames.len(),
+        ] {
+            assert_eq!(paged.byte_range(r.clone()).unwrap(), whole.byte_range(r.clone()), "{r:?}");
+        }
+        assert!(cache.bytes() <= budget);
+    }
+}
+
+/// A flipped bit in any page or chunk of a paged meta is caught by that page's checksum when
+/// it is read, the resident part's when the table opens, and the whole-file checksum by a whole
+/// check (uploads, `verify`).
+#[test]
+fn paged_meta_pages_carry_their_own_checksums() {
+    use super::paged::MetaCache;
+    use super::paged::{PageSource, PagedMeta};
+    let entries = realistic_backlinks(20_000, 300, 10_000, 5);
+    let (_, meta_bytes, _) = build(&entries, &options(4 << 10));
+    let whole = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    let u32_at = |at: usize| u32::from_le_bytes(meta_bytes[at..at + 4].try_into().unwrap()) as usize;
+    let filter_len = u64::from_le_bytes(meta_bytes[52..60].try_into().unwrap()) as usize;
+    let filter_start = 68 + u32_at(44) + u32_at(48) + CHECKSUM_LEN;
+    let filter = filter_start..filter_start + filter_len;
+    let open =
+        |bytes: Vec<u8>| PagedMeta::<Backlink>::open(PageSource::Memory(bytes.into()), Arc::new(MetaCache::new(0)), 2);
+    for at in (0..meta_bytes.len()).step_by(13) {
+        let mut corrupt = meta_bytes.clone();
+        corrupt[at] ^= 0x20;
+        assert!(TableMeta::<Backlink>::decode(&corrupt).is_err(), "flip at {at} passed the whole check");
+        if at >= meta_bytes.len() - CHECKSUM_LEN {
+            continue; // only the whole-file checksum covers itself
+        }
+        let paged = open(corrupt.clone());
+        if filter.contains(&at) {
+            // The page holding the flipped byte fails whenever a key probes it.
+            let paged = paged.unwrap();
+            let page = (at - filter.start) / (super::PAGE_BLOCKS * crate::lsm::filter::BLOCK_BYTES + CHECKSUM_LEN);
+            let probe = (0..100_000u64)
+                .map(|i| KeyHash::of_record(&record(i, 1, 1)))
+                .find(|h| h.block_index(whole.filter.shape().blocks) / super::PAGE_BLOCKS == page);
+            assert!(probe.is_some_and(|h| paged.may_contain(h).is_err()), "flip at {at} in filter page {page}");
+        } else {
+            let read = paged.and_then(|paged| paged.frame_infos(0..whole.frames.len()));
+            assert!(read.is_err(), "flip at {at} outside the filter was read as good");
+        }
+    }
+}
+
+#[test]
+fn meta_pages_count_their_bytes() {
+    use super::paged::{MetaCache, MetaPage};
+    use crate::lsm::cache::{BudgetCache, CacheValue};
+    let cache: MetaCache<Revocation> = BudgetCache::new(100);
+    cache.insert(1, 0, MetaPage::Filter(vec![0u8; 64].into()));
+    assert_eq!(cache.bytes(), 64);
+    cache.insert(1, 1, MetaPage::Filter(vec![0u8; 64].into()));
+    assert_eq!(cache.bytes(), 64, "the first page made room");
+    assert!(matches!(cache.get(1, 1), Some(MetaPage::Filter(page)) if page.len() == 64));
+    assert_eq!(cache.with(1, 1, |page| page.bytes()), Some(64));
 }

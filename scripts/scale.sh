@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The scale benchmark (issue 22): for each SIZE (links), pipe the seeded workload at the network's
+# density (one account per ACCOUNT_LINKS links; ACCOUNTS=N overrides) into `backlinks import -`
+# with a fresh data directory and a local-directory bucket, then measure the import, the bytes it
+# left (bucket and local), a warm and a cold query load, and a fresh replica. Prints one markdown
+# table row per size and keeps every figure in $SCALE_DIR/<size>/*.json.
+#
+#   scripts/scale.sh 10000000 100000000 1000000000
+#
+# Environment: SCALE_DIR (default a temporary directory), SEED (1), ACCOUNT_LINKS (500),
+# ACCOUNTS (fixed account count, e.g. 40000000), TARGETS (3000 query targets), LOAD_SECONDS (20),
+# RTT_MS (20, the cold phase), BINARIES (a directory holding backlinks, backlinks-workload and
+# suite; default: build them).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+SCALE_DIR=${SCALE_DIR:-$(mktemp -d -t backlinks-scale.XXXXXX)}
+SEED=${SEED:-1}
+ACCOUNT_LINKS=${ACCOUNT_LINKS:-500}
+TARGET_COUNT=${TARGETS:-3000}
+SECONDS_PER_PHASE=${LOAD_SECONDS:-20}
+RTT_MS=${RTT_MS:-20}
+step() { echo "scale: $*" >&2; }
+
+scripts/private-binaries.sh "$SCALE_DIR/bin" "${BINARIES:-}"
+BIN="$SCALE_DIR/bin/backlinks"
+WORKLOAD="$SCALE_DIR/bin/backlinks-workload"
+SUITE="$SCALE_DIR/bin/suite"
+
+bytes_of() { find "$@" -type f -printf '%s\n' 2>/dev/null | awk '{ s += $1 } END { print s + 0 }'; }
+seconds_of() { awk -F: '{ s = 0; for (i = 1; i <= NF; i++) s = s * 60 + $i; print s }'; }
+# Peak RSS (VmHWM, KiB) of a running process.
+peak_kib() { awk '/VmHWM/ { print $2 }' "/proc/$1/status"; }
+
+# Starts `serve` with the given flags on a free port; sets SERVE_PID and ADDR.
+start_serve() {
+    local out="$1"; shift
+    "$BIN" serve --listen 127.0.0.1:0 "$@" >"$out" 2>/dev/null &
+    SERVE_PID=$!
+    for _ in $(seq 1 3000); do
+        grep -q "listening on" "$out" 2>/dev/null && break
+        sleep 0.1
+    done
+    ADDR=$(sed -n 's/^listening on http:\/\///p' "$out")
+}
+
+for size in "$@"; do
+    dir="$SCALE_DIR/$size"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    accounts=${ACCOUNTS:-$(( size / ACCOUNT_LINKS > 1000 ? size / ACCOUNT_LINKS : 1000 ))}
+    generate=("$WORKLOAD" --seed "$SEED" --links "$size" --accounts "$accounts")
+    data="$dir/data"
+
+    step "$size links, $accounts accounts: import"
+    # Progress lines (every 30 s) give the rate over the run's last tenth.
+    /usr/bin/time -v sh -c "$(printf '%q ' "${generate[@]}") 2>$dir/workload.json | RUST_LOG=info NO_COLOR=1 $(printf '%q' "$BIN") import - --data-dir $(printf '%q' "$data") >$(printf '%q' "$dir/import.json") 2>$(printf '%q' "$dir/import.log")" \
+        2>"$dir/import.time"
+    wall=$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$dir/import.time" | seconds_of)
+    rss_kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$dir/import.time")
+    fs_blocks=$(sed -n 's/.*File system outputs: //p' "$dir/import.time")
+    # `events=N elapsed_ms=M` from the progress lines: the rate between the last line at or
+    # before 90 % of the run and the end.
+    last_tenth=$(sed 's/\x1b\[[0-9;]*m//g' "$dir/import.log" | sed -n 's/.*events=\([0-9]*\) elapsed_ms=\([0-9]*\).*/\1 \2/p' |
+        awk -v wall="$wall" -v lines="$(jq .lines "$dir/import.json")" '
+            $2 / 1000 <= 0.9 * wall { e = $1; t = $2 / 1000 }
+            END { if (wall > t) printf "%.0f", (lines - e) / (wall - t); else print 0 }')
+    runs=$(jq .runs "$dir/import.json")
+
+    step "$size: bytes"
+    bucket=$(bytes_of "$data/bucket")
+    metas=$(bytes_of "$data"/state/tables/*/*.meta)
+    cache=$(bytes_of "$data"/state/tables/*/*.data)
+    outlines=$(bytes_of "$data"/outlines.db*)
+    state=$(bytes_of "$data"/state/state.db*)
+    links=$(jq .links "$dir/workload.json")
+
+    step "$size: query targets"
+    # Targets of every popularity: the subjects of the workload's first events (regenerated: the
+    # same flags give the same bytes), distinct, shuffled with the seed.
+    "${generate[@]}" 2>/dev/null | head -n 400000 |
+        jq -r 'select(.kind == "commit") | .commit.record.subject | if type == "object" then .uri else . end // empty' 2>/dev/null |
+        awk 'NF && !seen[$0]++' | shuf --random-source=<(yes "$SEED") -n "$TARGET_COUNT" >"$dir/targets.txt" || true
+
+    step "$size: warm load over HTTP"
+    start_serve "$dir/serve.out" --no-ingest --data-dir "$data"
+    "$SUITE" http "$ADDR" "$dir/targets.txt" --connections 32 --seconds "$SECONDS_PER_PHASE" --warmup 5 \
+        --server-pid "$SERVE_PID" >"$dir/http.json"
+    "$SUITE" http "$ADDR" "$dir/targets.txt" --connections 2 --seconds "$SECONDS_PER_PHASE" --warmup 5 \
+        --server-pid "$SERVE_PID" >"$dir/http_latency.json"
+    serve_peak=$(peak_kib "$SERVE_PID")
+    kill "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null || true
+
+    step "$size: cold queries from the bucket, $RTT_MS ms per request"
+    "$SUITE" cold "$data" "$dir/targets.txt" --rtt-ms "$RTT_MS" --queries 200 >"$dir/cold.json"
+
+    step "$size: a fresh replica"
+    replica="$dir/replica"
+    rm -rf "$replica"
+    started=$(date +%s.%N)
+    start_serve "$dir/replica.out" --read-only --data-dir "$replica" --store "file://$data/bucket"
+    first_target=$(head -n 1 "$dir/targets.txt")
+    query="/xrpc/blue.cerulea.backlinks.listBacklinks?target=$(jq -rn --arg t "$first_target" '$t | @uri')"
+    until curl -fsS "http://$ADDR$query" >"$dir/replica_first.json" 2>/dev/null; do sleep 0.05; done
+    first_answer=$(echo "$(date +%s.%N) - $started" | bc)
+    "$SUITE" http "$ADDR" "$dir/targets.txt" --connections 2 --seconds 5 --warmup 0 --server-pid "$SERVE_PID" \
+        >"$dir/replica_http.json"
+    replica_peak=$(peak_kib "$SERVE_PID")
+    kill "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null || true
+    start_serve "$dir/writer_again.out" --no-ingest --data-dir "$data"
+    curl -fsS "http://$ADDR$query" >"$dir/writer_first.json"
+    kill "$SERVE_PID"; wait "$SERVE_PID" 2>/dev/null || true
+    same=$(cmp -s "$dir/replica_first.json" "$dir/writer_first.json" && echo yes || echo NO)
+
+    jq -n --argjson size "$size" --argjson accounts "$accounts" --argjson links "$links" --argjson wall "$wall" \
+        --argjson lines "$(jq .lines "$dir/import.json")" --argjson last "$last_tenth" --argjson rss "$rss_kib" \
+        --argjson fs "$((fs_blocks * 512))" --argjson runs "$runs" --argjson bucket "$bucket" --argjson metas "$metas" \
+        --argjson cache "$cache" --argjson outlines "$outlines" --argjson state "$state" \
+        --argjson serve_peak "$serve_peak" --argjson first "$first_answer" --argjson replica_peak "$replica_peak" \
+        --arg same "$same" --slurpfile h "$dir/http.json" --slurpfile hl "$dir/http_latency.json" \
+        --slurpfile cold "$dir/cold.json" '
+        {size: $size, accounts: $accounts, links_written: $links,
+         import_events_per_sec: ($lines / $wall), import_last_tenth_events_per_sec: $last,
+         import_peak_rss_mib: ($rss / 1024), write_amplification: ($fs / $bucket), runs_at_end: $runs,
+         bucket_bytes_per_link: ($bucket / $links),
+         local_bytes_per_link: {metas: ($metas / $links), outlines: ($outlines / $links), state: ($state / $links),
+                                data_cache: ($cache / $links)},
+         serve_peak_rss_mib: ($serve_peak / 1024),
+         warm_32_qps: $h[0].queries_per_sec, warm_2_p50_us: $hl[0].p50_us, warm_2_p99_us: $hl[0].p99_us,
+         cold: $cold[0], replica_first_answer_secs: $first, replica_peak_rss_mib: ($replica_peak / 1024),
+         replica_first_answer_correct: $same}' >"$dir/figures.json"
+    jq -r '"| \(.size) | \(.accounts) | \(.import_events_per_sec | round) (last tenth \(.import_last_tenth_events_per_sec)) | \(.import_peak_rss_mib | round) MiB | \(.bucket_bytes_per_link * 100 | round / 100) | \(.local_bytes_per_link.metas + .local_bytes_per_link.outlines + .local_bytes_per_link.state | . * 100 | round / 100) | \(.serve_peak_rss_mib | round) MiB | \(.warm_32_qps | round) | \(.warm_2_p50_us) / \(.warm_2_p99_us) µs | \(.replica_first_answer_secs * 10 | round / 10) s, \(.replica_peak_rss_mib | round) MiB, \(.replica_first_answer_correct) |"' \
+        "$dir/figures.json"
+done

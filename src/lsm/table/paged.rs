@@ -1,0 +1,563 @@
+//! Meta version 4, the paged meta: laid out so that a reader keeps only a small directory in
+//! memory and reads the rest a page at a time (docs/format.md "Meta file, version 4").
+//!
+//! The file: a fixed header; the resident part (the last entry, one directory record per chunk of
+//! `CHUNK_FRAMES` frames, the compressed column models) and its xxh3-64; the filter's blocks in
+//! pages of `PAGE_BLOCKS` blocks, each followed by its xxh3-64; the frame index in chunks, each a
+//! zstd frame of version 2's columns followed by its xxh3-64; and an xxh3-64 of the whole file.
+//!
+//! `PagedMeta` is the reader: it reads the header and the resident part when a table is opened
+//! and a filter page or an index chunk when a lookup needs it, through the tree's `MetaCache`.
+//!
+//! Invariants:
+//! - Memory per open table is the directory (one record per `CHUNK_FRAMES` frames, about 90
+//!   bytes per 16,000 entries) and the models: nothing that grows with the filter or the index.
+//! - Every page and chunk is checked against its own checksum before it is used or cached; the
+//!   resident part against its checksum, and every directory record against its neighbours and
+//!   the header, when the table is opened. A chunk must agree with its directory record.
+//! - The whole-file checksum lets a whole check (`TableMeta::decode`: uploads, `verify`) work as
+//!   for every other version.
+//! - A filter page that cannot be read or fails its checksum answers "may contain" (the filter
+//!   only saves reads; the frames' own checksums guard the answer) and is reported.
+
+use super::meta::{META_MAGIC, decode_entry, decode_frame_index, decode_models, encode_entry, encode_frame_index};
+use super::{FrameInfo, MAX_FRAMES, TableMeta, max_frame_entries};
+use crate::lsm::bytes::{CHECKSUM_LEN, FormatError, Reader, check_range, invalid};
+use crate::lsm::cache::{BudgetCache, CacheValue};
+use crate::lsm::coder::ColumnModels;
+use crate::lsm::entry::Entry;
+use crate::lsm::filter::{BLOCK_BYTES, Filter, FilterShape, KeyHash, MAX_BLOCKS, MAX_K, encoded_block_may_contain};
+use crate::model::ids::RecordId;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::sync::Arc;
+use xxhash_rust::xxh3::xxh3_64;
+
+pub const META_PAGED_VERSION: u16 = 4;
+/// Bytes of version 4's fixed header.
+pub(super) const HEADER_LEN: usize = 68;
+/// Filter blocks per page: 4 KiB of filter per read.
+pub const PAGE_BLOCKS: usize = 64;
+/// Frames per index chunk: about 16,000 entries of a default table, a few KiB decoded.
+pub const CHUNK_FRAMES: usize = 64;
+/// Bytes of one directory record beyond its first entry: flags (1), data offset (8), chunk length (4).
+const DIRECTORY_FIXED_LEN: usize = 13;
+const CONTINUES_FLAG: u8 = 1;
+const WHAT: &str = "paged meta";
+/// Cache keys: filter pages count up from 0, index chunks from this bit.
+const INDEX_KEY_BIT: u32 = 1 << 31;
+
+/// One page of a paged meta: a run of filter blocks as encoded, or a chunk of the frame index.
+#[derive(Debug)]
+pub enum MetaPage<E> {
+    Filter(Arc<[u8]>),
+    Index(Arc<[FrameInfo<E>]>),
+}
+
+impl<E> Clone for MetaPage<E> {
+    fn clone(&self) -> Self {
+        match self {
+            MetaPage::Filter(bytes) => MetaPage::Filter(bytes.clone()),
+            MetaPage::Index(frames) => MetaPage::Index(frames.clone()),
+        }
+    }
+}
+
+impl<E> CacheValue for MetaPage<E> {
+    fn bytes(&self) -> usize {
+        match self {
+            MetaPage::Filter(bytes) => bytes.len(),
+            MetaPage::Index(frames) => std::mem::size_of_val(frames.as_ref()),
+        }
+    }
+}
+
+/// Pages of a tree's paged metas.
+pub type MetaCache<E> = BudgetCache<MetaPage<E>>;
+
+/// Where a paged meta's bytes are read from.
+#[derive(Debug)]
+pub enum PageSource {
+    File(File),
+    Memory(Arc<[u8]>),
+}
+
+impl PageSource {
+    fn len(&self) -> Result<u64, FormatError> {
+        match self {
+            PageSource::File(file) => file.metadata().map(|m| m.len()).map_err(unreadable),
+            PageSource::Memory(bytes) => Ok(bytes.len() as u64),
+        }
+    }
+
+    fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, FormatError> {
+        match self {
+            PageSource::File(file) => {
+                let mut buffer = vec![0u8; len];
+                file.read_exact_at(&mut buffer, offset).map_err(unreadable)?;
+                Ok(buffer)
+            }
+            PageSource::Memory(bytes) => {
+                let range = usize::try_from(offset).ok().and_then(|start| Some(start..start.checked_add(len)?));
+                let slice = range.and_then(|range| bytes.get(range));
+                slice.map(<[u8]>::to_vec).ok_or(FormatError::Length {
+                    what: WHAT,
+                    expected: offset + len as u64,
+                    found: bytes.len() as u64,
+                })
+            }
+        }
+    }
+}
+
+fn unreadable(error: std::io::Error) -> FormatError {
+    FormatError::Unreadable { what: WHAT, detail: error.to_string() }
+}
+
+/// One directory record: where a chunk of the frame index starts and what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct ChunkInfo<E> {
+    /// Its first frame's first entry, and whether that frame continues the previous one's key.
+    first: E,
+    continues: bool,
+    /// Its first frame's offset in the data file.
+    data_offset: u64,
+    /// Where the chunk lies in the meta file (its checksum included).
+    meta_offset: u64,
+    len: u32,
+}
+
+/// The fixed header.
+#[derive(Clone, Copy, Debug)]
+struct Header {
+    frames: usize,
+    entries: u64,
+    data_len: u64,
+    shape: FilterShape,
+    directory_len: usize,
+    models_len: usize,
+    filter_len: u64,
+    index_len: u64,
+}
+
+impl Header {
+    fn chunks(&self) -> usize {
+        self.frames.div_ceil(CHUNK_FRAMES)
+    }
+
+    fn pages(&self) -> usize {
+        self.shape.blocks.div_ceil(PAGE_BLOCKS)
+    }
+
+    fn resident_len(&self) -> usize {
+        HEADER_LEN + self.directory_len + self.models_len + CHECKSUM_LEN
+    }
+
+    fn filter_offset(&self) -> u64 {
+        self.resident_len() as u64
+    }
+
+    fn index_offset(&self) -> u64 {
+        self.filter_offset() + self.filter_len
+    }
+
+    fn file_len(&self) -> u64 {
+        self.index_offset() + self.index_len + CHECKSUM_LEN as u64
+    }
+}
+
+/// Appends `meta` encoded as version 4.
+pub(super) fn encode<E: Entry>(meta: &TableMeta<E>, out: &mut Vec<u8>) {
+    let start = out.len();
+    let shape = meta.filter.shape();
+    let models = meta.models.as_ref().map(|models| {
+        zstd::bulk::compress(&models.encode(), super::DEFAULT_ZSTD_LEVEL).expect("zstd compresses in memory")
+    });
+    let chunks: Vec<Vec<u8>> =
+        meta.frames.chunks(CHUNK_FRAMES).map(|frames| with_checksum(encode_frame_index(frames))).collect();
+    let mut filter_body = Vec::with_capacity(meta.filter.encoded_len());
+    meta.filter.encode(&mut filter_body);
+    let pages: Vec<Vec<u8>> = filter_body[crate::lsm::filter::HEADER_LEN..]
+        .chunks(PAGE_BLOCKS * BLOCK_BYTES)
+        .map(|page| with_checksum(page.to_vec()))
+        .collect();
+    let mut directory = Vec::new();
+    if let Some(last) = &meta.last {
+        encode_entry(last, &mut directory);
+    }
+    for (frames, chunk) in meta.frames.chunks(CHUNK_FRAMES).zip(&chunks) {
+        encode_entry(&frames[0].first, &mut directory);
+        directory.push(if frames[0].continues { CONTINUES_FLAG } else { 0 });
+        directory.extend_from_slice(&frames[0].offset.to_le_bytes());
+        directory.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+    }
+    out.extend_from_slice(&META_MAGIC);
+    out.extend_from_slice(&META_PAGED_VERSION.to_le_bytes());
+    out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
+    out.extend_from_slice(&(E::KEY_WIDTH as u16).to_le_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&(meta.frames.len() as u32).to_le_bytes());
+    out.extend_from_slice(&meta.entries.to_le_bytes());
+    out.extend_from_slice(&meta.data_len.to_le_bytes());
+    out.push(shape.k as u8);
+    out.push(0);
+    out.extend_from_slice(&(PAGE_BLOCKS as u16).to_le_bytes());
+    out.extend_from_slice(&(shape.blocks as u32).to_le_bytes());
+    out.extend_from_slice(&(CHUNK_FRAMES as u16).to_le_bytes());
+    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&(directory.len() as u32).to_le_bytes());
+    out.extend_from_slice(&(models.as_ref().map_or(0, Vec::len) as u32).to_le_bytes());
+    out.extend_from_slice(&(pages.iter().map(Vec::len).sum::<usize>() as u64).to_le_bytes());
+    out.extend_from_slice(&(chunks.iter().map(Vec::len).sum::<usize>() as u64).to_le_bytes());
+    assert_eq!(out.len() - start, HEADER_LEN);
+    out.extend_from_slice(&directory);
+    if let Some(models) = &models {
+        out.extend_from_slice(models);
+    }
+    let resident_checksum = xxh3_64(&out[start..]);
+    out.extend_from_slice(&resident_checksum.to_le_bytes());
+    pages.iter().chain(&chunks).for_each(|part| out.extend_from_slice(part));
+    let checksum = xxh3_64(&out[start..]);
+    out.extend_from_slice(&checksum.to_le_bytes());
+}
+
+fn with_checksum(mut bytes: Vec<u8>) -> Vec<u8> {
+    let checksum = xxh3_64(&bytes);
+    bytes.extend_from_slice(&checksum.to_le_bytes());
+    bytes
+}
+
+/// `bytes` without their trailing xxh3-64, once it matches.
+fn checked<'a>(what: &'static str, bytes: &'a [u8]) -> Result<&'a [u8], FormatError> {
+    crate::lsm::bytes::verify_checksum(what, bytes)?;
+    Ok(&bytes[..bytes.len() - CHECKSUM_LEN])
+}
+
+/// A version-4 meta as a reader holds it: the header and the directory; pages on demand.
+#[derive(Debug)]
+pub struct PagedMeta<E: Entry> {
+    header: Header,
+    pub last: Option<E>,
+    pub models: Option<ColumnModels>,
+    chunks: Vec<ChunkInfo<E>>,
+    source: PageSource,
+    cache: Arc<MetaCache<E>>,
+    serial: u64,
+}
+
+impl<E: Entry> PagedMeta<E> {
+    /// Reads and checks the header and the resident part of the meta in `source`.
+    pub fn open(source: PageSource, cache: Arc<MetaCache<E>>, serial: u64) -> Result<Self, FormatError> {
+        let file_len = source.len()?;
+        let header = parse_header::<E>(&source.read(0, HEADER_LEN.min(file_len as usize))?)?;
+        if header.file_len() != file_len {
+            return Err(FormatError::Length { what: WHAT, expected: header.file_len(), found: file_len });
+        }
+        let resident = source.read(0, header.resident_len())?;
+        let resident = checked("paged meta resident part", &resident)?;
+        let mut reader = Reader::new(WHAT, &resident[HEADER_LEN..]);
+        let directory = reader.take(header.directory_len)?;
+        let models = match header.models_len {
+            0 => None,
+            len => Some(decode_models::<E>(reader.take(len)?)?),
+        };
+        reader.expect_end()?;
+        let (last, chunks) = parse_directory::<E>(&header, directory)?;
+        Ok(PagedMeta { header, last, models, chunks, source, cache, serial })
+    }
+
+    pub fn entries(&self) -> u64 {
+        self.header.entries
+    }
+
+    pub fn data_len(&self) -> u64 {
+        self.header.data_len
+    }
+
+    pub fn frame_count(&self) -> usize {
+        self.header.frames
+    }
+
+    pub fn filter_shape(&self) -> FilterShape {
+        self.header.shape
+    }
+
+    /// True unless the filter proves no entry has the hashed key (and when its page cannot be
+    /// read: see the module header).
+    pub fn may_contain(&self, h: KeyHash) -> Result<bool, FormatError> {
+        let block = h.block_index(self.header.shape.blocks);
+        let (page, at) = (block / PAGE_BLOCKS, (block % PAGE_BLOCKS) * BLOCK_BYTES);
+        let test = |bytes: &[u8]| encoded_block_may_contain(self.header.shape.k, &bytes[at..at + BLOCK_BYTES], h);
+        let cached = self.cache.with(self.serial, page as u32, |cached| match cached {
+            MetaPage::Filter(bytes) => Some(test(bytes)),
+            MetaPage::Index(_) => None,
+        });
+        match cached.flatten() {
+            Some(answer) => Ok(answer),
+            None => Ok(test(&self.filter_page(page)?)),
+        }
+    }
+
+    fn filter_page(&self, page: usize) -> Result<Arc<[u8]>, FormatError> {
+        if let Some(MetaPage::Filter(bytes)) = self.cache.get(self.serial, page as u32) {
+            return Ok(bytes);
+        }
+        let blocks = PAGE_BLOCKS.min(self.header.shape.blocks - page * PAGE_BLOCKS);
+        let len = blocks * BLOCK_BYTES + CHECKSUM_LEN;
+        let offset = self.header.filter_offset() + (page * PAGE_BLOCKS * BLOCK_BYTES + page * CHECKSUM_LEN) as u64;
+        let bytes = self.source.read(offset, len)?;
+        let bytes: Arc<[u8]> = checked("filter page", &bytes)?.into();
+        self.cache.insert(self.serial, page as u32, MetaPage::Filter(bytes.clone()));
+        Ok(bytes)
+    }
+
+    /// `f` of chunk `c`'s frames: in the cache, or read, checked and cached.
+    fn with_chunk<T>(&self, c: usize, f: impl FnOnce(&[FrameInfo<E>]) -> T) -> Result<T, FormatError> {
+        let mut f = Some(f);
+        let cached = self.cache.with(self.serial, INDEX_KEY_BIT | c as u32, |cached| match cached {
+            MetaPage::Index(frames) => f.take().map(|f| f(frames)),
+            MetaPage::Filter(_) => None,
+        });
+        match (cached.flatten(), f) {
+            (Some(answer), _) => Ok(answer),
+            (None, Some(f)) => Ok(f(&self.chunk(c)?)),
+            (None, None) => unreachable!("f is taken only when it answers"),
+        }
+    }
+
+    /// The frames of chunk `c`, read, checked and cached.
+    fn chunk(&self, c: usize) -> Result<Arc<[FrameInfo<E>]>, FormatError> {
+        let key = INDEX_KEY_BIT | c as u32;
+        if let Some(MetaPage::Index(frames)) = self.cache.get(self.serial, key) {
+            return Ok(frames);
+        }
+        let info = &self.chunks[c];
+        let bytes = self.source.read(info.meta_offset, info.len as usize)?;
+        let count = CHUNK_FRAMES.min(self.header.frames - c * CHUNK_FRAMES);
+        let mut frames = decode_frame_index::<E>(checked("frame index chunk", &bytes)?, count)?;
+        frames.iter_mut().for_each(|frame| frame.offset += info.data_offset);
+        check_chunk(&self.header, &self.chunks, c, &frames)?;
+        let frames: Arc<[FrameInfo<E>]> = frames.into();
+        self.cache.insert(self.serial, key, MetaPage::Index(frames.clone()));
+        Ok(frames)
+    }
+
+    /// Frame `i`'s index record.
+    pub fn frame(&self, i: usize) -> Result<FrameInfo<E>, FormatError> {
+        if i >= self.header.frames {
+            return Err(invalid(WHAT, format!("frame {i} of a table with {}", self.header.frames)));
+        }
+        self.with_chunk(i / CHUNK_FRAMES, |frames| frames[i % CHUNK_FRAMES])
+    }
+
+    /// The index records of `r`.
+    pub fn frame_infos(&self, r: Range<usize>) -> Result<Vec<FrameInfo<E>>, FormatError> {
+        if r.start > r.end || r.end > self.header.frames {
+            return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", self.header.frames)));
+        }
+        let mut out = Vec::with_capacity(r.len());
+        let mut i = r.start;
+        while i < r.end {
+            let base = i - i % CHUNK_FRAMES;
+            i += self.with_chunk(i / CHUNK_FRAMES, |chunk| {
+                let within = i - base..(r.end - base).min(chunk.len());
+                out.extend_from_slice(&chunk[within.clone()]);
+                within.len()
+            })?;
+        }
+        Ok(out)
+    }
+
+    /// How many frames start at or before `bound` (see `TableMeta`): through the directory, then
+    /// one chunk.
+    fn frames_starting_at_or_before(&self, bound: &E) -> Result<usize, FormatError> {
+        let c = self.chunks.partition_point(|chunk| chunk.first <= *bound);
+        if c == 0 {
+            return Ok(0);
+        }
+        let within = self.with_chunk(c - 1, |frames| frames.partition_point(|frame| frame.first <= *bound))?;
+        Ok((c - 1) * CHUNK_FRAMES + within)
+    }
+
+    /// `TableMeta::frames_overlapping`, paged.
+    pub fn frames_overlapping(&self, lo: &E, hi: &E) -> Result<Range<usize>, FormatError> {
+        let Some(last) = self.last else { return Ok(0..0) };
+        if lo > hi || *lo > last {
+            return Ok(0..0);
+        }
+        let end = self.frames_starting_at_or_before(hi)?;
+        let mut start = self.frames_starting_at_or_before(lo)?.saturating_sub(1);
+        if start + 1 < self.header.frames {
+            let next = self.frame(start + 1)?;
+            if next.first.key() == lo.key() && !next.continues {
+                start += 1;
+            }
+        }
+        Ok(start.min(end)..end)
+    }
+
+    pub fn frames_for_key(&self, key: RecordId) -> Result<Range<usize>, FormatError> {
+        self.frames_overlapping(&E::min_for_key(key), &E::max_for_key(key))
+    }
+
+    /// `TableMeta::byte_range`, paged.
+    pub fn byte_range(&self, r: Range<usize>) -> Result<(u64, u64), FormatError> {
+        if r.start > r.end || r.end > self.header.frames {
+            return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", self.header.frames)));
+        }
+        if r.is_empty() {
+            let at = if r.start == self.header.frames { self.header.data_len } else { self.frame(r.start)?.offset };
+            return Ok((at, at));
+        }
+        let last = self.frame(r.end - 1)?;
+        Ok((self.frame(r.start)?.offset, last.offset.saturating_add(u64::from(last.len))))
+    }
+}
+
+/// Parses and bounds-checks version 4's fixed header.
+fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
+    let mut reader = Reader::new(WHAT, bytes);
+    let magic = reader.array::<4>()?;
+    if magic != META_MAGIC {
+        return Err(FormatError::Magic { what: WHAT, found: magic });
+    }
+    let version = reader.u16()?;
+    if version != META_PAGED_VERSION {
+        return Err(FormatError::Version { what: WHAT, found: version.into() });
+    }
+    check_range(WHAT, "entry width", reader.u16()?.into(), E::WIDTH as u64, E::WIDTH as u64)?;
+    check_range(WHAT, "key width", reader.u16()?.into(), E::KEY_WIDTH as u64, E::KEY_WIDTH as u64)?;
+    check_range(WHAT, "reserved", reader.u16()?.into(), 0, 0)?;
+    let frames = reader.u32()? as usize;
+    check_range(WHAT, "frame count", frames as u64, 0, MAX_FRAMES as u64)?;
+    let entries = reader.u64()?;
+    check_range(WHAT, "entry count", entries, 0, MAX_FRAMES as u64 * max_frame_entries::<E>() as u64)?;
+    let data_len = reader.u64()?;
+    check_range(WHAT, "data length", data_len, 0, MAX_FRAMES as u64 * super::MAX_FRAME_BYTES as u64)?;
+    let k = reader.u8()? as usize;
+    check_range(WHAT, "filter k", k as u64, 1, MAX_K as u64)?;
+    check_range(WHAT, "reserved", reader.u8()?.into(), 0, 0)?;
+    check_range(WHAT, "filter page blocks", reader.u16()?.into(), PAGE_BLOCKS as u64, PAGE_BLOCKS as u64)?;
+    let blocks = reader.u32()? as usize;
+    check_range(WHAT, "filter blocks", blocks as u64, 1, MAX_BLOCKS as u64)?;
+    check_range(WHAT, "chunk frames", reader.u16()?.into(), CHUNK_FRAMES as u64, CHUNK_FRAMES as u64)?;
+    check_range(WHAT, "reserved", reader.u16()?.into(), 0, 0)?;
+    let directory_len = reader.u32()? as usize;
+    let models_len = reader.u32()? as usize;
+    let filter_len = reader.u64()?;
+    let index_len = reader.u64()?;
+    let header = Header {
+        frames,
+        entries,
+        data_len,
+        shape: FilterShape { k, blocks },
+        directory_len,
+        models_len,
+        filter_len,
+        index_len,
+    };
+    let last_len = if entries > 0 { E::WIDTH } else { 0 };
+    let directory_expected = last_len + header.chunks() * (E::WIDTH + DIRECTORY_FIXED_LEN);
+    check_range(WHAT, "directory length", directory_len as u64, directory_expected as u64, directory_expected as u64)?;
+    let models_bound = zstd::zstd_safe::compress_bound(ColumnModels::encoded_len(super::layout_of::<E>()));
+    check_range(WHAT, "column models length", models_len as u64, 0, models_bound as u64)?;
+    let filter_expected = (blocks * BLOCK_BYTES + header.pages() * CHECKSUM_LEN) as u64;
+    check_range(WHAT, "filter length", filter_len, filter_expected, filter_expected)?;
+    let chunk_bound = zstd::zstd_safe::compress_bound(CHUNK_FRAMES * (E::WIDTH + 9)) + CHECKSUM_LEN;
+    check_range(WHAT, "index length", index_len, 0, (header.chunks() * chunk_bound) as u64)?;
+    if (entries == 0) != (frames == 0) {
+        return Err(invalid(WHAT, format!("{entries} entries in {frames} frames")));
+    }
+    Ok(header)
+}
+
+/// The last entry and the chunk records, checked against each other and the header.
+fn parse_directory<E: Entry>(header: &Header, bytes: &[u8]) -> Result<(Option<E>, Vec<ChunkInfo<E>>), FormatError> {
+    let mut reader = Reader::new(WHAT, bytes);
+    let last = if header.entries > 0 { Some(decode_entry(reader.take(E::WIDTH)?)) } else { None };
+    let mut chunks: Vec<ChunkInfo<E>> = Vec::with_capacity(header.chunks());
+    let mut meta_offset = header.index_offset();
+    for c in 0..header.chunks() {
+        let first: E = decode_entry(reader.take(E::WIDTH)?);
+        let flags = reader.u8()?;
+        if flags & !CONTINUES_FLAG != 0 {
+            return Err(invalid(WHAT, format!("unknown chunk flags {flags:#04x}")));
+        }
+        let data_offset = reader.u64()?;
+        let len = reader.u32()?;
+        let chunk = ChunkInfo { first, continues: flags & CONTINUES_FLAG != 0, data_offset, meta_offset, len };
+        let previous = chunks.last();
+        let ordered = previous.is_none_or(|p| p.first < chunk.first && p.data_offset < chunk.data_offset);
+        let starts_right = c > 0 || (chunk.data_offset == 0 && !chunk.continues);
+        if !ordered || !starts_right || data_offset >= header.data_len || (len as usize) <= CHECKSUM_LEN {
+            return Err(invalid(WHAT, format!("directory record {c} is out of place")));
+        }
+        if last.is_some_and(|last| chunk.first > last) {
+            return Err(invalid(WHAT, format!("directory record {c} starts after the last entry")));
+        }
+        meta_offset += u64::from(len);
+        chunks.push(chunk);
+    }
+    reader.expect_end()?;
+    if meta_offset != header.index_offset() + header.index_len {
+        return Err(invalid(WHAT, "the chunks do not fill the index"));
+    }
+    Ok((last, chunks))
+}
+
+/// A chunk's frames must match its directory record, be contiguous and ordered, and end where
+/// the next chunk (or the data file) begins.
+fn check_chunk<E: Entry>(
+    header: &Header,
+    chunks: &[ChunkInfo<E>],
+    c: usize,
+    frames: &[FrameInfo<E>],
+) -> Result<(), FormatError> {
+    let info = &chunks[c];
+    let bad = |detail: &str| Err(invalid(WHAT, format!("chunk {c}: {detail}")));
+    if frames.first().is_none_or(|f| f.first != info.first || f.continues != info.continues) {
+        return bad("its first frame is not its directory record's");
+    }
+    for pair in frames.windows(2) {
+        if pair[1].first <= pair[0].first || pair[1].offset != pair[0].offset + u64::from(pair[0].len) {
+            return bad("frames out of order");
+        }
+    }
+    for frame in frames {
+        check_range(WHAT, "frame entries", frame.entries.into(), 1, max_frame_entries::<E>() as u64)?;
+        check_range(
+            WHAT,
+            "frame length",
+            frame.len.into(),
+            super::FRAME_OVERHEAD as u64 + 1,
+            super::MAX_FRAME_BYTES as u64,
+        )?;
+    }
+    let last = frames.last().expect("a chunk has frames");
+    let end = last.offset + u64::from(last.len);
+    let expected_end = chunks.get(c + 1).map_or(header.data_len, |next| next.data_offset);
+    if end != expected_end {
+        return bad("its frames do not end where the next chunk begins");
+    }
+    if c + 1 < chunks.len() && chunks[c + 1].first <= last.first {
+        return bad("the next chunk does not start after it");
+    }
+    Ok(())
+}
+
+/// The whole meta, decoded and checked (every page and chunk): what `TableMeta::decode` gives
+/// for version 4.
+pub(super) fn decode_whole<E: Entry>(bytes: &[u8]) -> Result<TableMeta<E>, FormatError> {
+    crate::lsm::bytes::verify_checksum("meta", bytes)?;
+    let paged = PagedMeta::<E>::open(PageSource::Memory(bytes.into()), Arc::new(MetaCache::new(0)), 0)?;
+    let mut blocks = Vec::with_capacity(paged.header.shape.blocks * BLOCK_BYTES);
+    for page in 0..paged.header.pages() {
+        blocks.extend_from_slice(&paged.filter_page(page)?);
+    }
+    let filter: Filter = crate::lsm::filter::from_blocks(paged.header.shape, &blocks)?;
+    let frames = paged.frame_infos(0..paged.header.frames)?;
+    let meta = TableMeta::new(filter, frames, paged.last, paged.header.entries, paged.header.data_len, paged.models);
+    meta.check()?;
+    Ok(meta)
+}
