@@ -85,7 +85,7 @@ pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountO
     if filters.matches_nothing() {
         return Ok(Count::default());
     }
-    let scope = TargetScope::of(index, target)?;
+    let scope = TargetScope::of(index, target).await?;
     let limit = options.exact_scan_limit.max(MIN_EXACT_SCAN_LIMIT);
     if scope.upper_bound() <= limit as u64 {
         let entries = scope.read_all(index).await?;
@@ -154,9 +154,10 @@ struct Sample {
 }
 
 impl TargetScope {
-    fn of(index: &Index, target: RecordId) -> Result<Self, ReadError> {
+    async fn of(index: &Index, target: RecordId) -> Result<Self, ReadError> {
         let (lo, hi) = (Backlink::min_for_key(target), Backlink::max_for_key(target));
         let snapshot = index.links.snapshot(&[(lo, hi)]);
+        snapshot.fetch_metas_for_keys(index.store.as_ref(), &[target]).await?;
         let mut spans = Vec::new();
         for table in snapshot.tables_for_key(&target) {
             let span = TableSpan::of(table, target)?;
@@ -396,8 +397,8 @@ mod tests {
         assert!((900..=1100).contains(&count.total), "estimate {} of 1000", count.total);
     }
 
-    #[test]
-    fn sample_frames_keep_both_boundaries() {
+    #[tokio::test]
+    async fn sample_frames_keep_both_boundaries() {
         let dir = tempfile::tempdir().unwrap();
         let index = open(dir.path());
         for i in 0..1000u64 {
@@ -405,7 +406,7 @@ mod tests {
         }
         index.flush().unwrap();
         let target = index.lookup_target(&parse_target(POST).unwrap()).unwrap().unwrap();
-        let scope = TargetScope::of(&index, target).unwrap();
+        let scope = TargetScope::of(&index, target).await.unwrap();
         assert_eq!(scope.spans.len(), 1);
         let span = &scope.spans[0];
         let n = span.frames.len();

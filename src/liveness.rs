@@ -181,6 +181,7 @@ pub async fn read_thresholds(
 ) -> Result<SourceThresholds, ReadError> {
     let ranges: Vec<_> = keys.iter().map(|k| (Revocation::min_for_key(*k), Revocation::max_for_key(*k))).collect();
     let snapshot = thresholds.snapshot(&ranges);
+    snapshot.fetch_metas_for_keys(store, keys).await?;
     let mut reads = Vec::new();
     for (table, keys) in snapshot.tables_for_keys(keys) {
         let frames = keys.iter().map(|key| table.frames_for_key(*key)).collect::<Result<Vec<_>, _>>()?;

@@ -255,7 +255,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let writer = match ingesting {
         true => Some(start_writer(&index, &setup, config.writer_options()).await?),
         false => {
-            if index.restore_if_empty(unix_ms()).await? {
+            // A server that only reads fetches metas on demand: it answers once it has the manifest.
+            if index.restore_on_demand_if_empty(unix_ms()).await? {
                 tracing::info!(position = ?index.position(), "restored the data directory from the bucket");
             }
             None

@@ -413,12 +413,13 @@ async fn read_candidates(
 ) -> Result<(Vec<Backlink>, Option<Horizon>), QueryError> {
     let (lo, hi) = pass.bounds();
     let snapshot = index.links.snapshot(&[(lo, hi)]);
+    let store = index.store.as_ref();
+    snapshot.fetch_metas_for_keys(store, &[pass.target]).await?;
     let tables = snapshot.tables_for_key(&pass.target);
     let mut plans: Vec<Plan> = Vec::new();
     for table in &tables {
         plans.extend(plan_table(table, pass, want)?);
     }
-    let store = index.store.as_ref();
     let reads = futures::future::try_join_all(
         plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone())),
     )

@@ -1,6 +1,7 @@
 //! A machine rebuilt from the bucket alone answers exactly like the writer, and a replica that
 //! follows CURRENT sees what the writer publishes next. Table data is read by range from the
-//! bucket (the restored machines have metas only).
+//! bucket (the restored machines have metas only), and a server that only reads fetches metas a
+//! piece at a time as its queries need them.
 
 mod support;
 
@@ -10,6 +11,7 @@ use backlinks::lsm::compaction::CompactionOptions;
 use backlinks::lsm::table::TableOptions;
 use backlinks::query::{ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
+use backlinks::store::faulty::{FaultyStore, Operation};
 use backlinks::store::object::Store;
 use std::path::Path;
 use std::sync::Arc;
@@ -229,4 +231,114 @@ async fn writes_during_a_background_flush_are_answered_and_kept() {
     drop(index);
     let reopened = open(&dir, Arc::new(DirStore::new(root.path().join("other"))));
     assert_eq!(answers(&reopened).await, expected, "answers after a reopen");
+}
+
+/// Bytes of table metas the replica read from `store`, by its log (whole gets counted at the
+/// size the bucket holds).
+async fn meta_bytes_read(store: &FaultyStore<DirStore>) -> u64 {
+    let sizes: std::collections::HashMap<String, u64> =
+        store.inner().list("tables/").await.unwrap().into_iter().map(|o| (o.key, o.size)).collect();
+    let metas = store.log().into_iter().filter(|r| r.key.ends_with(".meta"));
+    metas
+        .map(|r| match (r.operation, r.range) {
+            (Operation::GetRange, Some((_, len))) => len,
+            (Operation::Get, _) => sizes[&r.key],
+            _ => 0,
+        })
+        .sum()
+}
+
+/// Files of `ext` among the replica's local tables.
+fn local_files(root: &Path, ext: &str) -> usize {
+    let trees = ["links", "thresholds"].map(|tree| root.join("state/tables").join(tree));
+    let files = trees.iter().flat_map(|dir| std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()));
+    files.filter(|path| path.extension().is_some_and(|x| x == ext)).count()
+}
+
+/// A server that only reads, given an empty data directory, answers (correctly) once it has the
+/// manifest and each table's directory: the filter pages and index chunks its queries read are
+/// fetched as they read them, kept locally, and a writer later completes them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_answers_before_it_has_fetched_every_meta() {
+    let root = tempfile::tempdir().unwrap();
+    let bucket: Arc<dyn Store> = Arc::new(DirStore::new(root.path().join("bucket")));
+    // Few, large tables of small frames: metas of many index chunks, of which a query reads few.
+    let options = || IndexOptions {
+        memtable_bytes: 256 << 10,
+        table: TableOptions { frame_bytes: 128, ..TableOptions::default() },
+        compaction: CompactionOptions { shard_bytes: 64 << 20, ..options().compaction },
+        ..options()
+    };
+    let writer = Arc::new(Index::open(&root.path().join("writer"), bucket.clone(), options(), 5).unwrap());
+    let workload = format!("{}{}", std::fs::read_to_string(CAPTURE).unwrap(), events(0, 20_000));
+    let (w, handle) = (writer.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || ingest(&w, &workload, &handle)).await.unwrap();
+    writer.publish_manifest().await.unwrap();
+    let expected = answers(&writer).await;
+    let total_meta: u64 =
+        bucket.list("tables/").await.unwrap().iter().filter(|o| o.key.ends_with(".meta")).map(|o| o.size).sum();
+
+    let counted = Arc::new(FaultyStore::new(DirStore::new(root.path().join("bucket")), 1, vec![]));
+    let replica_dir = root.path().join("replica");
+    let replica = Index::open(&replica_dir, counted.clone(), options(), 5).unwrap();
+    assert!(replica.restore_on_demand_if_empty(2).await.unwrap());
+    let tables = local_files(&replica_dir, "part");
+    assert!(tables >= 4, "the replica holds partial metas ({tables})");
+    assert_eq!(local_files(&replica_dir, "meta"), 0, "and no whole one");
+    let after_restore = meta_bytes_read(&counted).await;
+    assert!(after_restore * 2 < total_meta, "the restore read {after_restore} of {total_meta} meta bytes");
+
+    let first = ListParams::new(targets()[0].clone());
+    let (want, got) = (list_backlinks(&writer, &first).await.unwrap(), list_backlinks(&replica, &first).await.unwrap());
+    assert!(!got.items.is_empty());
+    assert_eq!(got.items, want.items, "the first answer is the writer's");
+    let after_first = meta_bytes_read(&counted).await;
+    assert!(after_first < total_meta, "one query read {after_first} of {total_meta} meta bytes: not all of them");
+    assert_eq!(answers(&replica).await, expected, "every answer is the writer's");
+
+    // A restart forgets the pieces fetched (the resident parts stay) and answers the same.
+    drop(replica);
+    let replica = Index::open(&replica_dir, counted.clone(), options(), 5).unwrap();
+    assert_eq!(answers(&replica).await, expected, "answers after a restart");
+    // A writer starting from this directory first fetches every meta whole.
+    assert_eq!(replica.complete_partial_metas().await.unwrap(), tables);
+    assert_eq!((local_files(&replica_dir, "part"), local_files(&replica_dir, "meta")), (0, tables));
+    assert_eq!(answers(&replica).await, expected, "answers from completed metas");
+    drop(replica);
+    let replica = Index::open(&replica_dir, counted.clone(), options(), 5).unwrap();
+    assert_eq!(answers(&replica).await, expected, "answers from completed metas after a restart");
+}
+
+/// A piece of a meta that fails its checksum when a replica fetches it fails the query naming
+/// the meta, and is not kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_meta_piece_fails_the_query_and_is_not_kept() {
+    let root = tempfile::tempdir().unwrap();
+    let bucket: Arc<dyn Store> = Arc::new(DirStore::new(root.path().join("bucket")));
+    let writer = Arc::new(open(&root.path().join("writer"), bucket.clone()));
+    let (w, handle, workload) = (writer.clone(), tokio::runtime::Handle::current(), events(0, 400));
+    tokio::task::spawn_blocking(move || ingest(&w, &workload, &handle)).await.unwrap();
+    writer.publish_manifest().await.unwrap();
+    let target = targets()[0].clone();
+    let want = list_backlinks(&writer, &ListParams::new(target.clone())).await.unwrap();
+
+    let replica = Index::open(&root.path().join("replica"), bucket.clone(), options(), 5).unwrap();
+    assert!(replica.restore_on_demand_if_empty(2).await.unwrap());
+    // Every byte after each links meta's resident part flipped: filter pages and index chunks.
+    let metas = bucket.list("tables/links/").await.unwrap().into_iter().filter(|o| o.key.ends_with(".meta"));
+    let mut originals = Vec::new();
+    for meta in metas {
+        let path = root.path().join("bucket").join(&meta.key);
+        let bytes = std::fs::read(&path).unwrap();
+        let resident = backlinks::lsm::table::resident_len::<backlinks::model::ids::Backlink>(&bytes).unwrap() as usize;
+        let mut flipped = bytes.clone();
+        flipped[resident..].iter_mut().for_each(|b| *b ^= 0x55);
+        std::fs::write(&path, flipped).unwrap();
+        originals.push((path, bytes));
+    }
+    let error = list_backlinks(&replica, &ListParams::new(target.clone())).await.unwrap_err().to_string();
+    assert!(error.contains("corrupt object tables/links/") && error.contains(".meta"), "{error}");
+    // Repaired, the same replica answers: nothing of the corrupt pieces was kept.
+    originals.iter().for_each(|(path, bytes)| std::fs::write(path, bytes).unwrap());
+    assert_eq!(list_backlinks(&replica, &ListParams::new(target)).await.unwrap().items, want.items);
 }

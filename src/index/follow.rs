@@ -3,26 +3,27 @@
 //!
 //! Invariants:
 //! - A manifest is validated (`Manifest::decode`) and every meta it adds is checked before any of
-//!   it is written locally; a corrupt object fails the step and changes nothing.
+//!   it is written locally; a corrupt object fails the step and changes nothing. A meta fetched
+//!   on demand has its resident part checked now and each later piece checked as it arrives.
+//! - A writer starts only from whole metas: a restore for a writer fetches them whole, and a
+//!   replica's directory is completed (`complete_partial_metas`) before a writer uses it.
 //! - Outline rows are imported before the tables that use them are installed.
 //! - After following a manifest, the index holds exactly its tables, position and hidden accounts,
 //!   and this machine's future table and outline ids come after every id in it.
 
 use super::publish::Published;
-use super::{Index, IndexError, io_err};
+use super::{Index, IndexError};
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
-use crate::base::durable::write_durably;
 use crate::catalog::{IngestPosition, ManifestSync};
 use crate::lsm::bytes::invalid;
-use crate::lsm::entry::Entry;
-use crate::lsm::handle::{ReadError, table_key};
+use crate::lsm::handle::ReadError;
 use crate::lsm::record::{RunKind, TableRecord};
-use crate::lsm::table::{FormatError, TableMeta};
 use crate::manifest::{Manifest, ManifestTable};
 use crate::model::account::AccountState;
-use crate::model::ids::{Backlink, Revocation, TreeKind};
+use crate::model::ids::TreeKind;
 use crate::outline::OutlineKind;
 use crate::store::object::StoreError;
+use futures::{StreamExt, TryStreamExt};
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
@@ -57,37 +58,56 @@ impl Index {
     }
 
     /// Restores a new, empty data directory from the bucket's CURRENT manifest (if there is
-    /// one). Returns whether it restored anything.
+    /// one), every meta whole: what a writer starts from. Returns whether it restored anything.
     pub async fn restore_if_empty(&self, now_ms: u64) -> Result<bool, IndexError> {
+        self.restore_with(now_ms, MetaFetch::Whole).await
+    }
+
+    /// `restore_if_empty` for a server that only reads: metas on demand, so it answers as soon as
+    /// it has the manifest, the outline ranges and each table's directory.
+    pub async fn restore_on_demand_if_empty(&self, now_ms: u64) -> Result<bool, IndexError> {
+        self.restore_with(now_ms, MetaFetch::OnDemand).await
+    }
+
+    async fn restore_with(&self, now_ms: u64, metas: MetaFetch) -> Result<bool, IndexError> {
         let empty = self.catalog.last_manifest()?.is_none() && self.catalog.tables()?.is_empty();
         if !empty {
             return Ok(false);
         }
         match self.current_manifest().await? {
             Some((name, manifest)) => {
-                self.follow(&name, manifest, now_ms).await?;
+                self.follow(&name, manifest, now_ms, metas).await?;
                 Ok(true)
             }
             None => Ok(false),
         }
     }
 
-    /// A replica's step: follows CURRENT if it moved. Returns whether it did.
+    /// A replica's step: follows CURRENT if it moved (the metas of new tables on demand).
+    /// Returns whether it did.
     pub async fn follow_current(&self, now_ms: u64) -> Result<bool, IndexError> {
         let known = self.published.lock().expect("published lock poisoned").as_ref().and_then(|p| p.name.clone());
         match self.current_manifest().await? {
             Some((name, manifest)) if Some(&name) != known.as_ref() => {
-                self.follow(&name, manifest, now_ms).await?;
+                self.follow(&name, manifest, now_ms, MetaFetch::OnDemand).await?;
                 Ok(true)
             }
             _ => Ok(false),
         }
     }
 
+    /// Fetches whole every meta a replica left partial: before a writer starts from its data
+    /// directory (flushes and merges read metas in ways no single key names). Returns how many.
+    pub async fn complete_partial_metas(&self) -> Result<usize, IndexError> {
+        let store = self.store.as_ref();
+        Ok(self.links.complete_partial_metas(store).await? + self.thresholds.complete_partial_metas(store).await?)
+    }
+
     /// Makes this index exactly what `manifest` describes: imports its outline ranges, fetches
-    /// the metas of tables it adds, retires the runs it no longer names, and takes its position
-    /// and hidden accounts. Table data stays in the bucket (read by range).
-    async fn follow(&self, name: &str, manifest: Manifest, now_ms: u64) -> Result<(), IndexError> {
+    /// the metas of tables it adds (whole or their resident parts, `metas`), retires the runs it
+    /// no longer names, and takes its position and hidden accounts. Table data stays in the
+    /// bucket (read by range).
+    async fn follow(&self, name: &str, manifest: Manifest, now_ms: u64, metas: MetaFetch) -> Result<(), IndexError> {
         let already = self.published.lock().expect("published lock poisoned").clone().unwrap_or_default();
         for range in manifest.outlines.iter().filter(|r| !already.outlines.contains(r)) {
             let kind = OutlineKind::from_name(&range.kind).expect("validated by Manifest::decode");
@@ -103,10 +123,11 @@ impl Index {
         let live: HashMap<String, TableRecord> =
             self.catalog.tables()?.into_iter().map(|t| (t.id.clone(), t)).collect();
         let named: HashSet<&str> = manifest.tables.iter().map(|t| t.id.as_str()).collect();
-        let mut added = Vec::new();
-        for table in manifest.tables.iter().filter(|t| !live.contains_key(&t.id)) {
-            added.push(self.fetch_meta(table).await?);
-        }
+        let added: Vec<TableRecord> =
+            manifest.tables.iter().filter(|t| !live.contains_key(&t.id)).map(record_of).collect();
+        // Collected first: a lazy iterator of futures here is not `Send` for every lifetime.
+        let fetches: Vec<_> = added.iter().map(|record| self.fetch_meta(record, metas)).collect();
+        futures::stream::iter(fetches).buffer_unordered(META_FETCHES).try_collect::<Vec<()>>().await?;
         let mut retired_runs: Vec<String> =
             live.values().filter(|t| !named.contains(t.id.as_str())).map(|t| t.run_id.clone()).collect();
         retired_runs.sort();
@@ -137,54 +158,44 @@ impl Index {
         Ok(())
     }
 
-    /// Downloads and checks a table's meta into the local tree directory.
-    async fn fetch_meta(&self, table: &ManifestTable) -> Result<TableRecord, IndexError> {
-        let tree = TreeKind::from_name(&table.tree).expect("validated by Manifest::decode");
-        let key = table_key(tree, &table.id, "meta");
-        let bytes = self.store.get(&key).await?;
-        // Checked before it is written: a corrupt meta must fail the restore, not the next start.
-        let checked = match tree {
-            TreeKind::Links => check_fetched_meta::<Backlink>(table, &bytes),
-            TreeKind::Thresholds => check_fetched_meta::<Revocation>(table, &bytes),
-        };
-        checked.map_err(|source| {
-            report_corruption(ObjectKind::Meta, Place::Bucket, &key, &source);
-            ReadError::Corrupt { object: key.clone(), source }
-        })?;
-        let dir = self.tree_files(tree).dir();
-        let path = dir.join(format!("{}.meta", table.id));
-        write_durably(&path, &bytes).map_err(io_err(&path))?;
-        Ok(TableRecord {
-            id: table.id.clone(),
-            tree,
-            run_id: table.run_id.clone(),
-            run_kind: if table.compacted { RunKind::Compacted } else { RunKind::Delta },
-            shard: table.shard,
-            shard_count: table.shard_count,
-            entries: table.entries,
-            data_len: table.data_len,
-            meta_len: table.meta_len,
-            uploaded: true,
-            min_stamp: table.min_stamp,
-            max_stamp: table.max_stamp,
-        })
+    /// Downloads and checks a table's meta (or its resident part) into the local tree directory.
+    async fn fetch_meta(&self, record: &TableRecord, metas: MetaFetch) -> Result<(), IndexError> {
+        let (store, whole) = (self.store.as_ref(), metas == MetaFetch::Whole);
+        match record.tree {
+            TreeKind::Links => self.links.fetch_meta(store, record, whole).await?,
+            TreeKind::Thresholds => self.thresholds.fetch_meta(store, record, whole).await?,
+        }
+        Ok(())
     }
 }
 
-/// A fetched meta decodes, and its sizes are the ones the manifest gave.
-fn check_fetched_meta<E: Entry>(table: &ManifestTable, bytes: &[u8]) -> Result<(), FormatError> {
-    let meta = TableMeta::<E>::decode(bytes)?;
-    if bytes.len() as u64 != table.meta_len || meta.data_len != table.data_len {
-        let detail = format!(
-            "meta of {} bytes for {} bytes of data; the manifest says {} and {}",
-            bytes.len(),
-            meta.data_len,
-            table.meta_len,
-            table.data_len
-        );
-        return Err(FormatError::Invalid { what: "meta", detail });
+/// How a restore or a replica fetches the metas of the tables it adds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MetaFetch {
+    Whole,
+    /// The resident part now, the pages queries read when they read them.
+    OnDemand,
+}
+
+/// Metas fetched at once while following a manifest.
+const META_FETCHES: usize = 16;
+
+/// The catalog record of a table a manifest names.
+fn record_of(table: &ManifestTable) -> TableRecord {
+    TableRecord {
+        id: table.id.clone(),
+        tree: TreeKind::from_name(&table.tree).expect("validated by Manifest::decode"),
+        run_id: table.run_id.clone(),
+        run_kind: if table.compacted { RunKind::Compacted } else { RunKind::Delta },
+        shard: table.shard,
+        shard_count: table.shard_count,
+        entries: table.entries,
+        data_len: table.data_len,
+        meta_len: table.meta_len,
+        uploaded: true,
+        min_stamp: table.min_stamp,
+        max_stamp: table.max_stamp,
     }
-    Ok(())
 }
 
 /// The table sequence a writer restored from `manifest` must start at: past every id in it (the

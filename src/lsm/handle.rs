@@ -1,7 +1,8 @@
 //! An open table: its catalog record, its meta (paged for version 4: a directory in memory and
 //! pages read through the tree's meta cache; whole for the versions before), its local data file
 //! while cached, and the reads of its frames (from the frame cache, the local file, or the bucket
-//! by range).
+//! by range). A server that only reads may hold a paged meta as a partial copy, and fetches the
+//! pieces a key's lookup reads before the lookup (`fetch_meta_for_key`).
 //!
 //! Invariants:
 //! - Entries reach a reader only from frames that passed their checksums. A corrupt frame is
@@ -12,13 +13,18 @@
 //! - A filter page that cannot be read answers "may contain" and is reported: the filter only
 //!   saves reads, so a bad page costs a read, never an answer. Every other meta read that fails
 //!   fails the lookup with an error naming the meta file.
+//! - A meta piece from the bucket is checked against its own checksum before it is written
+//!   locally; a bad one fails the query naming the meta and is not kept.
 
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
 use crate::lsm::cache::{FrameCache, next_serial};
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
 use crate::lsm::record::TableRecord;
-use crate::lsm::table::{FormatError, FrameInfo, FrameSpan, MetaCache, PageSource, PagedMeta, TableMeta, decode_span};
+use crate::lsm::table::{
+    FormatError, FrameInfo, FrameSpan, MetaCache, PAGED_HEADER_LEN, PageSource, PagedMeta, PartialFile, TableMeta,
+    decode_span, resident_len,
+};
 use crate::model::ids::RecordId;
 use crate::model::ids::TreeKind;
 use crate::store::object::{Store, StoreError};
@@ -94,28 +100,21 @@ pub static BUCKET_READS: AtomicU64 = AtomicU64::new(0);
 
 impl<E: Entry> TableHandle<E> {
     /// Opens a table whose meta is at `meta_path` (a paged meta's header and directory read and
-    /// checked now, an older meta decoded whole); its data file at `data_path` is used while it
-    /// exists (else the table is read from the bucket).
+    /// checked now, an older meta decoded whole), or, when that file does not exist, whose
+    /// partial copy is at `part_path` (see `table::partial`); its data file at `data_path` is used
+    /// while it exists (else the table is read from the bucket).
     pub fn open(
         record: TableRecord,
-        meta_path: &Path,
-        data_path: PathBuf,
+        (meta_path, part_path, data_path): (&Path, &Path, PathBuf),
         (frame_cache, meta_cache): (Arc<FrameCache<E>>, Arc<MetaCache<E>>),
     ) -> Result<Self, ReadError> {
-        let object = format!("{} (local copy {})", table_key(E::TREE, &record.id, "meta"), meta_path.display());
-        let io = |source| ReadError::Io { object: object.clone(), source };
         let serial = next_serial();
-        let mut file = File::open(meta_path).map_err(io)?;
-        let mut version = [0u8; 6];
-        let paged = match std::io::Read::read_exact(&mut file, &mut version) {
-            Ok(()) => version[META_VERSION_AT] == crate::lsm::table::META_PAGED_VERSION.to_le_bytes(),
-            Err(_) => false, // too short for any version: the whole decode says so
+        let meta = match File::open(meta_path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && part_path.exists() => {
+                open_partial(&record, part_path, meta_cache, serial)?
+            }
+            opened => open_whole(&record, meta_path, opened, meta_cache, serial)?,
         };
-        let meta = match paged {
-            true => PagedMeta::open(PageSource::File(file), meta_cache, serial).map(MetaView::Paged),
-            false => TableMeta::decode(&std::fs::read(meta_path).map_err(io)?).map(MetaView::Resident),
-        };
-        let meta = meta.map_err(|source| meta_error(&object, source))?;
         let local_data = File::open(&data_path).ok().map(Arc::new);
         Ok(TableHandle {
             uploaded: AtomicBool::new(record.uploaded),
@@ -399,6 +398,45 @@ impl<E: Entry> TableHandle<E> {
         Ok((bytes, Place::Local))
     }
 
+    /// Whether this table's meta is a partial copy still being fetched.
+    pub fn meta_is_partial(&self) -> bool {
+        matches!(&self.meta, MetaView::Paged(meta) if meta.partial().is_some())
+    }
+
+    /// For a partial meta: fetches from the bucket the pieces a lookup of `key` reads that it
+    /// lacks (one ranged read each, concurrently), checks them, and keeps them locally.
+    pub async fn fetch_meta_for_key(&self, store: &dyn Store, key: RecordId) -> Result<(), ReadError> {
+        let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
+        let (lo, hi) = (E::min_for_key(key), E::max_for_key(key));
+        let pieces = meta.missing_pieces(KeyHash::of_record(&key), &lo, &hi);
+        if pieces.is_empty() {
+            return Ok(());
+        }
+        let object = self.meta_name();
+        let fetches = pieces.iter().map(|piece| store.get_range(&object, piece.offset, piece.len));
+        let fetched = futures::future::try_join_all(fetches).await?;
+        for (piece, bytes) in pieces.iter().zip(fetched) {
+            meta.accept(piece, &bytes).map_err(|source| {
+                report_corruption(ObjectKind::Meta, Place::Bucket, &object, &source);
+                ReadError::Corrupt { object: object.clone(), source }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// For a partial meta: fetches the whole meta, checks it, writes it over the partial copy
+    /// and renames that to `meta_path` (durably), so the table opens as any other from now on.
+    pub async fn complete_meta(&self, store: &dyn Store, part_path: &Path, meta_path: &Path) -> Result<(), ReadError> {
+        let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
+        let Some(partial) = meta.partial() else { return Ok(()) };
+        let whole = store.get(&self.meta_name()).await?;
+        check_fetched_meta::<E>(&self.record, &whole)?;
+        let io = |source| ReadError::Io { object: format!("local copy {}", meta_path.display()), source };
+        partial.complete(&whole).map_err(io)?;
+        std::fs::rename(part_path, meta_path).map_err(io)?;
+        crate::base::durable::sync_dir(meta_path.parent().unwrap_or(Path::new("."))).map_err(io)
+    }
+
     /// Records that the bucket now holds this table (after its upload).
     pub fn mark_uploaded(&self) {
         self.uploaded.store(true, Ordering::Release);
@@ -424,6 +462,111 @@ impl<E: Entry> TableHandle<E> {
             _ => Ok(self.record.data_len),
         }
     }
+}
+
+/// A table's local meta file, opened (`opened`): paged, or decoded whole for older versions.
+fn open_whole<E: Entry>(
+    record: &TableRecord,
+    meta_path: &Path,
+    opened: std::io::Result<File>,
+    meta_cache: Arc<MetaCache<E>>,
+    serial: u64,
+) -> Result<MetaView<E>, ReadError> {
+    let object = format!("{} (local copy {})", table_key(E::TREE, &record.id, "meta"), meta_path.display());
+    let io = |source| ReadError::Io { object: object.clone(), source };
+    let mut file = opened.map_err(io)?;
+    let mut version = [0u8; 6];
+    let paged = match std::io::Read::read_exact(&mut file, &mut version) {
+        Ok(()) => version[META_VERSION_AT] == crate::lsm::table::META_PAGED_VERSION.to_le_bytes(),
+        Err(_) => false, // too short for any version: the whole decode says so
+    };
+    let meta = match paged {
+        true => PagedMeta::open(PageSource::File(file), meta_cache, serial).map(MetaView::Paged),
+        false => TableMeta::decode(&std::fs::read(meta_path).map_err(io)?).map(MetaView::Resident),
+    };
+    meta.map_err(|source| meta_error(&object, source))
+}
+
+/// A table's partial local meta (its resident part present, the rest fetched on demand).
+fn open_partial<E: Entry>(
+    record: &TableRecord,
+    part_path: &Path,
+    meta_cache: Arc<MetaCache<E>>,
+    serial: u64,
+) -> Result<MetaView<E>, ReadError> {
+    let object = format!("{} (partial copy {})", table_key(E::TREE, &record.id, "meta"), part_path.display());
+    let io = |source| ReadError::Io { object: object.clone(), source };
+    let mut header = vec![0u8; PAGED_HEADER_LEN];
+    File::open(part_path).and_then(|file| file.read_exact_at(&mut header, 0)).map_err(io)?;
+    let prefix_len = resident_len::<E>(&header).map_err(|source| meta_error(&object, source))?;
+    let partial = PartialFile::reopen(part_path, record.meta_len, prefix_len).map_err(io)?;
+    PagedMeta::open(PageSource::Partial(partial), meta_cache, serial)
+        .map(MetaView::Paged)
+        .map_err(|source| meta_error(&object, source))
+}
+
+/// Checks a whole meta fetched from the bucket: it decodes, and its sizes are the ones `record`
+/// gives. A corrupt one is reported and never written locally.
+pub fn check_fetched_meta<E: Entry>(record: &TableRecord, bytes: &[u8]) -> Result<(), ReadError> {
+    let key = table_key(E::TREE, &record.id, "meta");
+    let checked = TableMeta::<E>::decode(bytes).and_then(|meta| {
+        if bytes.len() as u64 == record.meta_len && meta.data_len == record.data_len {
+            return Ok(());
+        }
+        let detail = format!(
+            "meta of {} bytes for {} bytes of data; the manifest says {} and {}",
+            bytes.len(),
+            meta.data_len,
+            record.meta_len,
+            record.data_len
+        );
+        Err(FormatError::Invalid { what: "meta", detail })
+    });
+    checked.map_err(|source| {
+        report_corruption(ObjectKind::Meta, Place::Bucket, &key, &source);
+        ReadError::Corrupt { object: key, source }
+    })
+}
+
+/// Fetches the resident part of a paged meta from the bucket (one ranged read, two when its
+/// directory and models are longer than a first guess) and starts a partial copy at `part_path`.
+/// A meta of an older version has no pieces to fetch: it is fetched whole and written to
+/// `meta_path`.
+pub async fn fetch_meta_start<E: Entry>(
+    store: &dyn Store,
+    record: &TableRecord,
+    (meta_path, part_path): (&Path, &Path),
+) -> Result<(), ReadError> {
+    // Most resident parts fit (a directory is ~90 bytes per 64 frames; models, when a table has
+    // them, up to ~30 KB take a second read).
+    const FIRST_READ: u64 = 4 * 1024;
+    let key = table_key(E::TREE, &record.id, "meta");
+    let first = store.get_range(&key, 0, FIRST_READ.min(record.meta_len)).await?;
+    let paged = first.get(META_VERSION_AT) == Some(&crate::lsm::table::META_PAGED_VERSION.to_le_bytes()[..]);
+    let io = |path: &Path| {
+        let object = format!("{key} (local copy {})", path.display());
+        move |source| ReadError::Io { object, source }
+    };
+    if !paged {
+        let whole = store.get(&key).await?;
+        check_fetched_meta::<E>(record, &whole)?;
+        return crate::base::durable::write_durably(meta_path, &whole).map_err(io(meta_path));
+    }
+    let corrupt = |source: FormatError| {
+        report_corruption(ObjectKind::Meta, Place::Bucket, &key, &source);
+        ReadError::Corrupt { object: key.clone(), source }
+    };
+    let prefix_len = resident_len::<E>(&first).map_err(corrupt)?;
+    if prefix_len > record.meta_len {
+        return Err(corrupt(FormatError::Length { what: "meta", expected: record.meta_len, found: prefix_len }));
+    }
+    let prefix = match prefix_len <= first.len() as u64 {
+        true => first.slice(..prefix_len as usize),
+        false => store.get_range(&key, 0, prefix_len).await?,
+    };
+    crate::lsm::bytes::verify_checksum("paged meta resident part", &prefix).map_err(corrupt)?;
+    PartialFile::create(part_path, record.meta_len, &prefix).map_err(io(part_path))?;
+    Ok(())
 }
 
 /// The error of a meta read that failed: unreadable (I/O), or corrupt (reported).

@@ -40,6 +40,9 @@ pub struct Run<E: Entry> {
     pub kind: RunKind,
     /// Tables in shard order.
     pub tables: Vec<Arc<TableHandle<E>>>,
+    /// Some table's meta was a partial copy when the run was formed (a replica's): lookups
+    /// fetch pieces first. It may stay true after they are completed, which costs only a check.
+    pub partial_metas: bool,
 }
 
 impl<E: Entry> Run<E> {
@@ -53,7 +56,8 @@ impl<E: Entry> Run<E> {
                     && t.record.shard == i as u32
                     && t.record.shard_count == first.shard_count
             });
-        whole.then(|| Run { id: first.run_id, kind: first.run_kind, tables })
+        let partial_metas = tables.iter().any(|t| t.meta_is_partial());
+        whole.then(|| Run { id: first.run_id, kind: first.run_kind, tables, partial_metas })
     }
 
     pub fn shard_count(&self) -> u32 {

@@ -15,12 +15,13 @@ use crate::base::durable::{sync_dir, write_durably};
 use crate::lsm::cache::FrameCache;
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
-use crate::lsm::handle::{ReadError, TableHandle};
+use crate::lsm::handle::{ReadError, TableHandle, check_fetched_meta, fetch_meta_start};
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::TableRecord;
 use crate::lsm::run::{Run, shard_hash};
 use crate::lsm::table::{FormatError, MetaCache, TableBuilder, TableOptions, TableSummary, learn_models};
 use crate::model::ids::RecordId;
+use crate::store::object::Store;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -46,6 +47,25 @@ impl<E: Entry> Snapshot<E> {
         let (hash, shard) = (KeyHash::of_record(key), shard_hash(key));
         let tables = self.runs.iter().map(|run| run.table_for_hash(shard));
         tables.filter(|table| table.may_contain(hash)).cloned().collect()
+    }
+
+    /// Before `tables_for_key(s)`: fetches from the bucket what a lookup of `keys` reads in tables
+    /// whose metas are partial copies (nothing for the others).
+    pub async fn fetch_metas_for_keys(&self, store: &dyn Store, keys: &[RecordId]) -> Result<(), ReadError> {
+        let partial_runs: Vec<&Arc<Run<E>>> = self.runs.iter().filter(|run| run.partial_metas).collect();
+        if partial_runs.is_empty() {
+            return Ok(());
+        }
+        let mut fetches = Vec::new();
+        for key in keys {
+            let hash = shard_hash(key);
+            for table in partial_runs.iter().map(|run| run.table_for_hash(hash)) {
+                if table.meta_is_partial() {
+                    fetches.push(table.fetch_meta_for_key(store, *key));
+                }
+            }
+        }
+        futures::future::try_join_all(fetches).await.map(|_| ())
     }
 
     /// `tables_for_key` for many keys at once: every table that may hold any of them, with those
@@ -227,7 +247,7 @@ impl<E: Entry> Tree<E> {
 
     /// Deletes the local files of table `id` (a retired table; missing files are fine).
     pub fn remove_local(&self, id: &str) -> std::io::Result<()> {
-        for ext in ["data", "meta"] {
+        for ext in ["data", "meta", "part"] {
             match std::fs::remove_file(self.local_path(id, ext)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
                 _ => {}
@@ -251,10 +271,36 @@ impl<E: Entry> Tree<E> {
         Ok(removed)
     }
 
-    /// Opens a table whose files are on local disk (meta required; data optional = not cached).
+    /// Fetches table `record`'s meta from the bucket into this tree's directory, checked: whole
+    /// (`whole`), or its resident part only, as a partial copy that queries fill as they need.
+    pub async fn fetch_meta(&self, store: &dyn Store, record: &TableRecord, whole: bool) -> Result<(), ReadError> {
+        let (meta, part) = (self.local_path(&record.id, "meta"), self.local_path(&record.id, "part"));
+        if !whole {
+            return fetch_meta_start::<E>(store, record, (&meta, &part)).await;
+        }
+        let key = crate::lsm::handle::table_key(E::TREE, &record.id, "meta");
+        let bytes = store.get(&key).await?;
+        check_fetched_meta::<E>(record, &bytes)?;
+        write_durably(&meta, &bytes).map_err(|source| ReadError::Io { object: meta.display().to_string(), source })
+    }
+
+    /// Fetches whole every meta still partial, one at a time (see `TableHandle::complete_meta`).
+    /// Returns how many it completed.
+    pub async fn complete_partial_metas(&self, store: &dyn Store) -> Result<usize, ReadError> {
+        let partial: Vec<_> = self.tables().into_iter().filter(|t| t.meta_is_partial()).collect();
+        for table in &partial {
+            let id = &table.record.id;
+            table.complete_meta(store, &self.local_path(id, "part"), &self.local_path(id, "meta")).await?;
+        }
+        Ok(partial.len())
+    }
+
+    /// Opens a table whose files are on local disk (its meta, or its partial copy, required; its
+    /// data optional = not cached).
     pub fn open_table(&self, record: TableRecord) -> Result<TableHandle<E>, ReadError> {
-        let (meta_path, data_path) = (self.local_path(&record.id, "meta"), self.local_path(&record.id, "data"));
-        TableHandle::open(record, &meta_path, data_path, (self.frame_cache.clone(), self.meta_cache.clone()))
+        let (meta, part) = (self.local_path(&record.id, "meta"), self.local_path(&record.id, "part"));
+        let data = self.local_path(&record.id, "data");
+        TableHandle::open(record, (&meta, &part, data), (self.frame_cache.clone(), self.meta_cache.clone()))
     }
 
     /// Makes `table` visible as a delta run and drops the frozen memtable it replaces, in one step.

@@ -121,6 +121,10 @@ impl Writer {
         if index.restore_if_empty(now).await? {
             tracing::info!(position = ?index.position(), "restored the data directory from the bucket");
         }
+        let completed = index.complete_partial_metas().await?;
+        if completed > 0 {
+            tracing::info!(completed, "fetched whole the metas a read-only server had fetched in part");
+        }
         let compactor = Compactor::spawn(index.clone(), runtime, clock.clone());
         Ok(Writer {
             index,

@@ -7,7 +7,8 @@
 //! - `columns`: the byte-column layouts the payload encodings and the frame index share;
 //! - `meta`: `TableMeta`, the decoded meta file, its lookups and its codec (versions 1 to 3, and
 //!   whole reads of version 4);
-//! - `paged`: version 4, the paged meta, and `PagedMeta`, which reads it a page at a time.
+//! - `paged`: version 4, the paged meta, and `PagedMeta`, which reads it a page at a time;
+//! - `partial`: `PartialFile`, a local copy of a paged meta fetched piece by piece.
 //!
 //! Invariants:
 //! - Entries are strictly increasing across the whole table (byte order == `Ord`).
@@ -33,6 +34,7 @@ mod columns;
 mod frame;
 mod meta;
 mod paged;
+mod partial;
 #[cfg(test)]
 mod tests;
 
@@ -40,7 +42,11 @@ pub use super::bytes::FormatError;
 pub use builder::{Spill, TableBuilder, learn_models};
 pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data_checksums};
 pub use meta::TableMeta;
-pub use paged::{CHUNK_FRAMES, META_PAGED_VERSION, MetaCache, MetaPage, PAGE_BLOCKS, PageSource, PagedMeta};
+pub use paged::{
+    CHUNK_FRAMES, HEADER_LEN as PAGED_HEADER_LEN, META_PAGED_VERSION, MetaCache, MetaPage, MetaPiece, PAGE_BLOCKS,
+    PageSource, PagedMeta, resident_len,
+};
+pub use partial::PartialFile;
 
 use super::bytes::CHECKSUM_LEN;
 use super::coder::Layout;

@@ -21,6 +21,7 @@
 //!   only saves reads; the frames' own checksums guard the answer) and is reported.
 
 use super::meta::{META_MAGIC, decode_entry, decode_frame_index, decode_models, encode_entry, encode_frame_index};
+use super::partial::PartialFile;
 use super::{FrameInfo, MAX_FRAMES, TableMeta, max_frame_entries};
 use crate::lsm::bytes::{CHECKSUM_LEN, FormatError, Reader, check_range, invalid};
 use crate::lsm::cache::{BudgetCache, CacheValue};
@@ -36,7 +37,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 pub const META_PAGED_VERSION: u16 = 4;
 /// Bytes of version 4's fixed header.
-pub(super) const HEADER_LEN: usize = 68;
+pub const HEADER_LEN: usize = 68;
 /// Filter blocks per page: 4 KiB of filter per read.
 pub const PAGE_BLOCKS: usize = 64;
 /// Frames per index chunk: about 16,000 entries of a default table, a few KiB decoded.
@@ -81,6 +82,8 @@ pub type MetaCache<E> = BudgetCache<MetaPage<E>>;
 pub enum PageSource {
     File(File),
     Memory(Arc<[u8]>),
+    /// A local copy being fetched piece by piece from the bucket.
+    Partial(PartialFile),
 }
 
 impl PageSource {
@@ -88,11 +91,13 @@ impl PageSource {
         match self {
             PageSource::File(file) => file.metadata().map(|m| m.len()).map_err(unreadable),
             PageSource::Memory(bytes) => Ok(bytes.len() as u64),
+            PageSource::Partial(partial) => Ok(partial.meta_len()),
         }
     }
 
     fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>, FormatError> {
         match self {
+            PageSource::Partial(partial) => partial.read(offset, len),
             PageSource::File(file) => {
                 let mut buffer = vec![0u8; len];
                 file.read_exact_at(&mut buffer, offset).map_err(unreadable)?;
@@ -126,6 +131,21 @@ struct ChunkInfo<E> {
     /// Where the chunk lies in the meta file (its checksum included).
     meta_offset: u64,
     len: u32,
+}
+
+/// A piece of a paged meta a lookup reads: one filter page, or consecutive index chunks. What a
+/// partial copy fetches from the bucket, by range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MetaPiece {
+    pub offset: u64,
+    pub len: u64,
+    what: PieceKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PieceKind {
+    FilterPage,
+    Chunks(Range<usize>),
 }
 
 /// The fixed header.
@@ -303,13 +323,65 @@ impl<E: Entry> PagedMeta<E> {
         if let Some(MetaPage::Filter(bytes)) = self.cache.get(self.serial, page as u32) {
             return Ok(bytes);
         }
-        let blocks = PAGE_BLOCKS.min(self.header.shape.blocks - page * PAGE_BLOCKS);
-        let len = blocks * BLOCK_BYTES + CHECKSUM_LEN;
-        let offset = self.header.filter_offset() + (page * PAGE_BLOCKS * BLOCK_BYTES + page * CHECKSUM_LEN) as u64;
+        let (offset, len) = self.filter_page_place(page);
         let bytes = self.source.read(offset, len)?;
         let bytes: Arc<[u8]> = checked("filter page", &bytes)?.into();
         self.cache.insert(self.serial, page as u32, MetaPage::Filter(bytes.clone()));
         Ok(bytes)
+    }
+
+    /// Where filter page `page` lies in the file (its checksum included).
+    fn filter_page_place(&self, page: usize) -> (u64, usize) {
+        let blocks = PAGE_BLOCKS.min(self.header.shape.blocks - page * PAGE_BLOCKS);
+        let offset = self.header.filter_offset() + (page * PAGE_BLOCKS * BLOCK_BYTES + page * CHECKSUM_LEN) as u64;
+        (offset, blocks * BLOCK_BYTES + CHECKSUM_LEN)
+    }
+
+    /// The partial local copy this meta reads, while some of it is still to be fetched.
+    pub fn partial(&self) -> Option<&PartialFile> {
+        match &self.source {
+            PageSource::Partial(partial) if !partial.is_complete() => Some(partial),
+            _ => None,
+        }
+    }
+
+    /// The pieces a lookup of keys in `lo..=hi` (hashed `h`) reads that a partial copy does not
+    /// hold yet: the key's filter page, and the index chunks from the one holding `lo`'s
+    /// predecessor frame through the one after `hi`'s (the frame after a range is read too).
+    pub fn missing_pieces(&self, h: KeyHash, lo: &E, hi: &E) -> Vec<MetaPiece> {
+        let Some(partial) = self.partial() else { return Vec::new() };
+        let page = h.block_index(self.header.shape.blocks) / PAGE_BLOCKS;
+        let (offset, len) = self.filter_page_place(page);
+        let mut pieces = vec![MetaPiece { offset, len: len as u64, what: PieceKind::FilterPage }];
+        let first = self.chunks.partition_point(|chunk| chunk.first <= *lo).saturating_sub(1);
+        let end = (self.chunks.partition_point(|chunk| chunk.first <= *hi) + 1).min(self.chunks.len());
+        if first < end {
+            let offset = self.chunks[first].meta_offset;
+            let len = self.chunks[first..end].iter().map(|chunk| u64::from(chunk.len)).sum();
+            pieces.push(MetaPiece { offset, len, what: PieceKind::Chunks(first..end) });
+        }
+        pieces.retain(|piece| !partial.covers(&(piece.offset..piece.offset + piece.len)));
+        pieces
+    }
+
+    /// Checks a fetched piece against its checksums (each page or chunk its own) and writes it
+    /// into the partial copy. A piece that fails is not written.
+    pub fn accept(&self, piece: &MetaPiece, bytes: &[u8]) -> Result<(), FormatError> {
+        let Some(partial) = self.partial() else { return Ok(()) };
+        if bytes.len() as u64 != piece.len {
+            return Err(FormatError::Length { what: WHAT, expected: piece.len, found: bytes.len() as u64 });
+        }
+        match &piece.what {
+            PieceKind::FilterPage => crate::lsm::bytes::verify_checksum("filter page", bytes)?,
+            PieceKind::Chunks(chunks) => {
+                let mut at = 0;
+                for chunk in &self.chunks[chunks.clone()] {
+                    crate::lsm::bytes::verify_checksum("frame index chunk", &bytes[at..at + chunk.len as usize])?;
+                    at += chunk.len as usize;
+                }
+            }
+        }
+        partial.fill(piece.offset, bytes).map_err(unreadable)
     }
 
     /// `f` of chunk `c`'s frames: in the cache, or read, checked and cached.
@@ -413,6 +485,12 @@ impl<E: Entry> PagedMeta<E> {
         let last = self.frame(r.end - 1)?;
         Ok((self.frame(r.start)?.offset, last.offset.saturating_add(u64::from(last.len))))
     }
+}
+
+/// The length of the resident part (header, directory, models, checksum) of the version-4 meta
+/// whose first bytes are `start` (at least `HEADER_LEN` of them).
+pub fn resident_len<E: Entry>(start: &[u8]) -> Result<u64, FormatError> {
+    Ok(parse_header::<E>(start.get(..HEADER_LEN).unwrap_or(start))?.resident_len() as u64)
 }
 
 /// Parses and bounds-checks version 4's fixed header.
