@@ -73,8 +73,7 @@ fn realistic_backlinks(seed: u64) -> (Vec<Backlink>, Vec<RecordId>) {
 
 /// Builds the table with a filter sized for the number of distinct targets.
 fn build(links: &[Backlink], options: &TableOptions) -> (Vec<u8>, Vec<u8>) {
-    let distinct_targets = 1 + links.windows(2).filter(|pair| pair[0].target != pair[1].target).count();
-    let mut builder = TableBuilder::new(Vec::new(), options, distinct_targets).expect("options");
+    let mut builder = TableBuilder::new(Vec::new(), options).expect("options");
     links.iter().for_each(|link| builder.push(link).expect("sorted input"));
     let (data, meta, _) = builder.finish().expect("in-memory table");
     (data, meta)

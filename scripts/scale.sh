@@ -11,6 +11,10 @@
 # ACCOUNTS (fixed account count, e.g. 40000000), TARGETS (3000 query targets), LOAD_SECONDS (20),
 # RTT_MS (20, the cold phase), BINARIES (a directory holding backlinks, backlinks-workload and
 # suite; default: build them).
+#
+# Write amplification is the bytes the import wrote to the file system (local tables, state and,
+# with a local-directory bucket, the uploads) over the live bucket bytes it left.
+# Needs jq, sqlite3, bc, curl, shuf and GNU time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -59,16 +63,24 @@ for size in "$@"; do
     wall=$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$dir/import.time" | seconds_of)
     rss_kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$dir/import.time")
     fs_blocks=$(sed -n 's/.*File system outputs: //p' "$dir/import.time")
-    # `events=N elapsed_ms=M` from the progress lines: the rate between the last line at or
-    # before 90 % of the run and the end.
+    # `events=N elapsed_ms=M` from the progress lines (every 30 s): the rate between the last
+    # line at or before 90 % of the events and the last line (the whole run's rate when the
+    # import took less than a minute). The time after the last event read (the final flush,
+    # merges and uploads) is in the whole run's rate only.
+    lines=$(jq .lines "$dir/import.json")
     last_tenth=$(sed 's/\x1b\[[0-9;]*m//g' "$dir/import.log" | sed -n 's/.*events=\([0-9]*\) elapsed_ms=\([0-9]*\).*/\1 \2/p' |
-        awk -v wall="$wall" -v lines="$(jq .lines "$dir/import.json")" '
-            $2 / 1000 <= 0.9 * wall { e = $1; t = $2 / 1000 }
-            END { if (wall > t) printf "%.0f", (lines - e) / (wall - t); else print 0 }')
+        awk -v lines="$lines" -v wall="$wall" '
+            $1 <= 0.9 * lines { e = $1; t = $2 } { last_e = $1; last_t = $2 }
+            END { if (last_t > t) printf "%.0f", (last_e - e) * 1000 / (last_t - t); else printf "%.0f", lines / wall }')
     runs=$(jq .runs "$dir/import.json")
 
     step "$size: bytes"
-    bucket=$(bytes_of "$data/bucket")
+    # Live bytes: the tables the catalog holds as current (retired ones wait out the GC grace
+    # period in the bucket, counted in bucket_total), the outline ranges and the manifest.
+    tables_live=$(sqlite3 "$data/state/state.db" "select coalesce(sum(data_len + meta_len), 0) from tables where obsolete_at is null")
+    manifest=$(find "$data/bucket/manifests" -name "$(cat "$data/bucket/CURRENT")" -printf '%s')
+    bucket=$((tables_live + $(bytes_of "$data/bucket/outlines") + manifest))
+    bucket_total=$(bytes_of "$data/bucket")
     metas=$(bytes_of "$data"/state/tables/*/*.meta)
     cache=$(bytes_of "$data"/state/tables/*/*.data)
     outlines=$(bytes_of "$data"/outlines.db*)
@@ -113,8 +125,8 @@ for size in "$@"; do
     same=$(cmp -s "$dir/replica_first.json" "$dir/writer_first.json" && echo yes || echo NO)
 
     jq -n --argjson size "$size" --argjson accounts "$accounts" --argjson links "$links" --argjson wall "$wall" \
-        --argjson lines "$(jq .lines "$dir/import.json")" --argjson last "$last_tenth" --argjson rss "$rss_kib" \
-        --argjson fs "$((fs_blocks * 512))" --argjson runs "$runs" --argjson bucket "$bucket" --argjson metas "$metas" \
+        --argjson lines "$lines" --argjson last "$last_tenth" --argjson rss "$rss_kib" \
+        --argjson fs "$((fs_blocks * 512))" --argjson runs "$runs" --argjson bucket "$bucket" --argjson bucket_total "$bucket_total" --argjson metas "$metas" \
         --argjson cache "$cache" --argjson outlines "$outlines" --argjson state "$state" \
         --argjson serve_peak "$serve_peak" --argjson first "$first_answer" --argjson replica_peak "$replica_peak" \
         --arg same "$same" --slurpfile h "$dir/http.json" --slurpfile hl "$dir/http_latency.json" \
@@ -122,7 +134,7 @@ for size in "$@"; do
         {size: $size, accounts: $accounts, links_written: $links,
          import_events_per_sec: ($lines / $wall), import_last_tenth_events_per_sec: $last,
          import_peak_rss_mib: ($rss / 1024), write_amplification: ($fs / $bucket), runs_at_end: $runs,
-         bucket_bytes_per_link: ($bucket / $links),
+         bucket_bytes_per_link: ($bucket / $links), bucket_total_bytes_per_link: ($bucket_total / $links),
          local_bytes_per_link: {metas: ($metas / $links), outlines: ($outlines / $links), state: ($state / $links),
                                 data_cache: ($cache / $links)},
          serve_peak_rss_mib: ($serve_peak / 1024),

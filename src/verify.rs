@@ -318,7 +318,7 @@ mod tests {
 
     fn table(entries: u64) -> (Vec<u8>, Vec<u8>) {
         let options = TableOptions { frame_bytes: 256, ..TableOptions::default() };
-        let mut builder = TableBuilder::<Backlink, Vec<u8>>::new(Vec::new(), &options, 0).unwrap();
+        let mut builder = TableBuilder::<Backlink, Vec<u8>>::new(Vec::new(), &options).unwrap();
         for i in 0..entries {
             let target = RecordId { rkey: i / 3, collection: 1, did: 1 << 63 | 1 };
             let source = RecordId { rkey: i, collection: 2, did: 1 << 63 | 2 };

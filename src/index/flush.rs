@@ -60,11 +60,11 @@ impl FlushJob<'_> {
             if live().next().is_none() {
                 links_all_dead = Some(memtable);
             } else {
-                links = Some(index.write_table(&index.links, id, memtable.len(), live)?);
+                links = Some(index.write_table(&index.links, id, live)?);
             }
         }
         if let Some((memtable, id)) = &self.thresholds {
-            thresholds = Some(index.write_table(&index.thresholds, id, memtable.len(), || memtable.iter().copied())?);
+            thresholds = Some(index.write_table(&index.thresholds, id, || memtable.iter().copied())?);
         }
         let tables = links.iter().chain(&thresholds).cloned().collect();
         let flush = FlushRecord { tables, position: self.position, accounts: self.accounts };
@@ -167,10 +167,9 @@ impl Index {
         &self,
         tree: &Tree<E>,
         id: &str,
-        count_hint: usize,
         entries: impl Fn() -> I,
     ) -> Result<TableRecord, IndexError> {
-        let summary = tree.write_sorted(id, count_hint, entries).map_err(io_err(tree.dir()))?;
+        let summary = tree.write_sorted(id, entries).map_err(io_err(tree.dir()))?;
         Ok(TableRecord::written(E::TREE, id.to_string(), (id.to_string(), RunKind::Delta), (0, 1), &summary))
     }
 }

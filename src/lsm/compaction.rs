@@ -40,6 +40,8 @@ pub struct CompactionOptions {
     /// Upper bound on input bytes read per second (pacing), or `None` for no limit.
     pub max_bytes_per_sec: Option<u64>,
     /// Most revocations held in memory to drop killed backlinks; above it nothing is dropped.
+    /// About 43 bytes each (the revocation and its index bucket): 1 Mi is 43 MiB, 4 Mi was the
+    /// largest part of a 100 M-link import's peak (BENCHMARKS.md, issue 22).
     pub max_thresholds: usize,
 }
 
@@ -51,7 +53,7 @@ impl Default for CompactionOptions {
             shard_bytes: 64 << 20,
             frames_per_read: 16,
             max_bytes_per_sec: Some(64 << 20),
-            max_thresholds: 4 << 20,
+            max_thresholds: 1 << 20,
         }
     }
 }
@@ -145,9 +147,8 @@ pub fn merge<E: Entry>(
     let shard_count = ids.len() as u32;
     assert!((1..=MAX_SHARDS).contains(&shard_count), "bad shard count {shard_count}");
     let io = |source| ReadError::Io { object: format!("compaction output in {}", tree.dir().display()), source };
-    let hint = (inputs.iter().map(|r| r.entries()).sum::<u64>() / shard_count as u64) as usize;
     let mut outs: Vec<TableWriter<E>> =
-        ids.iter().map(|id| tree.table_writer(id, hint)).collect::<Result<_, _>>().map_err(io)?;
+        ids.iter().map(|id| tree.table_writer(id)).collect::<Result<_, _>>().map_err(io)?;
     let mut scans: Vec<TableScan<E>> = inputs
         .iter()
         .flat_map(|r| r.tables.iter())

@@ -130,6 +130,15 @@ impl KeyHash {
         KeyHash(xxh3_128(key_bytes))
     }
 
+    /// The hash as 16 bytes (a builder spills them to a file) and back.
+    pub fn to_le_bytes(self) -> [u8; 16] {
+        self.0.to_le_bytes()
+    }
+
+    pub fn from_le_bytes(bytes: [u8; 16]) -> Self {
+        KeyHash(u128::from_le_bytes(bytes))
+    }
+
     /// Hash of a `RecordId` key, via its encoding.
     pub fn of_record(key: &RecordId) -> Self {
         Self::of(&key.to_bytes())

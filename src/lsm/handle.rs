@@ -403,12 +403,13 @@ impl<E: Entry> TableHandle<E> {
         matches!(&self.meta, MetaView::Paged(meta) if meta.partial().is_some())
     }
 
-    /// For a partial meta: fetches from the bucket the pieces a lookup of `key` reads that it
+    /// For a partial meta: fetches from the bucket the pieces lookups of `keys` read that it
     /// lacks (one ranged read each, concurrently), checks them, and keeps them locally.
-    pub async fn fetch_meta_for_key(&self, store: &dyn Store, key: RecordId) -> Result<(), ReadError> {
+    pub async fn fetch_meta_for_keys(&self, store: &dyn Store, keys: &[RecordId]) -> Result<(), ReadError> {
         let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
-        let (lo, hi) = (E::min_for_key(key), E::max_for_key(key));
-        let pieces = meta.missing_pieces(KeyHash::of_record(&key), &lo, &hi);
+        let bounds: Vec<(KeyHash, E, E)> =
+            keys.iter().map(|key| (KeyHash::of_record(key), E::min_for_key(*key), E::max_for_key(*key))).collect();
+        let pieces = meta.missing_pieces(&bounds);
         if pieces.is_empty() {
             return Ok(());
         }

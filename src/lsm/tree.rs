@@ -19,7 +19,7 @@ use crate::lsm::handle::{ReadError, TableHandle, check_fetched_meta, fetch_meta_
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::TableRecord;
 use crate::lsm::run::{Run, shard_hash};
-use crate::lsm::table::{FormatError, MetaCache, TableBuilder, TableOptions, TableSummary, learn_models};
+use crate::lsm::table::{FormatError, MetaCache, Spill, TableBuilder, TableOptions, TableSummary, learn_models};
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
 use std::fs::File;
@@ -56,15 +56,18 @@ impl<E: Entry> Snapshot<E> {
         if partial_runs.is_empty() {
             return Ok(());
         }
-        let mut fetches = Vec::new();
+        // Keys by table, so that each table fetches each of its pieces once.
+        let mut by_table: Vec<(&Arc<TableHandle<E>>, Vec<RecordId>)> = Vec::new();
         for key in keys {
             let hash = shard_hash(key);
-            for table in partial_runs.iter().map(|run| run.table_for_hash(hash)) {
-                if table.meta_is_partial() {
-                    fetches.push(table.fetch_meta_for_key(store, *key));
+            for table in partial_runs.iter().map(|run| run.table_for_hash(hash)).filter(|t| t.meta_is_partial()) {
+                match by_table.iter_mut().find(|(t, _)| Arc::ptr_eq(t, table)) {
+                    Some((_, members)) => members.push(*key),
+                    None => by_table.push((table, vec![*key])),
                 }
             }
         }
+        let fetches = by_table.iter().map(|(table, keys)| table.fetch_meta_for_keys(store, keys));
         futures::future::try_join_all(fetches).await.map(|_| ())
     }
 
@@ -207,18 +210,17 @@ impl<E: Entry> Tree<E> {
         Some(frozen)
     }
 
-    /// Writes sorted, unique entries as table `id`; `count_hint` reserves room for key hashes.
+    /// Writes sorted, unique entries as table `id`.
     /// `entries` gives them twice: once to learn the column models from, once to write (entries
     /// in memory, such as a frozen memtable's, need no spill that way).
     pub fn write_sorted<I: Iterator<Item = E>>(
         &self,
         id: &str,
-        count_hint: usize,
         entries: impl Fn() -> I,
     ) -> std::io::Result<TableSummary> {
         let models = learn_models(entries(), &self.options);
         let (file, tmp_data) = self.tmp_data_file(id)?;
-        let builder = TableBuilder::with_models(file, models, &self.options, count_hint)?;
+        let builder = TableBuilder::with_models(file, models, &self.options)?;
         let mut writer = self.writer_for(id, builder, tmp_data);
         for entry in entries() {
             writer.push(&entry)?;
@@ -228,9 +230,11 @@ impl<E: Entry> Tree<E> {
 
     /// A writer of table `id` whose files become visible (durably) only at `finish`; it spills
     /// its first frames while it learns its column models.
-    pub fn table_writer(&self, id: &str, count_hint: usize) -> std::io::Result<TableWriter<E>> {
+    pub fn table_writer(&self, id: &str) -> std::io::Result<TableWriter<E>> {
         let (file, tmp_data) = self.tmp_data_file(id)?;
-        let builder = TableBuilder::with_spill(file, Box::new(anonymous_spill(&tmp_data)?), &self.options, count_hint)?;
+        let spills: (Box<dyn Spill>, Box<dyn Spill>) =
+            (Box::new(anonymous_spill(&tmp_data, "spill")?), Box::new(anonymous_spill(&tmp_data, "keys")?));
+        let builder = TableBuilder::with_spills(file, spills, &self.options)?;
         Ok(self.writer_for(id, builder, tmp_data))
     }
 
@@ -395,8 +399,8 @@ impl<E: Entry> TableWriter<E> {
 /// A table builder's spill file beside `tmp_data`, unlinked at once: it holds the raw frames
 /// until the builder finishes and disappears with the builder, crash or not. Unbuffered: the
 /// builder writes and reads whole frames.
-fn anonymous_spill(tmp_data: &Path) -> std::io::Result<File> {
-    let path = tmp_data.with_extension("spill");
+fn anonymous_spill(tmp_data: &Path, extension: &str) -> std::io::Result<File> {
+    let path = tmp_data.with_extension(extension);
     let file = File::options().read(true).write(true).create(true).truncate(true).open(&path)?;
     std::fs::remove_file(&path)?;
     Ok(file)

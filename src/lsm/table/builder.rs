@@ -5,6 +5,10 @@
 //!   first `spill_bytes` (spilled raw meanwhile), decides them once, then encodes every frame
 //!   exactly once, in order.
 //! - After an I/O error the builder refuses further use.
+//! - Memory does not grow with the table: the raw frames of the model sample go to the frame
+//!   spill, and the distinct keys' hashes (16 bytes each, what the filter is sized and built from
+//!   at `finish`) to the key spill past `KEY_HASHES_IN_MEMORY`. What stays is one record per
+//!   frame for the frame index.
 
 use super::frame::FrameEncoder;
 use super::meta::TableMeta;
@@ -18,8 +22,8 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 /// codes a table about as well as all of its frames: BENCHMARKS.md, "column models").
 const MODEL_SAMPLE_STRIDE: usize = 16;
 
-/// Most key hashes a builder reserves room for up front (it grows past this as keys arrive).
-const MAX_RESERVED_KEYS: usize = 1 << 20;
+/// Key hashes a builder holds before it writes them to its key spill (1 MiB).
+const KEY_HASHES_IN_MEMORY: usize = 1 << 16;
 
 /// The first entry of a frame, whether it continues the previous key, and its entry count.
 struct FrameStart<E> {
@@ -33,6 +37,51 @@ struct FrameStart<E> {
 /// resident memory), a vector in tests and benches.
 pub trait Spill: Read + Write + Seek + Send {}
 impl<T: Read + Write + Seek + Send> Spill for T {}
+
+/// The hashes of a table's distinct keys, in order: the newest in memory, the rest in a spill.
+struct KeyHashes {
+    recent: Vec<KeyHash>,
+    spill: Box<dyn Spill>,
+    spilled: usize,
+}
+
+impl KeyHashes {
+    fn new(spill: Box<dyn Spill>) -> Self {
+        KeyHashes { recent: Vec::with_capacity(KEY_HASHES_IN_MEMORY), spill, spilled: 0 }
+    }
+
+    fn push(&mut self, hash: KeyHash) -> io::Result<()> {
+        if self.recent.len() == KEY_HASHES_IN_MEMORY {
+            let bytes: Vec<u8> = self.recent.iter().flat_map(|h| h.to_le_bytes()).collect();
+            self.spill.write_all(&bytes)?;
+            self.spilled += self.recent.len();
+            self.recent.clear();
+        }
+        self.recent.push(hash);
+        Ok(())
+    }
+
+    fn len(&self) -> usize {
+        self.spilled + self.recent.len()
+    }
+
+    /// Every hash, in the order pushed, into `filter`.
+    fn insert_into(&mut self, filter: &mut FilterBuilder) -> io::Result<()> {
+        self.spill.seek(SeekFrom::Start(0))?;
+        let mut chunk = vec![0u8; KEY_HASHES_IN_MEMORY * 16];
+        let mut left = self.spilled;
+        while left > 0 {
+            let n = left.min(KEY_HASHES_IN_MEMORY);
+            self.spill.read_exact(&mut chunk[..n * 16])?;
+            for bytes in chunk[..n * 16].chunks_exact(16) {
+                filter.insert(KeyHash::from_le_bytes(bytes.try_into().expect("16 bytes")));
+            }
+            left -= n;
+        }
+        self.recent.drain(..).for_each(|hash| filter.insert(hash));
+        Ok(())
+    }
+}
 
 /// How a builder encodes: still learning (frames go to the spill), or decided (frames are
 /// encoded as they fill, under the models if the table has any).
@@ -62,7 +111,7 @@ pub struct TableBuilder<E: Entry, W: Write> {
     frames: Vec<FrameInfo<E>>,
     data_len: u64,
     /// One hash per distinct key, in order; the filter is built from them at `finish`.
-    key_hashes: Vec<KeyHash>,
+    key_hashes: KeyHashes,
     filter_fpr: f64,
     last: Option<E>,
     entries: u64,
@@ -72,33 +121,28 @@ pub struct TableBuilder<E: Entry, W: Write> {
 }
 
 impl<E: Entry, W: Write> TableBuilder<E, W> {
-    /// A builder that spills to memory (tests, benches). `expected_keys` only reserves room for
-    /// key hashes: the filter is sized at `finish` from the exact number of distinct keys pushed
-    /// (a streaming writer, such as a compaction, cannot know it up front). Fails on invalid
-    /// options.
-    pub fn new(data_out: W, opts: &TableOptions, expected_keys: usize) -> io::Result<Self> {
-        Self::with_spill(data_out, Box::new(io::Cursor::new(Vec::new())), opts, expected_keys)
+    /// A builder that spills to memory (tests, benches, flushes of a bounded memtable). The
+    /// filter is sized at `finish` from the exact number of distinct keys pushed (a streaming
+    /// writer, such as a compaction, cannot know it up front). Fails on invalid options.
+    pub fn new(data_out: W, opts: &TableOptions) -> io::Result<Self> {
+        let in_memory = || Box::new(io::Cursor::new(Vec::new())) as Box<dyn Spill>;
+        Self::with_spills(data_out, (in_memory(), in_memory()), opts)
     }
 
     /// A builder whose column models are already decided (`learn_models`): it encodes every
     /// frame as it fills and never spills.
-    pub fn with_models(
-        data_out: W,
-        models: Option<ColumnModels>,
-        opts: &TableOptions,
-        expected_keys: usize,
-    ) -> io::Result<Self> {
-        let mut builder = Self::new(data_out, opts, expected_keys)?;
+    pub fn with_models(data_out: W, models: Option<ColumnModels>, opts: &TableOptions) -> io::Result<Self> {
+        let mut builder = Self::new(data_out, opts)?;
         builder.coding = Coding::Decided(models);
         Ok(builder)
     }
 
-    /// A builder that spills to `spill` (an empty, readable and writable file).
-    pub fn with_spill(
+    /// A builder that spills its model sample's frames and its key hashes to `spills` (each an
+    /// empty, readable and writable file).
+    pub fn with_spills(
         data_out: W,
-        spill: Box<dyn Spill>,
+        (spill, key_spill): (Box<dyn Spill>, Box<dyn Spill>),
         opts: &TableOptions,
-        expected_keys: usize,
     ) -> io::Result<Self> {
         opts.validate()?;
         let entries_per_frame = opts.entries_per_frame::<E>();
@@ -115,7 +159,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             starts: Vec::new(),
             frames: Vec::new(),
             data_len: 0,
-            key_hashes: Vec::with_capacity(expected_keys.min(MAX_RESERVED_KEYS)),
+            key_hashes: KeyHashes::new(key_spill),
             filter_fpr: opts.filter_fpr,
             last: None,
             entries: 0,
@@ -141,7 +185,8 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         self.pending.resize(at + E::WIDTH, 0);
         entry.encode(&mut self.pending[at..]);
         if self.last.is_none_or(|last| last.key() != entry.key()) {
-            self.key_hashes.push(KeyHash::of(&self.pending[at..at + E::KEY_WIDTH]));
+            let hash = KeyHash::of(&self.pending[at..at + E::KEY_WIDTH]);
+            self.or_fail(|builder| builder.key_hashes.push(hash))?;
         }
         self.last = Some(*entry);
         self.entries += 1;
@@ -161,9 +206,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         })?;
         self.data_out.flush()?;
         let mut filter = FilterBuilder::new(self.key_hashes.len(), self.filter_fpr);
-        for hash in self.key_hashes.drain(..) {
-            filter.insert(hash);
-        }
+        self.or_fail(|builder| builder.key_hashes.insert_into(&mut filter))?;
         let Coding::Decided(models) = std::mem::replace(&mut self.coding, Coding::Decided(None)) else {
             unreachable!("finish decides the coding")
         };

@@ -345,23 +345,44 @@ impl<E: Entry> PagedMeta<E> {
         }
     }
 
-    /// The pieces a lookup of keys in `lo..=hi` (hashed `h`) reads that a partial copy does not
-    /// hold yet: the key's filter page, and the index chunks from the one holding `lo`'s
-    /// predecessor frame through the one after `hi`'s (the frame after a range is read too).
-    pub fn missing_pieces(&self, h: KeyHash, lo: &E, hi: &E) -> Vec<MetaPiece> {
+    /// The pieces lookups of `keys` (each hashed, with its entry bounds `lo..=hi`) read that a
+    /// partial copy does not hold yet: each key's filter page, and the index chunks from the one
+    /// holding `lo`'s predecessor frame through the one after `hi`'s (the frame after a range is
+    /// read too). Each page once; chunk ranges that touch merged into one piece.
+    pub fn missing_pieces(&self, keys: &[(KeyHash, E, E)]) -> Vec<MetaPiece> {
         let Some(partial) = self.partial() else { return Vec::new() };
-        let page = h.block_index(self.header.shape.blocks) / PAGE_BLOCKS;
-        let (offset, len) = self.filter_page_place(page);
-        let mut pieces = vec![MetaPiece { offset, len: len as u64, what: PieceKind::FilterPage }];
-        let first = self.chunks.partition_point(|chunk| chunk.first <= *lo).saturating_sub(1);
-        let end = (self.chunks.partition_point(|chunk| chunk.first <= *hi) + 1).min(self.chunks.len());
-        if first < end {
-            let offset = self.chunks[first].meta_offset;
-            let len = self.chunks[first..end].iter().map(|chunk| u64::from(chunk.len)).sum();
-            pieces.push(MetaPiece { offset, len, what: PieceKind::Chunks(first..end) });
+        let mut pages: Vec<usize> =
+            keys.iter().map(|(h, _, _)| h.block_index(self.header.shape.blocks) / PAGE_BLOCKS).collect();
+        pages.sort_unstable();
+        pages.dedup();
+        let mut pieces: Vec<MetaPiece> = pages
+            .into_iter()
+            .map(|page| self.filter_page_place(page))
+            .map(|(offset, len)| MetaPiece { offset, len: len as u64, what: PieceKind::FilterPage })
+            .collect();
+        let mut ranges: Vec<Range<usize>> = keys.iter().map(|(_, lo, hi)| self.chunks_read(lo, hi)).collect();
+        ranges.sort_unstable_by_key(|r| r.start);
+        let mut merged: Vec<Range<usize>> = Vec::new();
+        for range in ranges.into_iter().filter(|r| !r.is_empty()) {
+            match merged.last_mut() {
+                Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
+                _ => merged.push(range),
+            }
+        }
+        for chunks in merged {
+            let offset = self.chunks[chunks.start].meta_offset;
+            let len = self.chunks[chunks.clone()].iter().map(|chunk| u64::from(chunk.len)).sum();
+            pieces.push(MetaPiece { offset, len, what: PieceKind::Chunks(chunks) });
         }
         pieces.retain(|piece| !partial.covers(&(piece.offset..piece.offset + piece.len)));
         pieces
+    }
+
+    /// The index chunks a lookup of entries in `lo..=hi` reads (see `missing_pieces`).
+    fn chunks_read(&self, lo: &E, hi: &E) -> Range<usize> {
+        let first = self.chunks.partition_point(|chunk| chunk.first <= *lo).saturating_sub(1);
+        let end = (self.chunks.partition_point(|chunk| chunk.first <= *hi) + 1).min(self.chunks.len());
+        first..end.max(first)
     }
 
     /// Checks a fetched piece against its checksums (each page or chunk its own) and writes it

@@ -1,7 +1,7 @@
 //! Tests of the table format as a whole: round trips against plain models, the golden files of
 //! every encoding and meta version, and hostile bytes.
 
-use super::builder::{TableBuilder, learn_models};
+use super::builder::{Spill, TableBuilder, learn_models};
 use super::columns::{key_runs_transpose, split_key_runs};
 use super::frame::{
     ENCODING_SPREAD_KEY_RUNS_MODELLED, FrameEncoder, FrameHeader, decode_frame, decode_frames, verify_data_checksums,
@@ -23,7 +23,7 @@ fn options(frame_bytes: usize) -> TableOptions {
 
 /// Builds a table in memory: (data bytes, meta bytes, summary).
 fn build<E: Entry>(entries: &[E], opts: &TableOptions) -> (Vec<u8>, Vec<u8>, TableSummary) {
-    let mut builder = TableBuilder::new(Vec::new(), opts, entries.len()).unwrap();
+    let mut builder = TableBuilder::new(Vec::new(), opts).unwrap();
     entries.iter().for_each(|entry| builder.push(entry).unwrap());
     let (data, meta, summary) = builder.finish().unwrap();
     assert_eq!(summary.data_len, data.len() as u64);
@@ -200,7 +200,7 @@ fn empty_tables_have_no_frames_and_reject_every_key() {
 #[test]
 #[cfg_attr(debug_assertions, should_panic(expected = "strictly increasing"))]
 fn pushing_out_of_order_is_refused() {
-    let mut builder = TableBuilder::new(Vec::new(), &TableOptions::default(), 2).unwrap();
+    let mut builder = TableBuilder::new(Vec::new(), &TableOptions::default()).unwrap();
     let later = Revocation { source: record(2, 0, 0), rev: 0 };
     builder.push(&later).unwrap();
     let result = builder.push(&Revocation { source: record(1, 0, 0), rev: 0 });
@@ -210,7 +210,7 @@ fn pushing_out_of_order_is_refused() {
 
 #[test]
 fn options_outside_their_limits_are_refused() {
-    let refused = |opts: TableOptions| TableBuilder::<Revocation, _>::new(Vec::new(), &opts, 1).is_err();
+    let refused = |opts: TableOptions| TableBuilder::<Revocation, _>::new(Vec::new(), &opts).is_err();
     assert!(refused(options(0)));
     assert!(refused(options(MAX_FRAME_RAW_BYTES + 1)));
     assert!(refused(TableOptions { zstd_level: 0, ..TableOptions::default() }));
@@ -788,7 +788,8 @@ fn a_table_larger_than_its_spill_streams_after_learning_from_its_first_frames() 
         TableOptions { model_min_entries: 0, spill_bytes: 10 * DEFAULT_FRAME_BYTES, ..TableOptions::default() };
     let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
-    let mut builder = TableBuilder::with_spill(Vec::new(), Box::new(spill), &options, 0).unwrap();
+    let key_spill = Box::new(io::Cursor::new(Vec::new()));
+    let mut builder = TableBuilder::with_spills(Vec::new(), (Box::new(spill), key_spill), &options).unwrap();
     entries.iter().for_each(|entry| builder.push(entry).unwrap());
     let (data, meta_bytes, _) = builder.finish().unwrap();
     let most = most.load(std::sync::atomic::Ordering::Relaxed);
@@ -801,6 +802,28 @@ fn a_table_larger_than_its_spill_streams_after_learning_from_its_first_frames() 
     assert_eq!(read_frames(&meta, &data, 0..meta.frames.len()), entries);
 }
 
+/// A table of more distinct keys than a builder holds hashes for writes the older ones to its key
+/// spill (16 bytes each) and reads them all back into the filter: every key is admitted.
+#[test]
+fn a_builder_spills_the_key_hashes_it_cannot_hold_and_the_filter_has_them_all() {
+    let entries = realistic_backlinks(600_000, 5_000_000, 200_000, 3);
+    let keys: Vec<RecordId> =
+        entries.iter().map(|e| e.key()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
+    assert!(keys.len() > (1 << 16) + 1000, "{} distinct keys", keys.len());
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let key_spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
+    let spills: (Box<dyn Spill>, Box<dyn Spill>) = (Box::new(io::Cursor::new(Vec::new())), Box::new(key_spill));
+    let options = TableOptions::default();
+    let mut builder = TableBuilder::with_spills(Vec::new(), spills, &options).unwrap();
+    entries.iter().for_each(|entry| builder.push(entry).unwrap());
+    let (_, meta_bytes, _) = builder.finish().unwrap();
+    let spilled = most.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(spilled, (keys.len() - 1) / (1 << 16) * (1 << 16) * 16, "all but the last batch spilled");
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert!(keys.iter().all(|key| meta.may_contain(KeyHash::of_record(key))), "a spilled key is missing");
+    assert_eq!(meta_bytes, build(&entries, &options).1, "the same meta as a builder in memory");
+}
+
 /// Models learnt up front from entries in memory (a flush) are the ones a builder learns from
 /// its spill (a merge), so both write the same table; too few entries learn none.
 #[test]
@@ -810,7 +833,7 @@ fn models_learnt_up_front_write_the_same_table_as_models_learnt_from_the_spill()
     let spilled = build(&entries, &options);
     let models = learn_models(entries.iter().copied(), &options);
     assert!(models.is_some());
-    let mut builder = TableBuilder::with_models(Vec::new(), models, &options, 0).unwrap();
+    let mut builder = TableBuilder::with_models(Vec::new(), models, &options).unwrap();
     entries.iter().for_each(|entry| builder.push(entry).unwrap());
     assert_eq!(builder.finish().unwrap(), spilled);
     assert!(learn_models(entries[..999].iter().copied(), &options).is_none());
