@@ -58,6 +58,9 @@ pub struct FileConfig {
     pub compaction_shard_bytes: Option<u64>,
     /// Input bytes a compaction reads per second at most (pacing).
     pub compaction_bytes_per_sec: Option<u64>,
+    /// Most revocations a merge loads (about 43 bytes each) to drop killed backlinks and settle
+    /// stamps; with more in the index a merge only folds copies.
+    pub compaction_max_revocations: Option<usize>,
     /// Queries served at once; one more gets an immediate 503 (serve).
     pub max_concurrent_queries: Option<usize>,
     /// A query running longer than this many milliseconds is stopped with a 503 (serve).
@@ -207,6 +210,9 @@ impl FileConfig {
             options.compaction.max_bytes_per_sec =
                 Some(bounded("compaction_bytes_per_sec", rate as usize, 1 << 20, 1 << 40)? as u64);
         }
+        if let Some(revocations) = self.compaction_max_revocations {
+            options.compaction.max_thresholds = bounded("compaction_max_revocations", revocations, 0, 1 << 26)?;
+        }
         Ok(options)
     }
 
@@ -320,6 +326,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("compaction_fan_in", EnvKind::Scalar),
     ("compaction_shard_bytes", EnvKind::Scalar),
     ("compaction_bytes_per_sec", EnvKind::Scalar),
+    ("compaction_max_revocations", EnvKind::Scalar),
     ("max_concurrent_queries", EnvKind::Scalar),
     ("request_timeout_ms", EnvKind::Scalar),
     ("max_connections", EnvKind::Scalar),

@@ -435,9 +435,10 @@ async fn read_candidates(
 }
 
 /// The `keep` candidates (sorted by position) nearest the pass's start, and the horizon shrunk to
-/// them. A hot target's frames hold far more candidates than a page needs, and liveness costs a
-/// filter probe per candidate source and run: at 100 M links this was half a query's CPU. Twice
-/// `want` leaves room for dead ones; a page they do not fill reads on from the new horizon.
+/// them. A hot target's frames hold far more candidates than a page needs, and the thresholds'
+/// round costs a filter probe per candidate source and run: at 100 M links it was half a query's
+/// CPU. Twice `want` leaves room for revoked ones; a page they do not fill reads on from the new
+/// horizon (one more pass: two more serial rounds when cold).
 fn nearest_candidates(
     mut candidates: Vec<Backlink>,
     horizon: Option<Horizon>,
@@ -479,11 +480,21 @@ pub fn freshest_per_position(mut entries: Vec<Backlink>) -> Vec<Backlink> {
 /// Keeps the candidates that are live, visible and admitted by the filters.
 pub async fn live_only(
     index: &Index,
-    mut candidates: Vec<Backlink>,
+    candidates: Vec<Backlink>,
     filters: &Filters,
 ) -> Result<Vec<Backlink>, QueryError> {
+    surviving(index, visible_admitted(index, candidates, filters)).await
+}
+
+/// Keeps the candidates admitted by the filters whose accounts are not hidden (in memory).
+fn visible_admitted(index: &Index, mut candidates: Vec<Backlink>, filters: &Filters) -> Vec<Backlink> {
     candidates.retain(|c| filters.admits(c));
     index.retain_visible(&mut candidates);
+    candidates
+}
+
+/// Keeps the candidates no revocation kills (the thresholds of their sources, read in one round).
+async fn surviving(index: &Index, candidates: Vec<Backlink>) -> Result<Vec<Backlink>, QueryError> {
     let mut keys: Vec<RecordId> = candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();
     keys.sort_unstable();
     keys.dedup();
@@ -516,8 +527,11 @@ async fn collect_page(
     let mut scanned = 0usize;
     loop {
         let (candidates, horizon) = read_candidates(index, &pass, want).await?;
+        // Hidden and filtered-out candidates go first (in memory), so the nearest ones kept for
+        // the thresholds' round are all ones the page could show.
+        let candidates = visible_admitted(index, candidates, filters);
         let (candidates, horizon) = nearest_candidates(candidates, horizon, params.reverse, want * 2);
-        let mut live = live_only(index, candidates, filters).await?;
+        let mut live = surviving(index, candidates).await?;
         if !params.reverse {
             live.reverse();
         }

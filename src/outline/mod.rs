@@ -322,35 +322,12 @@ impl Outlines {
         write(&self.caches[kind.index()])?.complete = false; // the rows go to SQLite only
         allocator.next_counter.retain(|(k, _), _| *k != kind);
         let mut db = self.lock_db()?;
-        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let mut added = 0;
-        {
-            // Not `INSERT OR IGNORE`: with AUTOINCREMENT an ignored row still uses up a sequence
-            // number, and the gaps would let a restored writer's own rows fall inside ranges that
-            // were already published (and so never be published).
-            let mut insert = tx.prepare_cached(
-                "INSERT INTO outlines (kind, id, value) SELECT ?1, ?2, ?3
-                 WHERE NOT EXISTS (SELECT 1 FROM outlines WHERE kind = ?1 AND id = ?2)",
-            )?;
-            let mut stored = tx.prepare_cached("SELECT value FROM outlines WHERE kind = ?1 AND id = ?2")?;
-            for (id, value) in rows {
-                added += insert.execute(params![kind.code(), *id as i64, value])?;
-                let present: Option<String> =
-                    stored.query_row(params![kind.code(), *id as i64], |r| r.get(0)).optional()?;
-                if present.as_deref() != Some(value.as_str()) {
-                    return Err(OutlineError::Corrupt(format!("{kind} id {id:#x} is stored with another value")));
-                }
-            }
-            let mut advance = tx.prepare_cached(
-                "INSERT INTO sequences (kind, shard, next) VALUES (?1, ?2, ?3)
-                 ON CONFLICT (kind, shard) DO UPDATE SET next = max(next, excluded.next)",
-            )?;
-            for (shard, counter) in &next {
-                advance.execute(params![kind.code(), shard, *counter as i64])?;
-            }
-        }
-        tx.commit()?;
-        Ok(added)
+        // A range is up to 131,072 rows, each in two indexes: with SQLite's default 2 MiB of
+        // pages most inserts spilled pages to the WAL and read them back.
+        db.pragma_update(None, "cache_size", -IMPORT_CACHE_KIB)?;
+        let added = import_rows_into(&mut db, kind, rows, &next);
+        db.pragma_update(None, "cache_size", -DEFAULT_CACHE_KIB)?;
+        added
     }
 
     /// Makes every row stored from now on get an insertion sequence number above `through`, the
@@ -534,4 +511,50 @@ fn read<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockReadGuard<'_, T>, Outlin
 
 fn write<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockWriteGuard<'_, T>, OutlineError> {
     lock.write().map_err(|_| OutlineError::Poisoned)
+}
+
+/// SQLite page cache of outlines.db while importing ranges (a restore, a replica), and otherwise.
+const IMPORT_CACHE_KIB: i64 = 64 << 10;
+const DEFAULT_CACHE_KIB: i64 = 2000;
+
+/// `import_rows`' transaction.
+fn import_rows_into(
+    db: &mut Connection,
+    kind: OutlineKind,
+    rows: &[(u64, String)],
+    next: &BTreeMap<u16, u64>,
+) -> Result<usize, OutlineError> {
+    let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+    let mut added = 0;
+    {
+        // Not `INSERT OR IGNORE`: with AUTOINCREMENT an ignored row still uses up a sequence
+        // number, and the gaps would let a restored writer's own rows fall inside ranges that
+        // were already published (and so never be published).
+        let mut insert = tx.prepare_cached(
+            "INSERT INTO outlines (kind, id, value) SELECT ?1, ?2, ?3
+             WHERE NOT EXISTS (SELECT 1 FROM outlines WHERE kind = ?1 AND id = ?2)",
+        )?;
+        let mut stored = tx.prepare_cached("SELECT value FROM outlines WHERE kind = ?1 AND id = ?2")?;
+        for (id, value) in rows {
+            let inserted = insert.execute(params![kind.code(), *id as i64, value])?;
+            added += inserted;
+            if inserted == 1 {
+                continue; // stored now, as given (a clash on the value fails the insert)
+            }
+            let present: Option<String> =
+                stored.query_row(params![kind.code(), *id as i64], |r| r.get(0)).optional()?;
+            if present.as_deref() != Some(value.as_str()) {
+                return Err(OutlineError::Corrupt(format!("{kind} id {id:#x} is stored with another value")));
+            }
+        }
+        let mut advance = tx.prepare_cached(
+            "INSERT INTO sequences (kind, shard, next) VALUES (?1, ?2, ?3)
+             ON CONFLICT (kind, shard) DO UPDATE SET next = max(next, excluded.next)",
+        )?;
+        for (shard, counter) in next {
+            advance.execute(params![kind.code(), shard, *counter as i64])?;
+        }
+    }
+    tx.commit()?;
+    Ok(added)
 }
