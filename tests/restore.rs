@@ -285,6 +285,8 @@ async fn a_replica_answers_before_it_has_fetched_every_meta() {
     let tables = local_files(&replica_dir, "part");
     assert!(tables >= 4, "the replica holds partial metas ({tables})");
     assert_eq!(local_files(&replica_dir, "meta"), 0, "and no whole one");
+    let local = backlinks::verify::verify_local(&replica_dir).await.unwrap();
+    assert!(local.is_clean(), "partial copies are not missing metas:\n{}", local.render());
     let after_restore = meta_bytes_read(&counted).await;
     assert!(after_restore * 2 < total_meta, "the restore read {after_restore} of {total_meta} meta bytes");
 

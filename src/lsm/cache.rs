@@ -95,22 +95,12 @@ impl<V: CacheValue> BudgetCache<V> {
     /// `f` of the value if cached, without cloning it (the set stays locked meanwhile: `f` must
     /// be short).
     pub fn with<T>(&self, serial: u64, index: u32, f: impl FnOnce(&V) -> T) -> Option<T> {
-        self.look(serial, index, f, true)
-    }
-
-    /// `with`, not counted as a hit or a miss (a prefetch ahead of the lookup that counts).
-    pub fn peek<T>(&self, serial: u64, index: u32, f: impl FnOnce(&V) -> T) -> Option<T> {
-        self.look(serial, index, f, false)
-    }
-
-    fn look<T>(&self, serial: u64, index: u32, f: impl FnOnce(&V) -> T, counted: bool) -> Option<T> {
         let key = (serial, index);
         let mut set = self.set_of(key).lock().expect("cache poisoned");
         let found = set.slots.iter().flatten().find(|(k, _)| *k == key).map(|(_, value)| f(value));
-        match (counted, found.is_some()) {
-            (false, _) => {}
-            (true, true) => set.hits += 1,
-            (true, false) => set.misses += 1,
+        match found.is_some() {
+            true => set.hits += 1,
+            false => set.misses += 1,
         }
         found
     }

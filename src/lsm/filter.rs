@@ -284,7 +284,15 @@ impl Filter {
     /// coming one after another (filters are larger than the caches).
     #[inline]
     pub fn prefetch(&self, h: KeyHash) {
-        prefetch_line(&self.blocks[h.block_index(self.blocks.len())]);
+        let block: *const Block = &self.blocks[h.block_index(self.blocks.len())];
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: prefetching is only a hint; it reads nothing and cannot fault, and `block` is a
+        // valid reference besides. SSE is part of every x86_64 target.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(block.cast());
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = block;
     }
 
     fn insert(&mut self, h: KeyHash) {
@@ -328,20 +336,6 @@ impl Filter {
         assert_eq!(blocks.len(), shape.blocks);
         Ok(Filter { k: shape.k, blocks })
     }
-}
-
-/// Asks the CPU to start loading the cache line holding `data`, without waiting.
-#[inline]
-pub fn prefetch_line<T>(data: &T) {
-    let line: *const T = data;
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: prefetching is only a hint; it reads nothing and cannot fault, and `line` comes from
-    // a valid reference besides. SSE is part of every x86_64 target.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(line.cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = line;
 }
 
 /// `Filter::may_contain` on one block as encoded (64 bytes, `Filter::encode`'s order): a paged

@@ -154,12 +154,11 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
-    /// Starts loading what `may_contain(h)` will read (for a paged filter, when its page is
-    /// cached: a page not cached is read when asked).
+    /// Starts loading what `may_contain(h)` will read, for a resident filter (a paged one reads
+    /// its page when asked).
     pub fn prefetch(&self, h: KeyHash) {
-        match &self.meta {
-            MetaView::Resident(meta) => meta.prefetch(h),
-            MetaView::Paged(meta) => meta.prefetch(h),
+        if let MetaView::Resident(meta) = &self.meta {
+            meta.prefetch(h);
         }
     }
 

@@ -319,18 +319,6 @@ impl<E: Entry> PagedMeta<E> {
         }
     }
 
-    /// Asks the CPU to start loading the filter block `may_contain(h)` tests, when its page is
-    /// cached: a caller with many keys prefetches them all first, so the misses overlap.
-    pub fn prefetch(&self, h: KeyHash) {
-        let block = h.block_index(self.header.shape.blocks);
-        let (page, at) = (block / PAGE_BLOCKS, (block % PAGE_BLOCKS) * BLOCK_BYTES);
-        self.cache.peek(self.serial, page as u32, |cached| {
-            if let MetaPage::Filter(bytes) = cached {
-                crate::lsm::filter::prefetch_line(&bytes[at]);
-            }
-        });
-    }
-
     fn filter_page(&self, page: usize) -> Result<Arc<[u8]>, FormatError> {
         if let Some(MetaPage::Filter(bytes)) = self.cache.get(self.serial, page as u32) {
             return Ok(bytes);
