@@ -58,7 +58,7 @@ pub struct FileConfig {
     pub compaction_shard_bytes: Option<u64>,
     /// Input bytes a compaction reads per second at most (pacing).
     pub compaction_bytes_per_sec: Option<u64>,
-    /// Most revocations a merge loads (about 43 bytes each) to drop killed backlinks and settle
+    /// Most revocations a merge loads (48 to 56 bytes each) to drop killed backlinks and settle
     /// stamps; with more in the index a merge only folds copies.
     pub compaction_max_revocations: Option<usize>,
     /// Queries served at once; one more gets an immediate 503 (serve).

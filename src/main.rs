@@ -486,10 +486,20 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
     };
     let progress = Arc::new(ImportProgress::new(unix_ms()));
     let (stop_ticking, stopped) = tokio::sync::watch::channel(false);
-    let ticking = tokio::spawn(tick_while_importing(writer.clone(), index.clone(), progress.clone(), stopped));
+    // What stopped the writer (a lost lease, say): the import stops at its next flush too.
+    let writer_failure = Arc::new(std::sync::Mutex::new(None::<String>));
+    let ticking = tokio::spawn(tick_while_importing(
+        writer.clone(),
+        (index.clone(), progress.clone()),
+        stopped,
+        writer_failure.clone(),
+    ));
     let (importing, nudged, counted) = (index.clone(), writer.clone(), progress.clone());
     let imported = tokio::task::spawn_blocking(move || {
         let mut after_flush = |_: &Index| {
+            if let Some(failure) = writer_failure.lock().expect("failure lock poisoned").clone() {
+                return Err(IndexError::Background(format!("the writer failed: {failure}")));
+            }
             nudged.blocking_lock().flushed();
             Ok(())
         };
@@ -527,12 +537,12 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
 
 /// Ticks the writer (lease, publish, GC) every second while an import runs, and shows progress:
 /// a line rewritten on a terminal, a log line every `BACKFILL_LOG_EVERY_MS` otherwise; ends
-/// between ticks once `stopped` says so.
+/// between ticks once `stopped` says so, or at a tick that fails (its error left in `failure`).
 async fn tick_while_importing(
     writer: Arc<tokio::sync::Mutex<Writer>>,
-    index: Arc<Index>,
-    progress: Arc<ImportProgress>,
+    (index, progress): (Arc<Index>, Arc<ImportProgress>),
     mut stopped: tokio::sync::watch::Receiver<bool>,
+    failure: Arc<std::sync::Mutex<Option<String>>>,
 ) -> anyhow::Result<()> {
     let terminal = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let mut each_second = tokio::time::interval(std::time::Duration::from_secs(1));
@@ -549,6 +559,7 @@ async fn tick_while_importing(
         }
         if let Err(e) = writer.lock().await.tick().await {
             tracing::error!(error = %e, "the writer failed while importing");
+            *failure.lock().expect("failure lock poisoned") = Some(e.to_string());
             return Err(e.into());
         }
         let backlog = Backlog {

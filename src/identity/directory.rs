@@ -341,8 +341,14 @@ mod tests {
         assert!(matches!(replay, Err(DirectoryError::Export(_))), "{replay:?}");
         assert_eq!(directory.position().unwrap(), 6);
         assert!(directory.apply_page(b"{not json").is_err());
-        let too_many = vec!["{}"; PAGE_COUNT + 1].join("\n");
-        assert!(directory.apply_page(too_many.as_bytes()).is_err());
+        // Lines that parse, so only the count refuses the page.
+        let line = |i: usize| {
+            let seq = 100 + i;
+            format!(r#"{{"seq":{seq},"did":"did:plc:x","createdAt":"2024-01-01T00:00:00Z","operation":{{}}}}"#)
+        };
+        let too_many: Vec<String> = (0..=PAGE_COUNT).map(line).collect();
+        let refused = directory.apply_page(too_many.join("\n").as_bytes());
+        assert!(format!("{refused:?}").contains("more than 1000 operations"), "{refused:?}");
         assert_eq!(directory.position().unwrap(), 6);
     }
 

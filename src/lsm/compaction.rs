@@ -40,7 +40,8 @@ pub struct CompactionOptions {
     /// Upper bound on input bytes read per second (pacing), or `None` for no limit.
     pub max_bytes_per_sec: Option<u64>,
     /// Most revocations held in memory to drop killed backlinks; above it nothing is dropped.
-    /// About 43 bytes each (the revocation and its index bucket): 1 Mi is 43 MiB, 4 Mi was the
+    /// 48 to 56 bytes each (32 for the revocation, its share of a power-of-two index, twice that
+    /// while the index doubles): 1 Mi is 48-56 MiB, 4 Mi was the
     /// largest part of a 100 M-link import's peak (BENCHMARKS.md, issue 22).
     pub max_thresholds: usize,
 }

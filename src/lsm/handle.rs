@@ -23,7 +23,7 @@ use crate::lsm::filter::KeyHash;
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{
     FormatError, FrameInfo, FrameSpan, MetaCache, PAGED_HEADER_LEN, PageSource, PagedMeta, PartialFile, TableMeta,
-    decode_span, resident_len,
+    decode_span, is_paged, resident_len,
 };
 use crate::model::ids::RecordId;
 use crate::model::ids::TreeKind;
@@ -70,9 +70,6 @@ enum MetaView<E: Entry> {
     Resident(TableMeta<E>),
     Paged(PagedMeta<E>),
 }
-
-/// The version field of a meta file (bytes 4..6).
-const META_VERSION_AT: std::ops::Range<usize> = 4..6;
 
 /// One table: its catalog record, its meta, and (when cached locally) its data file.
 #[derive(Debug)]
@@ -183,11 +180,6 @@ impl<E: Entry> TableHandle<E> {
             }),
             MetaView::Paged(meta) => meta.frame_infos(r).map_err(|e| meta_error(&self.meta_name(), e)),
         }
-    }
-
-    /// Entries in frames `r`, from their index records.
-    pub fn entries_in(&self, r: Range<usize>) -> Result<u64, ReadError> {
-        Ok(self.frame_infos(r)?.iter().map(|frame| u64::from(frame.entries)).sum())
     }
 
     /// The data-file byte range covering frames `r` (see `TableMeta::byte_range`).
@@ -476,11 +468,9 @@ fn open_whole<E: Entry>(
     let object = format!("{} (local copy {})", table_key(E::TREE, &record.id, "meta"), meta_path.display());
     let io = |source| ReadError::Io { object: object.clone(), source };
     let mut file = opened.map_err(io)?;
-    let mut version = [0u8; 6];
-    let paged = match std::io::Read::read_exact(&mut file, &mut version) {
-        Ok(()) => version[META_VERSION_AT] == crate::lsm::table::META_PAGED_VERSION.to_le_bytes(),
-        Err(_) => false, // too short for any version: the whole decode says so
-    };
+    let mut start = [0u8; 6];
+    // Too short for any version: the whole decode says so.
+    let paged = std::io::Read::read_exact(&mut file, &mut start).is_ok() && is_paged(&start);
     let meta = match paged {
         true => PagedMeta::open(PageSource::File(file), meta_cache, serial).map(MetaView::Paged),
         false => TableMeta::decode(&std::fs::read(meta_path).map_err(io)?).map(MetaView::Resident),
@@ -543,15 +533,8 @@ pub async fn fetch_meta_start<E: Entry>(
     const FIRST_READ: u64 = 4 * 1024;
     let key = table_key(E::TREE, &record.id, "meta");
     let first = store.get_range(&key, 0, FIRST_READ.min(record.meta_len)).await?;
-    let paged = first.get(META_VERSION_AT) == Some(&crate::lsm::table::META_PAGED_VERSION.to_le_bytes()[..]);
-    let io = |path: &Path| {
-        let object = format!("{key} (local copy {})", path.display());
-        move |source| ReadError::Io { object, source }
-    };
-    if !paged {
-        let whole = store.get(&key).await?;
-        check_fetched_meta::<E>(record, &whole)?;
-        return crate::base::durable::write_durably(meta_path, &whole).map_err(io(meta_path));
+    if !is_paged(&first) {
+        return fetch_whole_meta::<E>(store, record, meta_path).await;
     }
     let corrupt = |source: FormatError| {
         report_corruption(ObjectKind::Meta, Place::Bucket, &key, &source);
@@ -566,8 +549,25 @@ pub async fn fetch_meta_start<E: Entry>(
         false => store.get_range(&key, 0, prefix_len).await?,
     };
     crate::lsm::bytes::verify_checksum("paged meta resident part", &prefix).map_err(corrupt)?;
-    PartialFile::create(part_path, record.meta_len, &prefix).map_err(io(part_path))?;
-    Ok(())
+    PartialFile::create(part_path, record.meta_len, &prefix).map(drop).map_err(local_io(&key, part_path))
+}
+
+/// Fetches table `record`'s whole meta from the bucket, checks it and writes it to `meta_path`.
+pub async fn fetch_whole_meta<E: Entry>(
+    store: &dyn Store,
+    record: &TableRecord,
+    meta_path: &Path,
+) -> Result<(), ReadError> {
+    let key = table_key(E::TREE, &record.id, "meta");
+    let whole = store.get(&key).await?;
+    check_fetched_meta::<E>(record, &whole)?;
+    crate::base::durable::write_durably(meta_path, &whole).map_err(local_io(&key, meta_path))
+}
+
+/// The error of local I/O on `path`, a copy of the object `key`.
+fn local_io(key: &str, path: &Path) -> impl FnOnce(std::io::Error) -> ReadError {
+    let object = format!("{key} (local copy {})", path.display());
+    move |source| ReadError::Io { object, source }
 }
 
 /// The error of a meta read that failed: unreadable (I/O), or corrupt (reported).

@@ -15,7 +15,7 @@ use crate::base::durable::{sync_dir, write_durably};
 use crate::lsm::cache::FrameCache;
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
-use crate::lsm::handle::{ReadError, TableHandle, check_fetched_meta, fetch_meta_start};
+use crate::lsm::handle::{ReadError, TableHandle, fetch_meta_start, fetch_whole_meta};
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::TableRecord;
 use crate::lsm::run::{Run, shard_hash};
@@ -279,13 +279,10 @@ impl<E: Entry> Tree<E> {
     /// (`whole`), or its resident part only, as a partial copy that queries fill as they need.
     pub async fn fetch_meta(&self, store: &dyn Store, record: &TableRecord, whole: bool) -> Result<(), ReadError> {
         let (meta, part) = (self.local_path(&record.id, "meta"), self.local_path(&record.id, "part"));
-        if !whole {
-            return fetch_meta_start::<E>(store, record, (&meta, &part)).await;
+        match whole {
+            true => fetch_whole_meta::<E>(store, record, &meta).await,
+            false => fetch_meta_start::<E>(store, record, (&meta, &part)).await,
         }
-        let key = crate::lsm::handle::table_key(E::TREE, &record.id, "meta");
-        let bytes = store.get(&key).await?;
-        check_fetched_meta::<E>(record, &bytes)?;
-        write_durably(&meta, &bytes).map_err(|source| ReadError::Io { object: meta.display().to_string(), source })
     }
 
     /// Fetches whole every meta still partial, one at a time (see `TableHandle::complete_meta`).

@@ -166,6 +166,7 @@ impl HostGuard {
     }
 
     /// Hosts the breaker ever tripped on, with how often.
+    #[cfg(test)]
     pub fn tripped(&self) -> Vec<(String, u32)> {
         let mut tripped: Vec<(String, u32)> =
             self.lock().iter().filter(|(_, s)| s.trips > 0).map(|(h, s)| (h.clone(), s.trips)).collect();

@@ -204,7 +204,7 @@ impl<E: Entry> TableMeta<E> {
     /// Parses a meta file of any version, whole: header, exact length, checksums, then body and
     /// cross-field checks (for version 4, every page and chunk too).
     pub fn decode(bytes: &[u8]) -> Result<Self, FormatError> {
-        if bytes.get(4..6) == Some(&super::paged::META_PAGED_VERSION.to_le_bytes()[..]) {
+        if super::paged::is_paged(bytes) {
             return super::paged::decode_whole(bytes);
         }
         let header = MetaHeader::parse::<E>(bytes)?;

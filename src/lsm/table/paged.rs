@@ -319,10 +319,8 @@ impl<E: Entry> PagedMeta<E> {
         }
     }
 
+    /// Filter page `page`, read, checked and cached (its callers looked in the cache already).
     fn filter_page(&self, page: usize) -> Result<Arc<[u8]>, FormatError> {
-        if let Some(MetaPage::Filter(bytes)) = self.cache.get(self.serial, page as u32) {
-            return Ok(bytes);
-        }
         let (offset, len) = self.filter_page_place(page);
         let bytes = self.source.read(offset, len)?;
         let bytes: Arc<[u8]> = checked("filter page", &bytes)?.into();
@@ -419,12 +417,9 @@ impl<E: Entry> PagedMeta<E> {
         }
     }
 
-    /// The frames of chunk `c`, read, checked and cached.
+    /// The frames of chunk `c`, read, checked and cached (its caller looked in the cache already).
     fn chunk(&self, c: usize) -> Result<Arc<[FrameInfo<E>]>, FormatError> {
         let key = INDEX_KEY_BIT | c as u32;
-        if let Some(MetaPage::Index(frames)) = self.cache.get(self.serial, key) {
-            return Ok(frames);
-        }
         let info = &self.chunks[c];
         let bytes = self.source.read(info.meta_offset, info.len as usize)?;
         let count = CHUNK_FRAMES.min(self.header.frames - c * CHUNK_FRAMES);
@@ -506,6 +501,12 @@ impl<E: Entry> PagedMeta<E> {
         let last = self.frame(r.end - 1)?;
         Ok((self.frame(r.start)?.offset, last.offset.saturating_add(u64::from(last.len))))
     }
+}
+
+/// Whether the meta file whose first bytes are `start` is version 4 (its version field, bytes 4..6;
+/// a file too short for one is not).
+pub fn is_paged(start: &[u8]) -> bool {
+    start.get(4..6) == Some(&META_PAGED_VERSION.to_le_bytes()[..])
 }
 
 /// The length of the resident part (header, directory, models, checksum) of the version-4 meta

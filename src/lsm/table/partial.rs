@@ -114,7 +114,8 @@ impl PartialFile {
         Ok(())
     }
 
-    /// The present ranges (for tests and the fetch plan's checks).
+    /// The present ranges.
+    #[cfg(test)]
     pub fn present(&self) -> Vec<Range<u64>> {
         self.present.lock().expect("partial meta lock poisoned").clone()
     }
