@@ -344,3 +344,32 @@ async fn a_corrupt_meta_piece_fails_the_query_and_is_not_kept() {
     originals.iter().for_each(|(path, bytes)| std::fs::write(path, bytes).unwrap());
     assert_eq!(list_backlinks(&replica, &ListParams::new(target)).await.unwrap().items, want.items);
 }
+
+/// A meta whose header declares other lengths than the manifest gives (here another table's
+/// meta, valid in itself) fails the restore on demand before its copy is written or the catalog
+/// moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_meta_of_other_lengths_fails_the_restore_on_demand_before_its_copy_is_written() {
+    let root = tempfile::tempdir().unwrap();
+    let bucket: Arc<dyn Store> = Arc::new(DirStore::new(root.path().join("bucket")));
+    let writer = Arc::new(open(&root.path().join("writer"), bucket.clone()));
+    let (w, handle, workload) = (writer.clone(), tokio::runtime::Handle::current(), events(0, 400));
+    tokio::task::spawn_blocking(move || ingest(&w, &workload, &handle)).await.unwrap();
+    writer.publish_manifest().await.unwrap();
+    let mut metas: Vec<_> =
+        bucket.list("tables/links/").await.unwrap().into_iter().filter(|o| o.key.ends_with(".meta")).collect();
+    metas.sort_by_key(|o| o.size);
+    let (small, large) = (&metas[0], &metas[metas.len() - 1]);
+    assert_ne!(small.size, large.size);
+    let path = |key: &str| root.path().join("bucket").join(key);
+    std::fs::copy(path(&large.key), path(&small.key)).unwrap();
+
+    let replica_dir = root.path().join("replica");
+    let replica = Index::open(&replica_dir, bucket.clone(), options(), 5).unwrap();
+    let error = replica.restore_on_demand_if_empty(2).await.unwrap_err().to_string();
+    assert!(error.contains(&small.key), "{error}");
+    let id = small.key.trim_start_matches("tables/links/").trim_end_matches(".meta");
+    let written = std::fs::read_dir(replica_dir.join("state/tables/links")).unwrap().map(|e| e.unwrap().file_name());
+    assert!(!written.into_iter().any(|name| name.to_string_lossy().starts_with(id)), "its copy was written");
+    assert!(replica.catalog.tables().unwrap().is_empty(), "the catalog did not move");
+}

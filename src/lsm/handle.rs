@@ -23,7 +23,7 @@ use crate::lsm::filter::KeyHash;
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{
     FormatError, FrameInfo, FrameSpan, MetaCache, PAGED_HEADER_LEN, PageSource, PagedMeta, PartialFile, TableMeta,
-    decode_span, is_paged, resident_len,
+    declared_lengths, decode_span, is_paged, resident_len,
 };
 use crate::model::ids::RecordId;
 use crate::model::ids::TreeKind;
@@ -540,9 +540,14 @@ pub async fn fetch_meta_start<E: Entry>(
         report_corruption(ObjectKind::Meta, Place::Bucket, &key, &source);
         ReadError::Corrupt { object: key.clone(), source }
     };
-    let prefix_len = resident_len::<E>(&first).map_err(corrupt)?;
-    if prefix_len > record.meta_len {
-        return Err(corrupt(FormatError::Length { what: "meta", expected: record.meta_len, found: prefix_len }));
+    // Checked against the manifest before anything is written, as a whole fetch is.
+    let (prefix_len, meta_len, data_len) = declared_lengths::<E>(&first).map_err(corrupt)?;
+    if (meta_len, data_len) != (record.meta_len, record.data_len) {
+        let detail = format!(
+            "a meta of {meta_len} bytes for {data_len} bytes of data; the manifest says {} and {}",
+            record.meta_len, record.data_len
+        );
+        return Err(corrupt(FormatError::Invalid { what: "meta", detail }));
     }
     let prefix = match prefix_len <= first.len() as u64 {
         true => first.slice(..prefix_len as usize),

@@ -512,7 +512,14 @@ pub fn is_paged(start: &[u8]) -> bool {
 /// The length of the resident part (header, directory, models, checksum) of the version-4 meta
 /// whose first bytes are `start` (at least `HEADER_LEN` of them).
 pub fn resident_len<E: Entry>(start: &[u8]) -> Result<u64, FormatError> {
-    Ok(parse_header::<E>(start.get(..HEADER_LEN).unwrap_or(start))?.resident_len() as u64)
+    Ok(declared_lengths::<E>(start)?.0)
+}
+
+/// What the header of the version-4 meta whose first bytes are `start` declares: the length of
+/// its resident part, of the whole file, and of the table's data file.
+pub fn declared_lengths<E: Entry>(start: &[u8]) -> Result<(u64, u64, u64), FormatError> {
+    let header = parse_header::<E>(start.get(..HEADER_LEN).unwrap_or(start))?;
+    Ok((header.resident_len() as u64, header.file_len(), header.data_len))
 }
 
 /// Parses and bounds-checks version 4's fixed header.
