@@ -39,7 +39,7 @@ pub fn sorted_entries<E: Entry>(bytes: &[u8]) -> Vec<E> {
 pub fn build_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool) -> (Vec<u8>, Vec<u8>) {
     let model_min_entries = if modelled { 0 } else { u64::MAX };
     let options = TableOptions { frame_bytes, model_min_entries, ..TableOptions::default() };
-    let mut builder = TableBuilder::<E, Vec<u8>>::new(Vec::new(), &options, entries.len()).expect("valid options");
+    let mut builder = TableBuilder::<E, Vec<u8>>::new(Vec::new(), &options).expect("valid options");
     for entry in entries {
         builder.push(entry).expect("entries are strictly increasing");
     }
