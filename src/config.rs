@@ -58,8 +58,8 @@ pub struct FileConfig {
     pub compaction_shard_bytes: Option<u64>,
     /// Input bytes a compaction reads per second at most (pacing).
     pub compaction_bytes_per_sec: Option<u64>,
-    /// Most revocations a merge loads (48 to 56 bytes each) to drop killed backlinks and settle
-    /// stamps; with more in the index a merge only folds copies.
+    /// Most revocations a merge holds (the newest; about 64 bytes each while it scans) to drop
+    /// killed backlinks and settle stamps.
     pub compaction_max_revocations: Option<usize>,
     /// Queries served at once; one more gets an immediate 503 (serve).
     pub max_concurrent_queries: Option<usize>,

@@ -19,10 +19,13 @@
 //!   a backlink is dead for every reader forever: dropping it only saves space. No other
 //!   memtable's revocations are consulted, so a crash cannot lose the reason a backlink was
 //!   dropped.
-//! - A surviving backlink stamped at or below `KnownRevocations::complete_through` is written with
-//!   its stamp lowered to its threshold (0 for a source never revoked), which changes no answer
+//! - A merge holds at most `max_thresholds` revocations, the newest: it knows every revocation
+//!   stamped at or above `KnownRevocations::complete_from` and none below it.
+//! - A surviving backlink stamped in `[complete_from, complete_through]` is written with its
+//!   stamp lowered to its known threshold or just below the floor (0 for a source never revoked
+//!   when the merge knows every revocation), which changes no answer
 //!   (proof at `KnownRevocations::settle`) and leaves the stamp column of merged tables nearly all
-//!   zeros, which compress to almost nothing.
+//!   one value, which compresses to almost nothing.
 //! - A query's thresholds hold, for every key asked for, the newest revocation of that key in the
 //!   snapshot it read (memtables and tables taken at one instant).
 
@@ -40,8 +43,8 @@ use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
 /// The newest revocation of every source that a writer knows for certain, for dropping killed
-/// backlinks and settling stamps: a merge's from the revocation tree's tables (`load`, `None` past
-/// its limit), a flush's from its frozen revocation memtable (`of_flush`). A merge asks it twice
+/// backlinks and settling stamps: a merge's from the revocation tree's tables (`load`, only the
+/// newest past its limit), a flush's from its frozen revocation memtable (`of_flush`). A merge asks it twice
 /// per backlink, in target order, so the sources come at random: an index of positions
 /// (`base::positions`, 8 bytes per bucket, at most 3/4 full) finds a source, or its absence, in
 /// one or two cache misses, where a binary search would miss the cache at every step. The
@@ -55,6 +58,9 @@ pub struct KnownRevocations {
     /// Every revocation stamped at or below this is in `newest`: the ingest clock of the last
     /// flush whose tables were installed before the revocation tables were read (0 for a flush's).
     complete_through: u64,
+    /// Every revocation stamped at or above this is in `newest` (0: every one). A merge past its
+    /// limit keeps only the newest.
+    complete_from: u64,
 }
 
 impl KnownRevocations {
@@ -63,37 +69,36 @@ impl KnownRevocations {
     /// stamp (proving that no revocation table holds a source's threshold would cost a flush a
     /// read of every revocation table).
     pub fn of_flush(revocations: Vec<Revocation>) -> Self {
-        Self::from_revocations(revocations, 0)
+        Self::from_revocations(revocations, 0, 0)
     }
 
-    /// What a merge knows: every revocation in `runs`, or nothing (`None`) past
-    /// `options.max_thresholds` of them. `complete_through` is a clock every revocation at or
-    /// below which is in `runs`.
+    /// What a merge knows: the newest revocations in `runs`, at most `options.max_thresholds` of
+    /// them, and every one stamped at or above the floor it reports (`complete_from`). Memory is
+    /// bounded by the option, not by the tree: the scan keeps a buffer of one and a half times the
+    /// limit and cuts it back to the newest `max_thresholds` whenever it fills.
+    /// `complete_through` is a clock every revocation at or below which is in `runs`.
     pub fn load(
         runs: &[Arc<Run<Revocation>>],
         complete_through: u64,
         store: &dyn Store,
         runtime: &tokio::runtime::Handle,
         options: &CompactionOptions,
-    ) -> Result<Option<Self>, ReadError> {
+    ) -> Result<Self, ReadError> {
         let total: u64 = runs.iter().map(|r| r.entries()).sum();
-        // Positions in the index are below u32::MAX, whatever the option says.
-        if total > options.max_thresholds as u64 || total >= u64::from(u32::MAX) {
-            return Ok(None);
-        }
-        let mut revocations = Vec::with_capacity(total as usize);
+        let mut newest = NewestRevocations::new(options.max_thresholds, total);
         for table in runs.iter().flat_map(|r| r.tables.iter()) {
             let mut scan = TableScan::new(table.clone(), options.frames_per_read);
             while let Some(revocation) = scan.next(store, runtime)? {
-                revocations.push(revocation);
+                newest.push(revocation);
             }
         }
-        Ok(Some(Self::from_revocations(revocations, complete_through)))
+        let (revocations, complete_from) = newest.finish();
+        Ok(Self::from_revocations(revocations, complete_through, complete_from))
     }
 
     /// Keeps the newest revocation of each source from `revocations` (any order), which hold
-    /// every revocation stamped at or below `complete_through`.
-    fn from_revocations(mut revocations: Vec<Revocation>, complete_through: u64) -> Self {
+    /// every revocation stamped at or below `complete_through` and at or above `complete_from`.
+    fn from_revocations(mut revocations: Vec<Revocation>, complete_through: u64, complete_from: u64) -> Self {
         revocations.sort_unstable();
         // Sorted by (source, rev): the last of each source's run is its newest.
         revocations.reverse();
@@ -104,7 +109,7 @@ impl KnownRevocations {
         for position in 0..revocations.len() {
             by_source.insert(hash_of(position), position, hash_of);
         }
-        KnownRevocations { newest: revocations, by_source, complete_through }
+        KnownRevocations { newest: revocations, by_source, complete_through, complete_from }
     }
 
     fn threshold(&self, source: &RecordId) -> u64 {
@@ -113,23 +118,80 @@ impl KnownRevocations {
     }
 
     /// What a merge writes for `link`: nothing when a durable revocation kills it; else `link`,
-    /// its stamp lowered to its threshold when it is at most `complete_through`.
+    /// its stamp lowered to what it is known to be equivalent to when it is at most
+    /// `complete_through` and at least `complete_from`.
     ///
     /// Why that changes no answer. Liveness compares a stamp `s` with the newest revocation `r`
     /// of the source and of its repository (live iff `s >= r`), and a reader that finds copies
-    /// of one link keeps the largest stamp. With `t` the threshold (`t <= s`, the link
-    /// survives), every revocation of these two sources is either here, so at most `t`, or
-    /// not yet written, so stamped later by the ingest clock, above `complete_through >= s`.
-    /// No revocation is in `(t, s]`, so `s` and `t` compare alike with every revocation, now and
-    /// later. A copy of the link elsewhere with a stamp `c`: if `c > s` it wins either way; if
-    /// `t < c <= s` it now wins instead, and compares alike with every revocation as `s` did.
+    /// of one link keeps the largest stamp. Let `t` be the known threshold (the newest known of
+    /// either source, `t <= s` as the link survives) and `f = complete_from`. Every revocation
+    /// of these two sources stamped in `[f, complete_through]` is known, so at most `t`; every
+    /// one not yet written is stamped later by the ingest clock, above `complete_through >= s`.
+    /// With `s >= f`, no revocation of them is in `(v, s]` for `v = max(t, f - 1)` (`v <= s`).
+    /// So `s` and `v` compare alike with every revocation, now and later. A copy of the link
+    /// elsewhere with a stamp `c`: if `c > s` it wins either way; if `v < c <= s` it now wins
+    /// instead, and compares alike with every revocation as `s` did. A link stamped below `f`
+    /// may be killed by a revocation this merge does not know: it is kept as it is.
     pub fn settle(&self, link: Backlink) -> Option<Backlink> {
         let threshold = link.threshold(|key| self.threshold(key));
         if link.source_rev < threshold {
             return None;
         }
-        let settled = if link.source_rev <= self.complete_through { threshold } else { link.source_rev };
+        let known_around = self.complete_from..=self.complete_through;
+        let settled = if known_around.contains(&link.source_rev) {
+            threshold.max(self.complete_from.saturating_sub(1))
+        } else {
+            link.source_rev
+        };
         Some(Backlink { source_rev: settled, ..link })
+    }
+}
+
+/// The newest revocations of a scan in bounded memory: a buffer that, whenever it holds
+/// `limit + limit / 2` of them, keeps only the `limit` newest (by stamp) and raises its floor past
+/// the ones it dropped; revocations below the floor are not kept.
+struct NewestRevocations {
+    kept: Vec<Revocation>,
+    limit: usize,
+    capacity: usize,
+    /// Every revocation pushed with a stamp at or above this is in `kept`.
+    floor: u64,
+}
+
+impl NewestRevocations {
+    /// `expected` is how many revocations the scan will push (only sizes the buffer).
+    fn new(limit: usize, expected: u64) -> Self {
+        let capacity = limit.saturating_add(limit / 2).max(1);
+        let reserve = usize::try_from(expected).unwrap_or(usize::MAX).min(capacity);
+        // A limit of 0 keeps nothing: the floor starts above every stamp.
+        let floor = if limit == 0 { u64::MAX } else { 0 };
+        Self { kept: Vec::with_capacity(reserve), limit, capacity, floor }
+    }
+
+    fn push(&mut self, revocation: Revocation) {
+        if revocation.rev < self.floor {
+            return;
+        }
+        self.kept.push(revocation);
+        if self.kept.len() >= self.capacity {
+            self.cut();
+        }
+    }
+
+    /// Keeps the `limit` newest: the floor moves just past the stamp the cut falls on, so a
+    /// revocation is either kept or below the floor (ties at the cut all go).
+    fn cut(&mut self) {
+        let dropped = self.kept.len() - self.limit;
+        let (_, pivot, _) = self.kept.select_nth_unstable_by_key(dropped, |r| r.rev);
+        self.floor = pivot.rev.saturating_add(1);
+        let floor = self.floor;
+        self.kept.retain(|r| r.rev >= floor);
+        assert!(self.kept.len() <= self.limit, "a cut keeps at most the limit");
+    }
+
+    /// The revocations kept and the floor from which they are complete.
+    fn finish(self) -> (Vec<Revocation>, u64) {
+        (self.kept, self.floor)
     }
 }
 
@@ -245,7 +307,7 @@ mod tests {
                 *newest = rev.max(*newest);
             }
             let list = revocations.iter().map(|&(rkey, did, rev)| Revocation { source: source((rkey, did)), rev });
-            let thresholds = KnownRevocations::from_revocations(list.collect(), 0);
+            let thresholds = KnownRevocations::from_revocations(list.collect(), 0, 0);
             for probe in probes.into_iter().chain(revocations.iter().map(|&(rkey, did, _)| (rkey, did))) {
                 let key = source(probe);
                 proptest::prop_assert_eq!(thresholds.threshold(&key), model.get(&key).copied().unwrap_or(0));
@@ -259,7 +321,7 @@ mod tests {
         let revocation = |source, rev| Revocation { source, rev };
         let revocations =
             vec![revocation(record, 5), revocation(repo, 2), revocation(record, 9), revocation(record, 1)];
-        let thresholds = KnownRevocations::from_revocations(revocations, 20);
+        let thresholds = KnownRevocations::from_revocations(revocations, 20, 0);
         assert_eq!(thresholds.newest, vec![revocation(repo, 2), revocation(record, 9)]);
         assert_eq!((thresholds.threshold(&record), thresholds.threshold(&repo)), (9, 2));
         assert_eq!(thresholds.threshold(&RecordId::repo(4)), 0);
@@ -280,39 +342,65 @@ mod tests {
         #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
 
         /// Settling changes no answer, now or later: for any history of one link's copies and its
-        /// sources' revocations, split at a clock `complete` (revocations up to it known, the
-        /// others stamped after it), the copy a reader keeps is live exactly when it was before,
-        /// after every revocation the merge did not see.
+        /// sources' revocations, split at a clock `complete` (revocations up to it written, the
+        /// others stamped after it), of which the merge knows those stamped at or above `floor`
+        /// (its limit cut the older ones), a link it drops is dead and the copy a reader keeps
+        /// is live exactly when it was before, after every revocation the merge did not see.
         #[test]
         fn settled_stamps_answer_like_the_originals(
-            known in proptest::collection::vec((proptest::bool::ANY, 1u64..60), 0..6),
+            written in proptest::collection::vec((proptest::bool::ANY, 1u64..60), 0..6),
             complete in 0u64..60,
+            floor in proptest::prop_oneof![proptest::strategy::Just(0u64), 0u64..70],
             merged in 1u64..80,
             other_copy in proptest::option::of(1u64..80),
             later in proptest::collection::vec((proptest::bool::ANY, 1u64..80), 0..4),
         ) {
             let record = RecordId { rkey: 7, collection: 1, did: 3 };
             let source = |repo_level: bool| if repo_level { RecordId::repo(3) } else { record };
-            // What a merge may see: every revocation up to `complete`, and maybe some after it.
-            let known: Vec<Revocation> = known.iter().map(|&(repo, rev)| Revocation { source: source(repo), rev }).collect();
-            let thresholds = KnownRevocations::from_revocations(known.clone(), complete);
+            let written: Vec<Revocation> = written.iter().map(|&(repo, rev)| Revocation { source: source(repo), rev }).collect();
+            let known = written.iter().copied().filter(|r| r.rev >= floor).collect();
+            let thresholds = KnownRevocations::from_revocations(known, complete, floor);
             let link = Backlink { target: RecordId::repo(8), source: record, location: 1, source_rev: merged };
+            let newest_of = |all: &[Revocation], key: &RecordId| all.iter().filter(|r| r.source == *key).map(|r| r.rev).max().unwrap_or(0);
             let Some(settled) = thresholds.settle(link) else {
-                proptest::prop_assert!(!link.survives(|key| thresholds.threshold(key)));
+                proptest::prop_assert!(!link.survives(|key| newest_of(&written, key)), "dropped a live link");
                 return Ok(());
             };
-            // Every revocation the merge did not see is stamped past `complete`, but maybe before
+            proptest::prop_assert!(settled.source_rev <= link.source_rev, "a stamp is never raised");
+            // Every revocation not yet written is stamped past `complete`, but maybe before
             // `merged` (a link flushed after `complete` was read can be newer than it).
             let later = later.into_iter().map(|(repo, step)| Revocation { source: source(repo), rev: complete + step });
-            let mut all = known;
+            let mut all = written;
             for revocation in std::iter::once(None).chain(later.map(Some)) {
                 all.extend(revocation);
-                let newest = |key: &RecordId| all.iter().filter(|r| r.source == *key).map(|r| r.rev).max().unwrap_or(0);
                 let reader = |copy: Backlink| {
                     let freshest = other_copy.map_or(copy.source_rev, |c| c.max(copy.source_rev));
-                    Backlink { source_rev: freshest, ..copy }.survives(newest)
+                    Backlink { source_rev: freshest, ..copy }.survives(|key| newest_of(&all, key))
                 };
                 proptest::prop_assert_eq!(reader(settled), reader(link), "after {:?}", all);
+            }
+        }
+
+        /// A bounded load keeps exactly the `limit` newest stamps or fewer, and every revocation
+        /// stamped at or above the floor it reports.
+        #[test]
+        fn a_bounded_load_keeps_every_revocation_from_its_floor(
+            stamps in proptest::collection::vec(0u64..500, 0..400),
+            limit in 0usize..64,
+        ) {
+            let mut newest = NewestRevocations::new(limit, stamps.len() as u64);
+            for (i, &rev) in stamps.iter().enumerate() {
+                newest.push(revocation(i as u64, rev));
+            }
+            let (kept, floor) = newest.finish();
+            proptest::prop_assert!(kept.len() <= limit + limit / 2);
+            let mut expected: Vec<_> = stamps.iter().enumerate().filter(|(_, r)| **r >= floor).map(|(i, &r)| revocation(i as u64, r)).collect();
+            let mut kept = kept;
+            kept.sort_unstable();
+            expected.sort_unstable();
+            proptest::prop_assert_eq!(kept, expected);
+            if stamps.len() < limit {
+                proptest::prop_assert_eq!(floor, 0, "a scan within the limit keeps everything");
             }
         }
     }

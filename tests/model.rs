@@ -320,6 +320,18 @@ proptest! {
         let options = IndexOptions { meta_cache_bytes: 0, frame_cache_bytes: 0, ..Harness::options() };
         run_against_model(Harness::with(options), &ops);
     }
+
+    /// Merges that may hold only the few newest revocations drop and settle what those allow,
+    /// and leave the rest for queries to filter: the answers are the same.
+    #[test]
+    fn engine_matches_model_when_merges_hold_few_revocations(
+        ops in prop::collection::vec(op(), 1..160),
+        max_thresholds in 0usize..6,
+    ) {
+        let mut options = Harness::options();
+        options.compaction.max_thresholds = max_thresholds;
+        run_against_model(Harness::with(options), &ops);
+    }
 }
 
 /// Runs `ops` on the engine and the model, checking every target's pages, across a reopen.

@@ -153,7 +153,8 @@ fn index_options(rng: &mut Rng) -> IndexOptions {
             shard_bytes: 200 + 100 * rng.below(6) as u64,
             frames_per_read: 1 + rng.below(3),
             max_bytes_per_sec: None,
-            ..CompactionOptions::default()
+            // Often fewer than the run's revocations: merges keep only the newest.
+            max_thresholds: [2, 16, 1 << 20][rng.below(3)],
         },
         // Small: most uploaded tables lose their local copy and are read by range.
         cache_bytes: [0, 1024, 8192, 1 << 20][rng.below(4)],

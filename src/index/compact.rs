@@ -40,7 +40,7 @@ impl Index {
         if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
             let runs = self.thresholds.runs();
             let thresholds = KnownRevocations::load(&runs, complete_through, self.store.as_ref(), runtime, options)?;
-            let mut keep = |link: Backlink| thresholds.as_ref().map_or(Some(link), |t| t.settle(link));
+            let mut keep = |link: Backlink| thresholds.settle(link);
             self.compact_tree(&self.links, &inputs, runtime, now_ms, options, &mut keep)?;
             return Ok(true);
         }

@@ -39,10 +39,10 @@ pub struct CompactionOptions {
     pub frames_per_read: usize,
     /// Upper bound on input bytes read per second (pacing), or `None` for no limit.
     pub max_bytes_per_sec: Option<u64>,
-    /// Most revocations held in memory to drop killed backlinks; above it nothing is dropped.
-    /// 48 to 56 bytes each (32 for the revocation, its share of a power-of-two index, twice that
-    /// while the index doubles): 1 Mi is 48-56 MiB, 4 Mi was the
-    /// largest part of a 100 M-link import's peak (BENCHMARKS.md, issue 22).
+    /// Most revocations a merge holds to drop killed backlinks and settle stamps: the newest
+    /// (`liveness::KnownRevocations::load`). About 64 bytes each at the peak (a scan buffer of
+    /// 1.5 times as many at 32 bytes, then an index of 8 bytes per slot): 1 Mi is about 64 MiB;
+    /// 4 Mi was the largest part of a 100 M-link import's peak (BENCHMARKS.md, issue 22).
     pub max_thresholds: usize,
 }
 
