@@ -38,6 +38,7 @@ use crate::lsm::scan::TableScan;
 use crate::lsm::tree::Tree;
 use crate::model::ids::{Backlink, RecordId, Revocation};
 use crate::store::object::Store;
+use std::collections::HashSet;
 use std::ops::Range;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
@@ -75,23 +76,31 @@ impl KnownRevocations {
     /// What a merge knows: the newest revocations in `runs`, at most `options.max_thresholds` of
     /// them, and every one stamped at or above the floor it reports (`complete_from`). Memory is
     /// bounded by the option, not by the tree: the scan keeps a buffer of one and a half times the
-    /// limit and cuts it back to the newest `max_thresholds` whenever it fills.
-    /// `complete_through` is a clock every revocation at or below which is in `runs`.
+    /// limit and cuts it back to the newest `max_thresholds` whenever it fills. It starts from
+    /// what earlier merges read (`read`) and scans only the runs they did not; give it back with
+    /// `RevocationsRead::keep` after the merge. `complete_through` is a clock every revocation
+    /// at or below which is in `runs`.
     pub fn load(
         runs: &[Arc<Run<Revocation>>],
         complete_through: u64,
         store: &dyn Store,
         runtime: &tokio::runtime::Handle,
         options: &CompactionOptions,
+        read: &mut RevocationsRead,
     ) -> Result<Self, ReadError> {
-        let total: u64 = runs.iter().map(|r| r.entries()).sum();
-        let mut newest = NewestRevocations::new(options.max_thresholds, total);
-        for table in runs.iter().flat_map(|r| r.tables.iter()) {
+        read.runs.retain(|id| runs.iter().any(|run| run.id == *id));
+        let unread: Vec<&Arc<Run<Revocation>>> = runs.iter().filter(|run| !read.runs.contains(&run.id)).collect();
+        let expected = unread.iter().map(|r| r.entries()).sum::<u64>() + read.newest.len() as u64;
+        let mut newest = NewestRevocations::new(options.max_thresholds, expected);
+        newest.resume(std::mem::take(&mut read.newest), read.floor);
+        read.floor = 0;
+        for table in unread.iter().flat_map(|r| r.tables.iter()) {
             let mut scan = TableScan::new(table.clone(), options.frames_per_read);
             while let Some(revocation) = scan.next(store, runtime)? {
                 newest.push(revocation);
             }
         }
+        read.runs.extend(unread.iter().map(|run| run.id.clone()));
         let (revocations, complete_from) = newest.finish();
         Ok(Self::from_revocations(revocations, complete_through, complete_from))
     }
@@ -147,6 +156,36 @@ impl KnownRevocations {
     }
 }
 
+/// What merges have read of the revocation tree, for the next merge: the newest revocations they
+/// held (one per source), the floor from which those are complete, and the runs they read
+/// whole. Invariant: every revocation in those runs stamped at or above `floor` is in `newest`
+/// or superseded there by a newer one of its source.
+#[derive(Debug, Default)]
+pub struct RevocationsRead {
+    newest: Vec<Revocation>,
+    floor: u64,
+    runs: HashSet<String>,
+}
+
+impl RevocationsRead {
+    /// Takes back what a merge held, for the next one.
+    pub fn keep(&mut self, known: KnownRevocations) {
+        self.newest = known.newest;
+        self.floor = known.complete_from;
+    }
+
+    /// A merge of the revocation tree replaced `inputs` by `output`: what was read of the inputs
+    /// covers the output (the same revocations, less superseded ones) when it covered them all.
+    pub fn replaced(&mut self, inputs: &[String], output: &str) {
+        if inputs.iter().all(|id| self.runs.contains(id)) {
+            self.runs.insert(output.to_string());
+        }
+        inputs.iter().for_each(|id| {
+            self.runs.remove(id);
+        });
+    }
+}
+
 /// The newest revocations of a scan in bounded memory: a buffer that, whenever it holds
 /// `limit + limit / 2` of them, keeps only the `limit` newest (by stamp) and raises its floor past
 /// the ones it dropped; revocations below the floor are not kept.
@@ -166,6 +205,14 @@ impl NewestRevocations {
         // A limit of 0 keeps nothing: the floor starts above every stamp.
         let floor = if limit == 0 { u64::MAX } else { 0 };
         Self { kept: Vec::with_capacity(reserve), limit, capacity, floor }
+    }
+
+    /// Starts from `kept`, complete from `floor`, as a scan that has already pushed them.
+    fn resume(&mut self, kept: Vec<Revocation>, floor: u64) {
+        self.floor = self.floor.max(floor);
+        for revocation in kept {
+            self.push(revocation);
+        }
     }
 
     fn push(&mut self, revocation: Revocation) {
@@ -381,17 +428,28 @@ mod tests {
             }
         }
 
-        /// A bounded load keeps exactly the `limit` newest stamps or fewer, and every revocation
-        /// stamped at or above the floor it reports.
+        /// A bounded load keeps at most one and a half times `limit`, and every revocation
+        /// stamped at or above the floor it reports, also when it resumes from what an earlier
+        /// merge kept (the first `split` revocations) and scans only the rest.
         #[test]
         fn a_bounded_load_keeps_every_revocation_from_its_floor(
             stamps in proptest::collection::vec(0u64..500, 0..400),
             limit in 0usize..64,
+            split in 0usize..400,
         ) {
+            let split = split.min(stamps.len());
+            let scan = |newest: &mut NewestRevocations, range: std::ops::Range<usize>| {
+                for i in range {
+                    newest.push(revocation(i as u64, stamps[i]));
+                }
+            };
+            let mut earlier = NewestRevocations::new(limit, split as u64);
+            scan(&mut earlier, 0..split);
+            let (kept, floor) = earlier.finish();
+            let known = KnownRevocations::from_revocations(kept, 0, floor);
             let mut newest = NewestRevocations::new(limit, stamps.len() as u64);
-            for (i, &rev) in stamps.iter().enumerate() {
-                newest.push(revocation(i as u64, rev));
-            }
+            newest.resume(known.newest, known.complete_from);
+            scan(&mut newest, split..stamps.len());
             let (kept, floor) = newest.finish();
             proptest::prop_assert!(kept.len() <= limit + limit / 2);
             let mut expected: Vec<_> = stamps.iter().enumerate().filter(|(_, r)| **r >= floor).map(|(i, &r)| revocation(i as u64, r)).collect();

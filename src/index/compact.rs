@@ -4,7 +4,9 @@
 //! Invariants:
 //! - One merge at a time (`Index::compacting`).
 //! - A merge of backlinks reads the revocation tables only after it read `tables_clock`, so every
-//!   revocation stamped at or below that clock is among those it read (`KnownRevocations::load`).
+//!   revocation stamped at or below that clock is among those it read (`KnownRevocations::load`):
+//!   the runs earlier merges read it knows from them (`RevocationsRead`, kept under the
+//!   compaction lock), the others it scans.
 //! - The catalog retires the inputs and adds the output in one transaction before the tree swaps
 //!   them; the inputs' local files go only after that.
 
@@ -34,18 +36,22 @@ impl Index {
         now_ms: u64,
         options: &CompactionOptions,
     ) -> Result<bool, IndexError> {
-        let _one_at_a_time = self.compacting.lock().expect("compaction lock poisoned");
+        let mut read = self.compacting.lock().expect("compaction lock poisoned");
         // Read before the revocation tables: what it promises is installed already.
         let complete_through = self.tables_clock.load(Ordering::Acquire);
         if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
             let runs = self.thresholds.runs();
-            let thresholds = KnownRevocations::load(&runs, complete_through, self.store.as_ref(), runtime, options)?;
+            let store = self.store.as_ref();
+            let thresholds = KnownRevocations::load(&runs, complete_through, store, runtime, options, &mut read)?;
             let mut keep = |link: Backlink| thresholds.settle(link);
-            self.compact_tree(&self.links, &inputs, runtime, now_ms, options, &mut keep)?;
+            let merged = self.compact_tree(&self.links, &inputs, runtime, now_ms, options, &mut keep);
+            read.keep(thresholds);
+            merged?;
             return Ok(true);
         }
         if let Some(inputs) = compaction::pick(&self.thresholds.runs(), options) {
-            self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, options, &mut Some)?;
+            let output = self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, options, &mut Some)?;
+            read.replaced(&inputs.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), &output);
             return Ok(true);
         }
         Ok(false)
@@ -59,7 +65,7 @@ impl Index {
         now_ms: u64,
         options: &CompactionOptions,
         keep: &mut dyn FnMut(E) -> Option<E>,
-    ) -> Result<(), IndexError> {
+    ) -> Result<String, IndexError> {
         let started = std::time::Instant::now();
         let bytes_in: u64 = inputs.iter().map(|r| r.data_bytes()).sum();
         let shard_count = compaction::shard_count_for(bytes_in, options);
@@ -103,6 +109,6 @@ impl Index {
             killed = output.killed_dropped,
             "compacted"
         );
-        Ok(())
+        Ok(run_id)
     }
 }

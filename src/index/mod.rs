@@ -45,6 +45,7 @@ pub use write::{Change, FoundLinks, NoLinks};
 use crate::base::rng::splitmix64;
 use crate::catalog::{Catalog, IngestPosition};
 use crate::extract::ExtractLimits;
+use crate::liveness::RevocationsRead;
 use crate::lsm::compaction::CompactionOptions;
 use crate::lsm::handle::ReadError;
 use crate::lsm::table::TableOptions;
@@ -177,8 +178,9 @@ pub struct Index {
     options: IndexOptions,
     hidden: RwLock<HashMap<u64, AccountState>>,
     writer: Mutex<WriterState>,
-    /// Held by the one compaction running at a time.
-    compacting: Mutex<()>,
+    /// Held by the one compaction running at a time, with what merges have read of the
+    /// revocation tree (so a merge reads only the revocation runs new since the last).
+    compacting: Mutex<RevocationsRead>,
     /// Every operation stamped at or below this clock is in the trees' installed tables, not only
     /// in memtables (so a merge knows every revocation up to it; see `KnownRevocations::settle`).
     tables_clock: AtomicU64,
@@ -230,7 +232,7 @@ impl Index {
             options,
             hidden: RwLock::new(hidden),
             writer: Mutex::new(writer),
-            compacting: Mutex::new(()),
+            compacting: Mutex::new(RevocationsRead::default()),
             tables_clock,
             flushing: FlushGate::default(),
             flush_failed: AtomicBool::new(false),
