@@ -1,5 +1,6 @@
-//! Constellation-compatible endpoints: `blue.microcosm.links.getBacklinks`, `getBacklinksCount` and
-//! `getBacklinkDids`, answered from the same index as listBacklinks, for the clients that exist.
+//! Constellation-compatible endpoints, answered from the same index as listBacklinks, for the
+//! clients that exist: the XRPC methods `blue.microcosm.links.getBacklinks`, `getBacklinksCount`
+//! and `getBacklinkDids` here, the older REST family (`/links`, ...) in `rest`.
 //!
 //! Paths. Constellation names where a link sits with a path without `$` (`subject.uri`, also
 //! written `.subject.uri`) in which a strong reference ends in `.uri`. Ours (docs/design.md) puts a strong
@@ -9,10 +10,13 @@
 //! `X` is our `$.X`. The way back (`constellation_paths`) gives both spellings of `$.X`.
 //!
 //! Invariants:
-//! - `source` (`collection:path`) and `subject` are required; every parameter is validated and a
-//!   bad one is a 400 InvalidRequest naming it. An unknown subject is a 200 with nothing in it.
-//! - Work is bounded: `limit` is 1..=`MAX_LIMIT`, at most `MAX_DIDS` `did` filters, and
-//!   getBacklinkDids reads at most `MAX_DID_ROUNDS` pages of listBacklinks per request.
+//! - The subject and where its links sit (`source` = `collection:path`, or REST's `collection`
+//!   and `path`) are required; every parameter is validated and a bad one is a 400
+//!   InvalidRequest naming it. An unknown subject is a 200 with nothing in it.
+//! - `limit` is constellation's: default `DEFAULT_LIMIT`, 0..=`MAX_LIMIT`; 0 answers the totals
+//!   with an empty page and no cursor.
+//! - Work is bounded: at most `MAX_DIDS` `did` filters, and getBacklinkDids reads at most
+//!   `MAX_DID_ROUNDS` pages of listBacklinks per request.
 //! - Totals come from countBacklinks with the same filters; an estimate adds `"approximate": true`
 //!   (exact answers have exactly constellation's fields).
 
@@ -26,9 +30,11 @@ pub const GET_BACKLINKS: &str = "/xrpc/blue.microcosm.links.getBacklinks";
 pub const GET_BACKLINKS_COUNT: &str = "/xrpc/blue.microcosm.links.getBacklinksCount";
 pub const GET_BACKLINK_DIDS: &str = "/xrpc/blue.microcosm.links.getBacklinkDids";
 
-/// Constellation's default page size.
-pub const DEFAULT_LIMIT: usize = 16;
-/// Our listBacklinks maximum (constellation's own maximum is lower, so every valid limit works).
+pub mod rest;
+
+/// Constellation's default page size (since December 2025).
+pub const DEFAULT_LIMIT: usize = 100;
+/// Constellation's largest page, which is also listBacklinks'.
 pub const MAX_LIMIT: usize = crate::query::MAX_LIMIT;
 /// Most `did` filters one request may give.
 pub const MAX_DIDS: usize = 64;
@@ -86,7 +92,7 @@ pub fn parse_source(text: &str) -> Result<Source, QueryError> {
     Ok(Source { collection: collection.to_string(), locations: locations_for_path(path)? })
 }
 
-/// Validated parameters of the three endpoints, as listBacklinks parameters.
+/// Validated parameters of the three XRPC endpoints, as listBacklinks parameters.
 pub fn parse_query(pairs: &[(String, String)]) -> Result<ListParams, QueryError> {
     let mut subject = None;
     let mut source = None;
@@ -104,22 +110,45 @@ pub fn parse_query(pairs: &[(String, String)]) -> Result<ListParams, QueryError>
         }
     }
     let subject = subject.ok_or_else(|| invalid("missing required parameter: subject"))?;
-    parse_target(subject).map_err(|e| invalid(format!("invalid subject {subject:?}: {e}")))?;
     let source = source.ok_or_else(|| {
         invalid("missing required parameter: source (collection:path, like app.bsky.feed.like:subject.uri)")
     })?;
+    list_params(subject, &source, dids, &paging)
+}
+
+/// listBacklinks parameters for links to `subject` from `source`, from accounts `dids` (none: from
+/// any), with constellation's `limit`, `cursor` and `reverse` in `paging`.
+fn list_params(
+    subject: &str,
+    source: &Source,
+    dids: Vec<String>,
+    paging: &[(&str, &str)],
+) -> Result<ListParams, QueryError> {
+    parse_target(subject).map_err(|e| invalid(format!("invalid subject {subject:?}: {e}")))?;
     if dids.len() > MAX_DIDS {
         return Err(invalid(format!("at most {MAX_DIDS} did filters")));
     }
+    let mut limit = DEFAULT_LIMIT;
     let mut translated = vec![("target", subject), ("collection", source.collection.as_str())];
     translated.extend(source.locations.iter().map(|l| ("location", l.as_str())));
-    translated.extend(paging.iter().copied());
-    let mut params = ListParams::from_pairs(translated)?;
-    if !paging.iter().any(|(name, _)| *name == "limit") {
-        params.limit = DEFAULT_LIMIT;
+    for &(name, value) in paging {
+        match name {
+            "limit" => limit = parse_limit(value)?,
+            _ => translated.push((name, value)),
+        }
     }
+    let mut params = ListParams::from_pairs(translated)?;
+    params.limit = limit;
     params.dids = dids;
     Ok(params)
+}
+
+/// Constellation's `limit`: 0..=`MAX_LIMIT` (0 asks for the totals alone).
+fn parse_limit(value: &str) -> Result<usize, QueryError> {
+    match value.parse::<usize>() {
+        Ok(limit) if limit <= MAX_LIMIT => Ok(limit),
+        _ => Err(invalid(format!("limit must be an integer from 0 to {MAX_LIMIT}, got {value:?}"))),
+    }
 }
 
 fn parse_did(value: &str) -> Result<String, QueryError> {
@@ -150,27 +179,34 @@ fn mark_estimate(mut body: Value, approximate: bool) -> Value {
     body
 }
 
-/// getBacklinks: `{"total", "records": [{"did", "collection", "rkey"}], "cursor"}`.
+/// getBacklinks: `{"total", "records": [{"did", "collection", "rkey"}], "cursor"}`; REST's `/links`
+/// names its list `records_key`.
 pub async fn get_backlinks(
     index: &crate::index::Index,
     params: &ListParams,
     options: CountOptions,
+    records_key: &str,
 ) -> Result<Value, QueryError> {
-    let page = list_backlinks(index, params).await?;
+    let page = match params.limit {
+        0 => ListPage::default(),
+        _ => list_backlinks(index, params).await?,
+    };
     let count = count_backlinks(index, params, options).await?;
     let records: Vec<Value> = page.items.iter().map(|(_, uri)| record_json(uri)).collect::<Result<_, _>>()?;
-    let body = json!({ "total": count.total, "records": records, "cursor": page.cursor });
+    let body = json!({ "total": count.total, records_key: records, "cursor": page.cursor });
     Ok(mark_estimate(body, count.approximate))
 }
 
-/// getBacklinksCount: `{"total"}`.
+/// getBacklinksCount: `{"total"}` (of records, or with `distinct` of linking accounts).
 pub async fn get_backlinks_count(
     index: &crate::index::Index,
     params: &ListParams,
     options: CountOptions,
+    distinct: bool,
 ) -> Result<Value, QueryError> {
     let count = count_backlinks(index, params, options).await?;
-    Ok(mark_estimate(json!({ "total": count.total }), count.approximate))
+    let total = if distinct { count.distinct_dids } else { count.total };
+    Ok(mark_estimate(json!({ "total": total }), count.approximate))
 }
 
 /// getBacklinkDids: `{"total", "linking_dids", "cursor"}`. DIDs are distinct within a page (a DID
@@ -180,7 +216,10 @@ pub async fn get_backlink_dids(
     params: &ListParams,
     options: CountOptions,
 ) -> Result<Value, QueryError> {
-    let (dids, cursor) = distinct_dids_page(index, params).await?;
+    let (dids, cursor) = match params.limit {
+        0 => (Vec::new(), None),
+        _ => distinct_dids_page(index, params).await?,
+    };
     let count = count_backlinks(index, params, options).await?;
     let body = json!({ "total": count.distinct_dids, "linking_dids": dids, "cursor": cursor });
     Ok(mark_estimate(body, count.approximate))
@@ -279,14 +318,15 @@ mod tests {
         assert_eq!(params.locations, ["$.subject", "$.subject.uri"]);
         assert_eq!(params.dids, ["did:plc:bbbbbbbbbbbbbbbbbbbbbbbb", "did:web:example.com"]);
         assert_eq!((params.limit, params.reverse, params.cursor), (DEFAULT_LIMIT, true, None));
-        let with_limit = pairs(&[("subject", POST), ("source", "a.b.c:x"), ("limit", "1000")]);
-        assert_eq!(parse_query(&with_limit).unwrap().limit, 1000);
+        let with_limit = |limit| pairs(&[("subject", POST), ("source", "a.b.c:x"), ("limit", limit)]);
+        assert_eq!(parse_query(&with_limit("1000")).unwrap().limit, 1000);
+        assert_eq!(parse_query(&with_limit("0")).unwrap().limit, 0, "the totals alone");
         let errors = [
             (pairs(&[("source", "a.b.c:x")]), "missing required parameter: subject"),
             (pairs(&[("subject", POST)]), "missing required parameter: source"),
             (pairs(&[("subject", "nope"), ("source", "a.b.c:x")]), "invalid subject"),
             (pairs(&[("subject", POST), ("source", "a.b.c:x"), ("did", "bob")]), "invalid did"),
-            (pairs(&[("subject", POST), ("source", "a.b.c:x"), ("limit", "0")]), "limit must be"),
+            (pairs(&[("subject", POST), ("source", "a.b.c:x"), ("limit", "-1")]), "limit must be"),
             (pairs(&[("subject", POST), ("source", "a.b.c:x"), ("limit", "1001")]), "limit must be"),
             (pairs(&[("subject", POST), ("subject", POST), ("source", "a.b.c:x")]), "more than once"),
         ];

@@ -56,8 +56,17 @@ pub struct Count {
     pub by_location: BTreeMap<String, u64>,
     /// Distinct repositories among the counted sources.
     pub distinct_dids: u64,
+    /// Live backlinks and distinct linking repositories per (source collection, location).
+    pub by_source: BTreeMap<(String, String), SourceCount>,
     /// True when the figures are an estimate (the target had more entries than the scan limit).
     pub approximate: bool,
+}
+
+/// The live backlinks of one (source collection, location) and how many repositories they come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SourceCount {
+    pub records: u64,
+    pub distinct_dids: u64,
 }
 
 impl Count {
@@ -212,27 +221,40 @@ impl TargetScope {
     }
 }
 
-/// Counts live links by location, scaled by `raw_total / raw_sampled` (1/1 for an exact count).
+/// Counts live links by (collection, location) and distinct repositories, scaled by
+/// `raw_total / raw_sampled` (1/1 for an exact count).
 fn tally(index: &Index, live: &[Backlink], raw_total: u64, raw_sampled: u64) -> Result<Count, QueryError> {
-    let mut by_id: BTreeMap<u64, u64> = BTreeMap::new();
+    let mut groups: BTreeMap<(u64, u64), (u64, HashSet<u64>)> = BTreeMap::new();
     for link in live {
-        *by_id.entry(link.location).or_default() += 1;
+        let (records, dids) = groups.entry((link.source.collection, link.location)).or_default();
+        *records += 1;
+        dids.insert(link.source.did);
     }
     let scale =
         |n: u64| if raw_sampled == 0 { 0 } else { (n as u128 * raw_total as u128 / raw_sampled as u128) as u64 };
+    // A distinct count scales like the records, but never past them nor below what was seen.
+    let scale_distinct = |seen: u64, records: u64| scale(seen).min(records).max(seen.min(records));
     let mut count = Count::default();
-    for (location, n) in by_id {
-        let name = index
-            .outlines
-            .resolve(OutlineKind::Location, location)
-            .map_err(IndexError::from)?
-            .ok_or_else(|| QueryError::Internal(format!("location id {location} has no outline entry")))?;
-        count.by_location.insert(name.to_string(), scale(n));
+    for ((collection, location), (records, dids)) in groups {
+        let collection = resolve(index, OutlineKind::Collection, collection)?;
+        let location = resolve(index, OutlineKind::Location, location)?;
+        let records = scale(records);
+        let distinct_dids = scale_distinct(dids.len() as u64, records);
+        *count.by_location.entry(location.to_string()).or_default() += records;
+        count.by_source.insert((collection.to_string(), location.to_string()), SourceCount { records, distinct_dids });
     }
     count.total = count.by_location.values().sum();
     let sampled_dids = live.iter().map(|l| l.source.did).collect::<HashSet<_>>().len() as u64;
-    count.distinct_dids = scale(sampled_dids).min(count.total).max(sampled_dids.min(count.total));
+    count.distinct_dids = scale_distinct(sampled_dids, count.total);
     Ok(count)
+}
+
+fn resolve(index: &Index, kind: OutlineKind, id: u64) -> Result<Arc<str>, QueryError> {
+    index
+        .outlines
+        .resolve(kind, id)
+        .map_err(IndexError::from)?
+        .ok_or_else(|| QueryError::Internal(format!("{kind} id {id} has no outline entry")))
 }
 
 #[cfg(test)]

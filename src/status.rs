@@ -262,7 +262,8 @@ mod tests {
             items: vec![("$.subject".into(), "at://did:plc:x/a.b.c/<script>".into())],
             cursor: Some("01ab".into()),
         };
-        let count = Count { total: 1, by_location: BTreeMap::new(), distinct_dids: 1, approximate: false };
+        let count =
+            Count { total: 1, by_location: BTreeMap::new(), distinct_dids: 1, approximate: false, ..Count::default() };
         let html = render_results("did:plc:\"x\"", 5, &page, &count);
         assert!(html.contains("<td class=\"source\">at://did:plc:x/a.b.c/&lt;script&gt;</td>"), "{html}");
         assert!(html.contains("<p id=\"total\">1 backlink to <code>did:plc:&quot;x&quot;</code></p>"), "{html}");

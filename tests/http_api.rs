@@ -237,11 +237,18 @@ async fn constellation_get_backlinks() {
     let (status, body) = get(&router, &query(GET_BACKLINKS, &unknown)).await;
     assert_eq!((status, body), (StatusCode::OK, json!({"total": 0, "records": [], "cursor": null})));
 
-    // Default limit 16, cursor round trip over the 25 likes, newest first.
+    // Constellation's default limit (100) takes the 25 likes at once.
+    let hot = [("subject", HOT), ("source", "app.bsky.feed.like:subject.uri")];
+    let (_, all) = get(&router, &query(GET_BACKLINKS, &hot)).await;
+    assert_eq!((all["records"].as_array().unwrap().len(), &all["cursor"]), (HOT_LIKES, &Value::Null));
+    // limit=0: the total alone, and no cursor to loop on.
+    let (_, none) = get(&router, &query(GET_BACKLINKS, &[hot[0], hot[1], ("limit", "0")])).await;
+    assert_eq!(none, json!({"total": 25, "records": [], "cursor": null}));
+    // Pages of 16: a cursor round trip over the 25 likes, newest first.
     let mut seen = Vec::new();
     let mut cursor = String::new();
     for round in 0..5 {
-        let params = [("subject", HOT), ("source", "app.bsky.feed.like:subject.uri"), ("cursor", cursor.as_str())];
+        let params = [hot[0], hot[1], ("limit", "16"), ("cursor", cursor.as_str())];
         let (_, page) = get(&router, &query(GET_BACKLINKS, &params)).await;
         assert_eq!(page["total"], 25);
         let records = page["records"].as_array().unwrap();
@@ -262,7 +269,6 @@ async fn constellation_get_backlinks() {
     let expected: Vec<String> = (0..HOT_LIKES).rev().map(hot_uri).collect();
     assert_eq!(seen, expected);
 
-    let hot = [("subject", HOT), ("source", "app.bsky.feed.like:subject.uri")];
     let (_, max) = get(&router, &query(GET_BACKLINKS, &[hot[0], hot[1], ("limit", "1000")])).await;
     assert_eq!(max["records"].as_array().unwrap().len(), 25);
     let (_, one) = get(&router, &query(GET_BACKLINKS, &[hot[0], hot[1], ("limit", "1"), ("reverse", "true")])).await;
@@ -272,7 +278,7 @@ async fn constellation_get_backlinks() {
         (query(GET_BACKLINKS, &[("subject", HOT)]), "source"),
         (query(GET_BACKLINKS, &[("subject", HOT), ("source", "app.bsky.feed.like")]), "source"),
         (query(GET_BACKLINKS, &[("subject", "bad"), ("source", "a.b.c:x")]), "subject"),
-        (query(GET_BACKLINKS, &[hot[0], hot[1], ("limit", "0")]), "limit"),
+        (query(GET_BACKLINKS, &[hot[0], hot[1], ("limit", "-1")]), "limit"),
         (query(GET_BACKLINKS, &[hot[0], hot[1], ("limit", "1001")]), "limit"),
         (query(GET_BACKLINKS, &[hot[0], hot[1], ("did", "alice")]), "did"),
         (query(GET_BACKLINKS, &[hot[0], hot[1], ("cursor", "00")]), "cursor"),
@@ -306,7 +312,76 @@ async fn constellation_counts_and_dids() {
     assert_eq!(rest["cursor"], Value::Null);
     let (status, empty) = get(&router, &query(GET_DIDS, &unknown)).await;
     assert_eq!((status, empty), (StatusCode::OK, json!({"total": 0, "linking_dids": [], "cursor": null})));
-    assert_invalid(&router, &query(GET_DIDS, &[likes[0], likes[1], ("limit", "0")]), "limit").await;
+    let (_, zero) = get(&router, &query(GET_DIDS, &[likes[0], likes[1], ("limit", "0")])).await;
+    assert_eq!(zero, json!({"total": 5, "linking_dids": [], "cursor": null}));
+    assert_invalid(&router, &query(GET_DIDS, &[likes[0], likes[1], ("limit", "1001")]), "limit").await;
+}
+
+/// Constellation's REST family answers what the XRPC methods answer, under its own names.
+#[tokio::test]
+async fn constellation_rest_family() {
+    let (_dir, router) = server().await;
+    let likes = [("target", HOT), ("collection", "app.bsky.feed.like"), ("path", ".subject.uri")];
+    let xrpc = [("subject", HOT), ("source", "app.bsky.feed.like:subject.uri")];
+    let (status, links) = get(&router, &query("/links", &[likes[0], likes[1], likes[2], ("limit", "7")])).await;
+    let (_, records) = get(&router, &query(GET_BACKLINKS, &[xrpc[0], xrpc[1], ("limit", "7")])).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (&links["total"], &links["linking_records"], &links["cursor"]),
+        (&json!(25), &records["records"], &records["cursor"])
+    );
+    assert_eq!(links.as_object().unwrap().len(), 3, "exactly constellation's fields: {links}");
+    let (_, next) =
+        get(&router, &query("/links", &[likes[0], likes[1], likes[2], ("cursor", links["cursor"].as_str().unwrap())]))
+            .await;
+    assert_eq!(next["linking_records"].as_array().unwrap().len(), HOT_LIKES - 7);
+    // did and the deprecated from_dids filter alike; both at once is a 400.
+    let one = liker(0);
+    let from_dids = format!("{one},{}", liker(1));
+    let (_, mine) = get(&router, &query("/links", &[likes[0], likes[1], likes[2], ("did", &one)])).await;
+    let (_, ours) = get(&router, &query("/links", &[likes[0], likes[1], likes[2], ("from_dids", &from_dids)])).await;
+    assert_eq!((&mine["total"], &ours["total"]), (&json!(5), &json!(10)));
+    assert_invalid(
+        &router,
+        &query("/links", &[likes[0], likes[1], likes[2], ("did", &one), ("from_dids", &one)]),
+        "not both",
+    )
+    .await;
+
+    assert_eq!(get(&router, &query("/links/count", &likes)).await, (StatusCode::OK, json!({"total": 25})));
+    assert_eq!(get(&router, &query("/links/count/distinct-dids", &likes)).await.1, json!({"total": 5}));
+    let (_, dids) = get(&router, &query("/links/distinct-dids", &likes)).await;
+    let (_, xrpc_dids) = get(&router, &query(GET_DIDS, &xrpc)).await;
+    assert_eq!(dids, xrpc_dids);
+    assert_eq!(dids["linking_dids"].as_array().unwrap().len(), 5);
+
+    // Every collection and path linking to the target, with records and distinct accounts.
+    let expected = json!({"links": {
+        "app.bsky.feed.like": {".subject.uri": {"records": 25, "distinct_dids": 5}},
+        "app.bsky.feed.repost": {".subject.uri": {"records": 3, "distinct_dids": 3}},
+    }});
+    assert_eq!(get(&router, &query("/links/all", &[("target", HOT)])).await, (StatusCode::OK, expected));
+    let counts =
+        json!({"links": {"app.bsky.feed.like": {".subject.uri": 25}, "app.bsky.feed.repost": {".subject.uri": 3}}});
+    assert_eq!(get(&router, &query("/links/all/count", &[("target", HOT)])).await.1, counts);
+    // A follow's subject is a plain DID string: `.subject`, and asking by that path finds it.
+    let (_, followed) = get(&router, &query("/links/all", &[("target", FOLLOWED)])).await;
+    assert_eq!(followed, json!({"links": {"app.bsky.graph.follow": {".subject": {"records": 1, "distinct_dids": 1}}}}));
+    let follows = [("target", FOLLOWED), ("collection", "app.bsky.graph.follow"), ("path", ".subject")];
+    assert_eq!(get(&router, &query("/links/count", &follows)).await.1, json!({"total": 1}));
+    assert_eq!(get(&router, &query("/links/all", &[("target", UNKNOWN)])).await.1, json!({"links": {}}));
+
+    for (uri, word) in [
+        (query("/links", &likes[1..]), "target"),
+        (query("/links", &[likes[0], likes[2]]), "collection"),
+        (query("/links", &likes[..2]), "path"),
+        (query("/links/count", &[likes[0], ("collection", "nope"), likes[2]]), "collection"),
+        (query("/links/distinct-dids", &[likes[0], likes[1], likes[2], ("limit", "1001")]), "limit"),
+        (query("/links/all", &[]), "target"),
+        (query("/links/all/count", &[("target", "https://example.com/")]), "target"),
+    ] {
+        assert_invalid(&router, &uri, word).await;
+    }
 }
 
 #[tokio::test]

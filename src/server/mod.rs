@@ -30,7 +30,7 @@
 //! - A query string has at most `MAX_QUERY_PAIRS` parameters.
 
 use crate::config::{ConfigError, FileConfig};
-use crate::constellation::{self, GET_BACKLINK_DIDS, GET_BACKLINKS, GET_BACKLINKS_COUNT};
+use crate::constellation::{self, GET_BACKLINK_DIDS, GET_BACKLINKS, GET_BACKLINKS_COUNT, rest};
 use crate::count::{CountOptions, count_backlinks, parse_count_query};
 use crate::index::Index;
 use crate::metrics::Metrics;
@@ -38,7 +38,7 @@ use crate::query::{ListParams, QueryError, list_backlinks};
 use crate::status::{IngestMode, StatusFacts, render_error, render_results, render_status};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, HeaderValue, RETRY_AFTER};
-use axum::http::{Method, StatusCode};
+use axum::http::{Method, StatusCode, Uri};
 use axum::middleware::{Next, from_fn_with_state};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::get;
@@ -247,9 +247,15 @@ pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> 
         .route("/lexicons/{file}", get(lexicon_handler))
         .route(LIST_BACKLINKS, get(list_handler))
         .route(COUNT_BACKLINKS, get(count_handler))
-        .route(GET_BACKLINKS, get(constellation_list_handler))
-        .route(GET_BACKLINKS_COUNT, get(constellation_count_handler))
-        .route(GET_BACKLINK_DIDS, get(constellation_dids_handler))
+        .route(GET_BACKLINKS, get(constellation_handler))
+        .route(GET_BACKLINKS_COUNT, get(constellation_handler))
+        .route(GET_BACKLINK_DIDS, get(constellation_handler))
+        .route(rest::LINKS, get(constellation_handler))
+        .route(rest::LINKS_COUNT, get(constellation_handler))
+        .route(rest::LINKS_DISTINCT_DIDS, get(constellation_handler))
+        .route(rest::LINKS_COUNT_DISTINCT_DIDS, get(constellation_handler))
+        .route(rest::LINKS_ALL, get(constellation_handler))
+        .route(rest::LINKS_ALL_COUNT, get(constellation_handler))
         .route(UI_BACKLINKS, get(ui_results_handler))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
@@ -340,6 +346,12 @@ fn query_endpoint(method: &Method, path: &str) -> Option<&'static str> {
         GET_BACKLINKS => "getBacklinks",
         GET_BACKLINKS_COUNT => "getBacklinksCount",
         GET_BACKLINK_DIDS => "getBacklinkDids",
+        rest::LINKS => "links",
+        rest::LINKS_COUNT => "links/count",
+        rest::LINKS_DISTINCT_DIDS => "links/distinct-dids",
+        rest::LINKS_COUNT_DISTINCT_DIDS => "links/count/distinct-dids",
+        rest::LINKS_ALL => "links/all",
+        rest::LINKS_ALL_COUNT => "links/all/count",
         UI_BACKLINKS => "ui",
         _ => return None,
     })
@@ -411,28 +423,29 @@ async fn count_handler(
     Ok(Json(count.to_json()))
 }
 
-async fn constellation_list_handler(
+/// Every constellation endpoint, XRPC and REST: parse by the path's rules, answer its JSON.
+async fn constellation_handler(
     State(state): State<AppState>,
+    uri: Uri,
     RawQuery(raw): RawQuery,
 ) -> Result<Json<serde_json::Value>, XrpcError> {
-    let params = constellation::parse_query(&query_pairs(raw.as_deref())?)?;
-    Ok(Json(constellation::get_backlinks(&state.index, &params, state.options.count).await?))
-}
-
-async fn constellation_count_handler(
-    State(state): State<AppState>,
-    RawQuery(raw): RawQuery,
-) -> Result<Json<serde_json::Value>, XrpcError> {
-    let params = constellation::parse_query(&query_pairs(raw.as_deref())?)?;
-    Ok(Json(constellation::get_backlinks_count(&state.index, &params, state.options.count).await?))
-}
-
-async fn constellation_dids_handler(
-    State(state): State<AppState>,
-    RawQuery(raw): RawQuery,
-) -> Result<Json<serde_json::Value>, XrpcError> {
-    let params = constellation::parse_query(&query_pairs(raw.as_deref())?)?;
-    Ok(Json(constellation::get_backlink_dids(&state.index, &params, state.options.count).await?))
+    use constellation::rest::{self, parse_links_query, parse_target_query};
+    let pairs = query_pairs(raw.as_deref())?;
+    let (index, count) = (&state.index, state.options.count);
+    let xrpc = || constellation::parse_query(&pairs);
+    let body = match uri.path() {
+        GET_BACKLINKS => constellation::get_backlinks(index, &xrpc()?, count, "records").await?,
+        GET_BACKLINKS_COUNT => constellation::get_backlinks_count(index, &xrpc()?, count, false).await?,
+        GET_BACKLINK_DIDS => constellation::get_backlink_dids(index, &xrpc()?, count).await?,
+        rest::LINKS => rest::links(index, &parse_links_query(&pairs)?, count).await?,
+        rest::LINKS_COUNT => rest::links_count(index, &parse_links_query(&pairs)?, count).await?,
+        rest::LINKS_DISTINCT_DIDS => rest::distinct_dids(index, &parse_links_query(&pairs)?, count).await?,
+        rest::LINKS_COUNT_DISTINCT_DIDS => rest::count_distinct_dids(index, &parse_links_query(&pairs)?, count).await?,
+        rest::LINKS_ALL => rest::links_all(index, &parse_target_query(&pairs)?, count, false).await?,
+        rest::LINKS_ALL_COUNT => rest::links_all(index, &parse_target_query(&pairs)?, count, true).await?,
+        other => return Err(QueryError::Internal(format!("{other} is routed to no constellation endpoint")).into()),
+    };
+    Ok(Json(body))
 }
 
 async fn health_handler(State(state): State<AppState>) -> Response {

@@ -1,0 +1,235 @@
+//! Constellation's endpoints through the real binary: a generated stream of likes, reposts,
+//! follows and replies with mentions (creates, updates, deletes, hidden and deleted accounts) is
+//! imported with `backlinks import`, served with `backlinks serve`, and every endpoint's answer
+//! for every target is checked against the reference model (tests/support/model.rs): the REST
+//! family (`/links`, `/links/count`, `/links/distinct-dids`, `/links/count/distinct-dids`,
+//! `/links/all`, `/links/all/count`) and the XRPC methods it mirrors, page by page.
+
+mod support;
+
+use backlinks::base::rng::splitmix64;
+use backlinks::constellation::rest::constellation_path;
+use backlinks::model::tid::format_tid;
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use support::model::{Model, RecordKey};
+use support::{Server, run};
+
+const ACCOUNTS: usize = 24;
+const POSTS: usize = 5;
+const RKEYS: usize = 40;
+const EVENTS: usize = 2_500;
+/// (collection, how its record links): the shapes of the real ones.
+const COLLECTIONS: [&str; 4] =
+    ["app.bsky.feed.like", "app.bsky.feed.repost", "app.bsky.graph.follow", "app.bsky.feed.post"];
+
+fn did(i: usize) -> String {
+    format!("did:plc:{}", std::iter::repeat_n(char::from(b'a' + i as u8), 24).collect::<String>())
+}
+
+fn post(i: usize) -> String {
+    format!("at://{}/app.bsky.feed.post/{}", did(i), format_tid(1_600_000_000_000_000 + i as u64))
+}
+
+fn rkey(i: usize) -> String {
+    format_tid(1_700_000_000_000_000 + i as u64 * 1_000)
+}
+
+fn record_uri(&(d, c, r): &RecordKey) -> String {
+    format!("at://{}/{}/{}", did(d), COLLECTIONS[c], rkey(r))
+}
+
+fn strong_ref(uri: &str) -> Value {
+    json!({"uri": uri, "cid": "bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"})
+}
+
+/// A record of `collection` pointing at `a` (and `b`), and its (target, location) links.
+fn record(collection: usize, a: usize, b: usize) -> (Value, BTreeSet<(String, String)>) {
+    let links = |pairs: &[(String, &str)]| pairs.iter().map(|(t, l)| (t.clone(), l.to_string())).collect();
+    match collection {
+        0 | 1 => (json!({"subject": strong_ref(&post(a))}), links(&[(post(a), "$.subject")])),
+        2 => (json!({"subject": did(a)}), links(&[(did(a), "$.subject")])),
+        _ => {
+            let mention = json!({"index": {"byteStart": 0, "byteEnd": 2},
+                                 "features": [{"$type": "app.bsky.richtext.facet#mention", "did": did(b)}]});
+            let record = json!({"text": "hi", "reply": {"root": strong_ref(&post(a)), "parent": strong_ref(&post(b))},
+                                "facets": [mention]});
+            let mention_at = "$.facets[].features[app.bsky.richtext.facet#mention].did";
+            (record, links(&[(post(a), "$.reply.root"), (post(b), "$.reply.parent"), (did(b), mention_at)]))
+        }
+    }
+}
+
+/// Jetstream lines and the model they leave.
+fn generate(seed: u64) -> (String, Model) {
+    let mut state = seed;
+    let mut next = |n: usize| (splitmix64(&mut state) % n as u64) as usize;
+    let (mut lines, mut model) = (String::new(), Model::default());
+    for i in 0..EVENTS {
+        let time_us = 1_780_000_000_000_000u64 + i as u64;
+        let (d, c, r) = (next(ACCOUNTS), next(COLLECTIONS.len()), next(RKEYS));
+        let event = match next(20) {
+            0 => {
+                model.delete_account(d);
+                account(d, time_us, false, Some("deleted"))
+            }
+            1 => {
+                model.hidden.insert(d);
+                account(d, time_us, false, Some("deactivated"))
+            }
+            2 => {
+                model.hidden.remove(&d);
+                account(d, time_us, true, None)
+            }
+            3..=5 => {
+                model.records.remove(&(d, c, r));
+                commit(d, time_us, json!({"operation": "delete", "collection": COLLECTIONS[c], "rkey": rkey(r)}))
+            }
+            kind => {
+                let (value, links) = record(c, next(POSTS), next(POSTS));
+                let update = kind < 9 && model.records.contains_key(&(d, c, r));
+                let entry = model.records.entry((d, c, r)).or_default();
+                if update {
+                    *entry = links;
+                } else {
+                    entry.extend(links);
+                }
+                let operation = if update { "update" } else { "create" };
+                let body =
+                    json!({"operation": operation, "collection": COLLECTIONS[c], "rkey": rkey(r), "record": value});
+                commit(d, time_us, body)
+            }
+        };
+        lines.push_str(&event.to_string());
+        lines.push('\n');
+    }
+    (lines, model)
+}
+
+fn commit(d: usize, time_us: u64, mut body: Value) -> Value {
+    body["rev"] = "3l3qo2vutsw2b".into();
+    json!({"did": did(d), "time_us": time_us, "kind": "commit", "commit": body})
+}
+
+fn account(d: usize, time_us: u64, active: bool, status: Option<&str>) -> Value {
+    let mut account = json!({"active": active, "did": did(d), "seq": 1, "time": "2024-01-01T00:00:00Z"});
+    if let Some(status) = status {
+        account["status"] = status.into();
+    }
+    json!({"did": did(d), "time_us": time_us, "kind": "account", "account": account})
+}
+
+fn query(path: &str, pairs: &[(&str, &str)]) -> String {
+    let encoded = form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
+    format!("{path}?{encoded}")
+}
+
+/// Every page of a paged endpoint: the items under `key`, and the totals each page gave.
+fn every_page(server: &Server, path: &str, pairs: &[(&str, &str)], key: &str) -> (Vec<Value>, BTreeSet<u64>) {
+    let (mut items, mut totals, mut cursor) = (Vec::new(), BTreeSet::new(), String::new());
+    for _ in 0..1_000 {
+        let mut paged = pairs.to_vec();
+        paged.extend([("limit", "3"), ("cursor", cursor.as_str())].into_iter().filter(|(_, v)| !v.is_empty()));
+        let (status, page) = server.get(&query(path, &paged));
+        assert_eq!(status, 200, "{path} {paged:?}: {page}");
+        items.extend(page[key].as_array().unwrap_or_else(|| panic!("{key} in {page}")).iter().cloned());
+        totals.insert(page["total"].as_u64().unwrap_or_else(|| panic!("total in {page}")));
+        match page["cursor"].as_str() {
+            Some(next) => cursor = next.to_string(),
+            None => return (items, totals),
+        }
+    }
+    panic!("{path} never ended");
+}
+
+fn record_of(item: &Value) -> String {
+    format!(
+        "at://{}/{}/{}",
+        item["did"].as_str().unwrap(),
+        item["collection"].as_str().unwrap(),
+        item["rkey"].as_str().unwrap()
+    )
+}
+
+/// The model's live (source, location) links to `target` from `collection` at `location`.
+fn expected(model: &Model, target: &str, collection: &str, location: &str) -> Vec<String> {
+    let links = model.backlinks(target, record_uri);
+    links
+        .into_iter()
+        .filter(|(uri, l)| l == location && uri.split('/').nth(3) == Some(collection))
+        .map(|(u, _)| u)
+        .collect()
+}
+
+#[test]
+fn rest_and_xrpc_answers_equal_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (lines, model) = generate(42);
+    let events = dir.path().join("events.jsonl");
+    std::fs::write(&events, lines).unwrap();
+    let data = dir.path().join("data");
+    let (ok, _, stderr) = run(&["import", events.to_str().unwrap(), "--data-dir", data.to_str().unwrap()]);
+    assert!(ok, "{stderr}");
+    let server = Server::start(&data);
+    let targets: Vec<String> = (0..POSTS).map(post).chain((0..ACCOUNTS).map(did)).collect();
+    let mut checked = 0;
+    for target in &targets {
+        let is_did = target.starts_with("did:");
+        // Every (collection, location) that can link to this kind of target, whether or not it does.
+        let mut all = BTreeMap::new();
+        for (collection, location) in [
+            ("app.bsky.feed.like", "$.subject"),
+            ("app.bsky.feed.repost", "$.subject"),
+            ("app.bsky.graph.follow", "$.subject"),
+            ("app.bsky.feed.post", "$.reply.root"),
+            ("app.bsky.feed.post", "$.reply.parent"),
+            ("app.bsky.feed.post", "$.facets[].features[app.bsky.richtext.facet#mention].did"),
+        ] {
+            let records = expected(&model, target, collection, location);
+            let path = constellation_path(location, is_did).unwrap();
+            let rest = [("target", target.as_str()), ("collection", collection), ("path", path.as_str())];
+            let source = format!("{collection}:{}", &path[1..]);
+            let xrpc = [("subject", target.as_str()), ("source", source.as_str())];
+            let dids: BTreeSet<String> = records.iter().map(|uri| uri.split('/').nth(2).unwrap().to_string()).collect();
+            let total = records.len() as u64;
+
+            let (items, totals) = every_page(&server, "/links", &rest, "linking_records");
+            let got: Vec<String> = items.iter().map(record_of).collect();
+            let mut sorted = got.clone();
+            sorted.sort();
+            sorted.dedup();
+            assert_eq!(sorted.len(), got.len(), "{target} {collection} {location}: a record twice");
+            let mut want = records.clone();
+            want.sort();
+            assert_eq!(sorted, want, "{target} {collection} {location}");
+            assert_eq!(totals, BTreeSet::from([total]), "{target} {collection} {location}");
+            let (xrpc_items, _) = every_page(&server, "/xrpc/blue.microcosm.links.getBacklinks", &xrpc, "records");
+            assert_eq!(xrpc_items, items, "getBacklinks pages as /links does");
+
+            assert_eq!(server.get(&query("/links/count", &rest)).1, json!({"total": total}));
+            let xrpc_count = server.get(&query("/xrpc/blue.microcosm.links.getBacklinksCount", &xrpc)).1;
+            assert_eq!(xrpc_count, json!({"total": total}));
+            let distinct = json!({"total": dids.len()});
+            assert_eq!(server.get(&query("/links/count/distinct-dids", &rest)).1, distinct);
+            let (linking, totals) = every_page(&server, "/links/distinct-dids", &rest, "linking_dids");
+            let linking: BTreeSet<String> = linking.iter().map(|d| d.as_str().unwrap().to_string()).collect();
+            assert_eq!((linking, totals), (dids.clone(), BTreeSet::from([dids.len() as u64])));
+
+            if !records.is_empty() {
+                let summary = json!({"records": records.len(), "distinct_dids": dids.len()});
+                all.entry(collection.to_string()).or_insert_with(BTreeMap::new).insert(path.clone(), summary);
+                checked += 1;
+            }
+        }
+        let (status, links_all) = server.get(&query("/links/all", &[("target", target)]));
+        assert_eq!((status, links_all), (200, json!({ "links": all })), "{target}");
+        let counts: BTreeMap<_, BTreeMap<_, _>> = all
+            .iter()
+            .map(|(c, paths)| (c.clone(), paths.iter().map(|(p, s)| (p.clone(), s["records"].clone())).collect()))
+            .collect();
+        assert_eq!(server.get(&query("/links/all/count", &[("target", target)])).1, json!({ "links": counts }));
+    }
+    // Every post has live likes, reposts and replies at root and parent; every account that can
+    // be followed or mentioned is.
+    assert_eq!(checked, POSTS * 4 + POSTS * 2, "(target, collection, location) with live links");
+}
