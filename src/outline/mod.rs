@@ -482,7 +482,11 @@ impl Outlines {
     }
 }
 
-/// WAL, and `synchronous = FULL`: a commit is on disk when `persist` returns. NORMAL would not do
+/// WAL in exclusive locking mode: one connection per data directory (the index's) ever opens
+/// the file, so SQLite need not take and drop file locks around every statement (with more
+/// accounts than the outline cache holds, the writer's lookups spent an eighth of their time in
+/// `fcntl`; BENCHMARKS.md). Another process opening `outlines.db` meanwhile waits, then fails.
+/// And `synchronous = FULL`: a commit is on disk when `persist` returns. NORMAL would not do
 /// here even though `persist` always precedes the catalog's commit: with NORMAL a power loss can
 /// drop the last outline commit while the later, fsynced commit of `state.db` (a different file,
 /// whose fsync does not order writes to this one) survives and refers to the lost ids. Persist runs
@@ -493,6 +497,7 @@ fn configure(conn: &Connection) -> Result<(), OutlineError> {
         return Err(OutlineError::Corrupt(format!("cannot switch outlines.db to WAL (mode is {mode})")));
     }
     conn.pragma_update(None, "synchronous", "FULL")?;
+    conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     Ok(())
 }

@@ -221,15 +221,17 @@ fn failed_persist_writes_nothing_and_keeps_pending() {
     let outlines = open(&dir, 16);
     outlines.intern(DID, "did:plc:one", 0).unwrap();
     outlines.intern(DID, "did:plc:two", 0).unwrap();
-    // Another writer (which must never exist) took the second id: the batch cannot commit.
-    let other = Connection::open(dir.path().join("outlines.db")).unwrap();
-    other.execute("INSERT INTO outlines (kind, id, value) VALUES (1, ?1, 'x')", [(OUTLINED_BIT | 2) as i64]).unwrap();
+    // A row that must never exist took the second id: the batch cannot commit. (The file is
+    // locked for its one connection, so the row goes in through it.)
+    let sql = |statement: &str| outlines.lock_db().unwrap().execute(statement, []).unwrap();
+    sql(&format!("INSERT INTO outlines (kind, id, value) VALUES (1, {}, 'x')", (OUTLINED_BIT | 2) as i64));
     assert!(matches!(outlines.persist(), Err(OutlineError::Sqlite(_))));
     assert_eq!(outlines.pending(), 2);
-    let rows: i64 = other.query_row("SELECT count(*) FROM outlines", [], |r| r.get(0)).unwrap();
-    let sequences: i64 = other.query_row("SELECT count(*) FROM sequences", [], |r| r.get(0)).unwrap();
-    assert_eq!((rows, sequences), (1, 0));
-    other.execute("DELETE FROM outlines", []).unwrap();
+    let count = |table: &str| -> i64 {
+        outlines.lock_db().unwrap().query_row(&format!("SELECT count(*) FROM {table}"), [], |r| r.get(0)).unwrap()
+    };
+    assert_eq!((count("outlines"), count("sequences")), (1, 0));
+    sql("DELETE FROM outlines");
     assert_eq!(outlines.persist().unwrap(), 2);
 }
 
@@ -285,6 +287,7 @@ fn concurrent_shards_never_share_an_id() {
     let distinct: HashSet<u64> = per_thread[0].iter().copied().collect();
     assert_eq!(distinct.len(), names.len());
     outlines.persist().unwrap();
+    drop(outlines); // one connection per file at a time
     let reopened = open(&dir, 64);
     for (name, id) in names.iter().zip(&per_thread[0]) {
         assert_eq!(reopened.lookup(DID, name).unwrap(), Some(*id));
