@@ -1,5 +1,5 @@
-//! Links in a record: every string that is an `at://` URI or a DID, with its location
-//! (docs/design.md, "Which strings are links" and "Locations").
+//! Links in a record: every string that is an `at://` URI, a DID or an `http(s)://` URL, with its
+//! location (docs/design.md, "Which strings are links" and "Locations").
 //!
 //! Invariants:
 //! - A location is the JSON path to the link, rooted at `$`: `.key` per object field, `[]` per
@@ -417,6 +417,10 @@ mod tests {
             vec![
                 link(LinkTarget::Did(ALICE), "$.facets[].features[app.bsky.richtext.facet#mention].did"),
                 link(
+                    LinkTarget::Url("https://bsky.app"),
+                    "$.facets[app.bsky.richtext.facet].features[app.bsky.richtext.facet#link].uri"
+                ),
+                link(
                     LinkTarget::Did(ALICE),
                     "$.facets[app.bsky.richtext.facet].features[app.bsky.richtext.facet#mention].did"
                 ),
@@ -503,7 +507,7 @@ mod tests {
     fn strings_are_not_searched_inside() {
         let record = json!({
             "text": format!("look at {POST}"),
-            "url": "https://bsky.app/profile/did:plc:vfnmgxg2yscfliemmcxzyfyh",
+            "url": "see https://bsky.app/profile/did:plc:vfnmgxg2yscfliemmcxzyfyh",
             "query": format!("{POST}?x=1"),
             "fragment": format!("{POST}#x"),
             "deeper": format!("{POST}/more"),

@@ -134,7 +134,7 @@ fn query_form(target: &str, limit: usize) -> String {
     format!(
         "<form id=\"query\" method=\"get\" action=\"/ui/backlinks\">\
          <input type=\"text\" id=\"target\" name=\"target\" required value=\"{}\" \
-         placeholder=\"at://did:plc:.../app.bsky.feed.post/... or did:plc:...\" aria-label=\"target\">\
+         placeholder=\"at://did:plc:.../app.bsky.feed.post/..., did:plc:... or https://...\" aria-label=\"target\">\
          <input type=\"number\" id=\"limit\" name=\"limit\" min=\"1\" max=\"{}\" value=\"{limit}\" aria-label=\"limit\">\
          <button type=\"submit\">List backlinks</button></form>",
         escape(target),

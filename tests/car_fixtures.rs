@@ -27,7 +27,7 @@ use car_writer::{block, build_mst, encode_car, fake_cid, frame, map, mst_node};
 use ipld_core::cid::Cid;
 use ipld_core::ipld::Ipld;
 use serde_json::{Value, json};
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/car");
 const JETSTREAM_REPO: &str = "jetstream/repo.car";
@@ -382,6 +382,24 @@ fn richtext_link_post_decodes_with_facet_and_external_thumb() {
         post["embed"]["record"]["record"]["uri"],
         "at://did:plc:cmpvykrzb2l22kj4ojlv3ox4/app.bsky.feed.post/3jrzqisyaic2k"
     );
+    // A quote with media: the quoted post at its strong reference, the page from the facet and
+    // the card beside the quote, whose thumb is a CID and no link.
+    let quoted = LinkTarget::Record {
+        did: "did:plc:cmpvykrzb2l22kj4ojlv3ox4",
+        collection: "app.bsky.feed.post",
+        rkey: "3jrzqisyaic2k",
+    };
+    let page = LinkTarget::Url("https://atproto.com");
+    let mut links = links_of(&post);
+    links.sort_by(|a, b| a.1.cmp(&b.1));
+    assert_eq!(
+        links,
+        [
+            (page, "$.embed.media.external.uri".to_owned()),
+            (quoted, "$.embed.record.record".to_owned()),
+            (page, "$.facets[].features[app.bsky.richtext.facet#link].uri".to_owned()),
+        ]
+    );
 }
 
 #[test]
@@ -694,13 +712,6 @@ fn cid_links(value: &Value, out: &mut Vec<String>) {
     }
 }
 
-fn target_text(target: &LinkTarget<'_>) -> String {
-    match target {
-        LinkTarget::Record { did, collection, rkey } => format!("at://{did}/{collection}/{rkey}"),
-        LinkTarget::Did(did) => (*did).to_owned(),
-    }
-}
-
 #[test]
 fn no_link_ever_comes_from_a_cid() {
     let (mut cids_seen, mut links_seen) = (0, 0);
@@ -713,7 +724,7 @@ fn no_link_ever_comes_from_a_cid() {
             for (target, location) in links_of(&record.record) {
                 links_seen += 1;
                 assert!(!location.contains("$link") && !location.contains("$bytes"), "{location}");
-                let text = target_text(&target);
+                let text = target.to_string();
                 assert!(cids.iter().all(|cid| !text.contains(cid.as_str())), "{text} in {}", record.rkey);
             }
         }
@@ -733,7 +744,7 @@ fn every_like_in_fakermaker_links_once_at_subject() {
         let [(target, location)] = links.as_slice() else { panic!("{}: {links:?}", like.rkey) };
         assert_eq!(location, "$.subject");
         assert!(matches!(target, LinkTarget::Record { collection: "app.bsky.feed.post", .. }), "{target:?}");
-        assert_eq!(Value::String(target_text(target)), like.record["subject"]["uri"]);
+        assert_eq!(Value::String(target.to_string()), like.record["subject"]["uri"]);
     }
 }
 
@@ -753,10 +764,88 @@ fn tiny_repo_links_are_exact() {
     };
     assert_eq!(links_of(&reply.record), [(parent, "$.reply.parent".into()), (parent, "$.reply.root".into())]);
 
-    // A blob ref, an https facet and an external embed: no links at all.
-    for (collection, rkey) in [("app.bsky.actor.profile", "self"), ("app.bsky.feed.post", "3lrbxndrdo22z")] {
-        assert_eq!(links_of(&record_by_key(&records, collection, rkey).record), []);
+    // A blob ref: no links at all.
+    assert_eq!(links_of(&record_by_key(&records, "app.bsky.actor.profile", "self").record), []);
+    // A link card and a link facet to the same page: two URL links, none from the card's thumb.
+    let card = record_by_key(&records, "app.bsky.feed.post", "3lrbxndrdo22z");
+    let page = LinkTarget::Url("https://ufos.microcosm.blue");
+    assert_eq!(
+        links_of(&card.record),
+        [(page, "$.embed.external.uri".into()), (page, "$.facets[].features[app.bsky.richtext.facet#link].uri".into())]
+    );
+}
+
+/// The URLs a post links to, found by its lexicon's shape (app.bsky.feed.post: a link card, a
+/// card beside a quote, link facets, and the legacy `entities` of type `link`), not by a walk.
+fn post_urls(post: &Value) -> BTreeSet<(String, String)> {
+    let mut urls = BTreeSet::new();
+    let mut add = |value: &Value, location: &str| {
+        if let Some(url) = value.as_str().filter(|url| url.starts_with("https://") || url.starts_with("http://")) {
+            urls.insert((url.to_owned(), location.to_owned()));
+        }
+    };
+    add(&post["embed"]["external"]["uri"], "$.embed.external.uri");
+    add(&post["embed"]["media"]["external"]["uri"], "$.embed.media.external.uri");
+    for feature in
+        post["facets"].as_array().into_iter().flatten().flat_map(|facet| facet["features"].as_array()).flatten()
+    {
+        if feature["$type"] == "app.bsky.richtext.facet#link" {
+            add(&feature["uri"], "$.facets[].features[app.bsky.richtext.facet#link].uri");
+        }
     }
+    for entity in post["entities"].as_array().into_iter().flatten().filter(|entity| entity["type"] == "link") {
+        add(&entity["value"], "$.entities[].value");
+    }
+    urls
+}
+
+#[test]
+fn url_links_of_real_posts_are_their_cards_facets_and_entities() {
+    let mut found = BTreeMap::new();
+    for path in ["indigo/paul_staging.repo.car", "repo-stream/little.car", "repo-stream/tiny.car"] {
+        let (_, records, _) = read_fixture(path);
+        for post in records.iter().filter(|r| r.collection == "app.bsky.feed.post") {
+            let extracted: BTreeSet<(String, String)> = links_of(&post.record)
+                .into_iter()
+                .filter_map(|(target, location)| match target {
+                    LinkTarget::Url(url) => Some((url.to_owned(), location)),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(extracted, post_urls(&post.record), "{path} {}", post.rkey);
+            for (_, location) in extracted {
+                *found.entry(location).or_insert(0) += 1;
+            }
+        }
+    }
+    // Every kind of place occurs, so each comparison above had something to compare.
+    let expected = [
+        ("$.embed.external.uri", 28),
+        ("$.embed.media.external.uri", 1),
+        ("$.entities[].value", 22),
+        ("$.facets[].features[app.bsky.richtext.facet#link].uri", 24),
+    ];
+    assert_eq!(found, expected.into_iter().map(|(location, n)| (location.to_owned(), n)).collect());
+}
+
+#[test]
+fn url_links_of_another_lexicon_sit_at_their_paths() {
+    // Leaflet documents (pub.leaflet.*) hold their links in rich-text facets of nested blocks.
+    let (_, records, _) = read_fixture("repo-stream/little.car");
+    let urls: Vec<(String, String)> = records
+        .iter()
+        .filter(|r| r.collection == "pub.leaflet.document")
+        .flat_map(|r| links_of(&r.record))
+        .filter_map(|(target, location)| match target {
+            LinkTarget::Url(url) => Some((url.to_owned(), location)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(urls.len(), 209);
+    assert!(
+        urls.iter()
+            .all(|(url, location)| url.starts_with("http") && location.ends_with(".uri") || location.ends_with(".src"))
+    );
 }
 
 #[test]

@@ -124,7 +124,7 @@ fn bad_parameters_get_xrpc_400s() {
     let post = "at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2j";
     let cases = [
         ("/xrpc/blue.cerulea.backlinks.listBacklinks".to_string(), "target"),
-        (list_path("https://example.com", ""), "target"),
+        (list_path("ftp://example.com", ""), "target"),
         (list_path("at://alice.example.com/app.bsky.feed.post/3mmoodizfwc2j", ""), "handle"),
         (list_path(post, "&limit=0"), "limit"),
         (list_path(post, "&limit=1001"), "limit"),

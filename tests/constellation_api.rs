@@ -1,9 +1,11 @@
 //! Constellation's endpoints through the real binary: a generated stream of likes, reposts,
-//! follows and replies with mentions (creates, updates, deletes, hidden and deleted accounts) is
+//! follows and replies with mentions, link cards and link facets (creates, updates, deletes,
+//! hidden and deleted accounts) is
 //! imported with `backlinks import`, served with `backlinks serve`, and every endpoint's answer
 //! for every target is checked against the reference model (tests/support/model.rs): the REST
 //! family (`/links`, `/links/count`, `/links/distinct-dids`, `/links/count/distinct-dids`,
-//! `/links/all`, `/links/all/count`) and the XRPC methods it mirrors, page by page.
+//! `/links/all`, `/links/all/count`) and the XRPC methods it mirrors, page by page, for posts,
+//! accounts and web pages.
 
 mod support;
 
@@ -31,6 +33,10 @@ fn post(i: usize) -> String {
     format!("at://{}/app.bsky.feed.post/{}", did(i), format_tid(1_600_000_000_000_000 + i as u64))
 }
 
+fn url(i: usize) -> String {
+    format!("https://example.com/article/{i}?ref=bsky")
+}
+
 fn rkey(i: usize) -> String {
     format_tid(1_700_000_000_000_000 + i as u64 * 1_000)
 }
@@ -52,13 +58,29 @@ fn record(collection: usize, a: usize, b: usize) -> (Value, BTreeSet<(String, St
         _ => {
             let mention = json!({"index": {"byteStart": 0, "byteEnd": 2},
                                  "features": [{"$type": "app.bsky.richtext.facet#mention", "did": did(b)}]});
+            let web_link = json!({"index": {"byteStart": 3, "byteEnd": 5},
+                                  "features": [{"$type": "app.bsky.richtext.facet#link", "uri": url(b)}]});
+            let card = json!({"$type": "app.bsky.embed.external",
+                              "external": {"uri": url(a), "title": "t", "description": "d"}});
             let record = json!({"text": "hi", "reply": {"root": strong_ref(&post(a)), "parent": strong_ref(&post(b))},
-                                "facets": [mention]});
-            let mention_at = "$.facets[].features[app.bsky.richtext.facet#mention].did";
-            (record, links(&[(post(a), "$.reply.root"), (post(b), "$.reply.parent"), (did(b), mention_at)]))
+                                "facets": [mention, web_link], "embed": card});
+            (
+                record,
+                links(&[
+                    (post(a), "$.reply.root"),
+                    (post(b), "$.reply.parent"),
+                    (did(b), MENTION_AT),
+                    (url(b), LINK_FACET_AT),
+                    (url(a), CARD_AT),
+                ]),
+            )
         }
     }
 }
+
+const MENTION_AT: &str = "$.facets[].features[app.bsky.richtext.facet#mention].did";
+const LINK_FACET_AT: &str = "$.facets[].features[app.bsky.richtext.facet#link].uri";
+const CARD_AT: &str = "$.embed.external.uri";
 
 /// Jetstream lines and the model they leave.
 fn generate(seed: u64) -> (String, Model) {
@@ -161,6 +183,32 @@ fn expected(model: &Model, target: &str, collection: &str, location: &str) -> Ve
         .collect()
 }
 
+/// listBacklinks, every page, and countBacklinks for `target` against the model.
+fn assert_own_endpoints_answer_the_model(server: &Server, model: &Model, target: &str) {
+    let want: BTreeSet<(String, String)> = model.backlinks(target, record_uri).into_iter().collect();
+    let (mut got, mut cursor) = (BTreeSet::new(), String::new());
+    loop {
+        let mut pairs = vec![("target", target), ("limit", "4")];
+        if !cursor.is_empty() {
+            pairs.push(("cursor", cursor.as_str()));
+        }
+        let (status, page) = server.get(&query("/xrpc/blue.cerulea.backlinks.listBacklinks", &pairs));
+        assert_eq!(status, 200, "{target}: {page}");
+        for (location, sources) in page["backlinks"].as_object().unwrap() {
+            for source in sources.as_array().unwrap() {
+                assert!(got.insert((source.as_str().unwrap().to_string(), location.clone())), "{target}: twice");
+            }
+        }
+        match page["cursor"].as_str() {
+            Some(next) => cursor = next.to_string(),
+            None => break,
+        }
+    }
+    assert_eq!(got, want, "{target}");
+    let count = server.get(&query("/xrpc/blue.cerulea.backlinks.countBacklinks", &[("target", target)])).1;
+    assert_eq!(count["total"], json!(want.len()), "{target}: {count}");
+}
+
 #[test]
 fn rest_and_xrpc_answers_equal_the_model() {
     let dir = tempfile::tempdir().unwrap();
@@ -171,10 +219,10 @@ fn rest_and_xrpc_answers_equal_the_model() {
     let (ok, _, stderr) = run(&["import", events.to_str().unwrap(), "--data-dir", data.to_str().unwrap()]);
     assert!(ok, "{stderr}");
     let server = Server::start(&data);
-    let targets: Vec<String> = (0..POSTS).map(post).chain((0..ACCOUNTS).map(did)).collect();
+    let targets: Vec<String> = (0..POSTS).map(post).chain((0..ACCOUNTS).map(did)).chain((0..POSTS).map(url)).collect();
     let mut checked = 0;
     for target in &targets {
-        let is_did = target.starts_with("did:");
+        let is_record = target.starts_with("at://");
         // Every (collection, location) that can link to this kind of target, whether or not it does.
         let mut all = BTreeMap::new();
         for (collection, location) in [
@@ -183,10 +231,12 @@ fn rest_and_xrpc_answers_equal_the_model() {
             ("app.bsky.graph.follow", "$.subject"),
             ("app.bsky.feed.post", "$.reply.root"),
             ("app.bsky.feed.post", "$.reply.parent"),
-            ("app.bsky.feed.post", "$.facets[].features[app.bsky.richtext.facet#mention].did"),
+            ("app.bsky.feed.post", MENTION_AT),
+            ("app.bsky.feed.post", LINK_FACET_AT),
+            ("app.bsky.feed.post", CARD_AT),
         ] {
             let records = expected(&model, target, collection, location);
-            let path = constellation_path(location, is_did).unwrap();
+            let path = constellation_path(location, is_record).unwrap();
             let rest = [("target", target.as_str()), ("collection", collection), ("path", path.as_str())];
             let source = format!("{collection}:{}", &path[1..]);
             let xrpc = [("subject", target.as_str()), ("source", source.as_str())];
@@ -228,8 +278,9 @@ fn rest_and_xrpc_answers_equal_the_model() {
             .map(|(c, paths)| (c.clone(), paths.iter().map(|(p, s)| (p.clone(), s["records"].clone())).collect()))
             .collect();
         assert_eq!(server.get(&query("/links/all/count", &[("target", target)])).1, json!({ "links": counts }));
+        assert_own_endpoints_answer_the_model(&server, &model, target);
     }
     // Every post has live likes, reposts and replies at root and parent; every account that can
-    // be followed or mentioned is.
-    assert_eq!(checked, POSTS * 4 + POSTS * 2, "(target, collection, location) with live links");
+    // be followed or mentioned is; every page is in a live card and a live link facet.
+    assert_eq!(checked, POSTS * 4 + POSTS * 2 + POSTS * 2, "(target, collection, location) with live links");
 }

@@ -40,14 +40,16 @@ fn rkey(i: usize) -> String {
     if i == RKEYS - 1 { "self".to_string() } else { format_tid(1_700_000_000_000_000 + (i as u64) * 1_000_003) }
 }
 
-/// Targets: a few posts and bare DIDs.
+/// Targets: a few posts and bare DIDs, and two URLs.
 fn target(i: usize) -> String {
     match i % 3 {
+        _ if i >= URL_TARGETS_FROM => format!("https://example.com/page/{i}"),
         0 => did(i % DIDS),
         _ => format!("at://{}/app.bsky.feed.post/{}", did(i % DIDS), rkey(i % (RKEYS - 1))),
     }
 }
-const TARGETS: usize = 7;
+const TARGETS: usize = 9;
+const URL_TARGETS_FROM: usize = 7;
 
 #[derive(Debug, Clone)]
 enum Op {

@@ -56,7 +56,8 @@ const DIDS: usize = 6;
 const RKEYS: usize = 9;
 const COLLECTIONS: [&str; 3] = ["app.bsky.feed.like", "app.bsky.feed.post", "com.example.thing"];
 const FIELDS: [&str; 3] = ["subject", "other", "list"];
-const TARGETS: usize = 8;
+const TARGETS: usize = 10;
+const URL_TARGETS_FROM: usize = 8;
 
 /// A small deterministic generator (splitmix64), the only source of randomness.
 struct Rng(u64);
@@ -83,9 +84,10 @@ fn rkey(i: usize) -> String {
     if i == RKEYS - 1 { "self".to_string() } else { format_tid(1_700_000_000_000_000 + i as u64 * 1_000_003) }
 }
 
-/// Targets: bare DIDs and posts (some of them records of the universe itself).
+/// Targets: bare DIDs and posts (some of them records of the universe itself), and two URLs.
 fn target(i: usize) -> String {
     match i % 3 {
+        _ if i >= URL_TARGETS_FROM => format!("https://example.com/page/{i}"),
         0 => did(i % DIDS),
         _ => format!("at://{}/app.bsky.feed.post/{}", did(i % DIDS), rkey(i % RKEYS)),
     }

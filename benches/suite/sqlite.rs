@@ -11,7 +11,6 @@
 use backlinks::extract::{ExtractLimits, extract_links};
 use backlinks::ingest::jetstream::parse_event;
 use backlinks::model::operation::{Operation, RecordRef};
-use backlinks::model::syntax::LinkTarget;
 use rusqlite::{Connection, OpenFlags, params};
 use std::io::BufRead;
 use std::path::Path;
@@ -93,21 +92,13 @@ fn source_uri(record_ref: &RecordRef<'_>) -> String {
     format!("at://{}/{}/{}", record_ref.did, record_ref.collection, record_ref.rkey)
 }
 
-/// The text a target is stored and queried as: the bare DID, or the record's at:// URI.
-pub fn target_text(target: &LinkTarget<'_>) -> String {
-    match target {
-        LinkTarget::Did(did) => did.to_string(),
-        LinkTarget::Record { did, collection, rkey } => format!("at://{did}/{collection}/{rkey}"),
-    }
-}
-
 fn insert_links(conn: &Connection, record_ref: &RecordRef<'_>, record: &serde_json::Value) -> rusqlite::Result<()> {
     let source = source_uri(record_ref);
     let mut insert = conn.prepare_cached(
         "INSERT OR IGNORE INTO links (target, rkey, source, location, did) VALUES (?1, ?2, ?3, ?4, ?5)",
     )?;
     for link in extract_links(record, &ExtractLimits::default()).links {
-        let target = target_text(&link.target);
+        let target = link.target.to_string();
         insert.execute(params![target, record_ref.rkey, source, link.location, record_ref.did])?;
     }
     Ok(())

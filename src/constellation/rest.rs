@@ -15,7 +15,7 @@ use super::{DEFAULT_LIMIT, Source, get_backlink_dids, get_backlinks, get_backlin
 use super::{locations_for_path, parse_did};
 use crate::count::{CountOptions, count_backlinks};
 use crate::index::Index;
-use crate::model::syntax::validate_nsid;
+use crate::model::syntax::{LinkTarget, parse_target, validate_nsid};
 use crate::query::{ListParams, QueryError};
 use serde_json::{Map, Value, json};
 
@@ -125,10 +125,10 @@ pub async fn links_all(
     records_only: bool,
 ) -> Result<Value, QueryError> {
     let count = count_backlinks(index, params, options).await?;
-    let target_is_did = params.target.starts_with("did:");
+    let target_is_record = matches!(parse_target(&params.target), Ok(LinkTarget::Record { .. }));
     let mut links: Map<String, Value> = Map::new();
     for ((collection, location), figures) in &count.by_source {
-        let Some(path) = constellation_path(location, target_is_did) else { continue };
+        let Some(path) = constellation_path(location, target_is_record) else { continue };
         let value = match records_only {
             true => json!(figures.records),
             false => json!({ "records": figures.records, "distinct_dids": figures.distinct_dids }),
@@ -141,10 +141,10 @@ pub async fn links_all(
 
 /// The path constellation stores for a link at our `location`: the location without `$`, with
 /// `.uri` added where constellation's would end in it (a strong reference, which points at a
-/// record: a link to an account at `$.X` is a plain string). `None` for the root (`$`).
-pub fn constellation_path(location: &str, target_is_did: bool) -> Option<String> {
+/// record: a link to an account or a URL at `$.X` is a plain string). `None` for the root (`$`).
+pub fn constellation_path(location: &str, target_is_record: bool) -> Option<String> {
     let path = location.strip_prefix('$').filter(|p| !p.is_empty())?;
-    if target_is_did || path.ends_with(".uri") { Some(path.to_string()) } else { Some(format!("{path}.uri")) }
+    if !target_is_record || path.ends_with(".uri") { Some(path.to_string()) } else { Some(format!("{path}.uri")) }
 }
 
 #[cfg(test)]
@@ -194,14 +194,15 @@ mod tests {
 
     #[test]
     fn paths_are_spelled_as_constellation_stores_them() {
-        assert_eq!(constellation_path("$.subject", false).unwrap(), ".subject.uri", "a strong reference");
-        assert_eq!(constellation_path("$.subject", true).unwrap(), ".subject", "a follow's DID");
+        assert_eq!(constellation_path("$.subject", true).unwrap(), ".subject.uri", "a strong reference");
+        assert_eq!(constellation_path("$.subject", false).unwrap(), ".subject", "a follow's DID");
         assert_eq!(constellation_path("$.embed.external.uri", false).unwrap(), ".embed.external.uri");
         let mention = "$.facets[].features[app.bsky.richtext.facet#mention].did";
-        assert_eq!(constellation_path(mention, true).unwrap(), &mention[1..]);
+        assert_eq!(constellation_path(mention, false).unwrap(), &mention[1..]);
+        assert_eq!(constellation_path("$.website", false).unwrap(), ".website", "a URL");
         assert_eq!(constellation_path("$", false), None);
-        for (location, is_did) in [("$.subject", false), ("$.reply.parent", false), ("$.subject", true)] {
-            let path = constellation_path(location, is_did).unwrap();
+        for (location, is_record) in [("$.subject", true), ("$.reply.parent", true), ("$.subject", false)] {
+            let path = constellation_path(location, is_record).unwrap();
             assert!(locations_for_path(&path).unwrap().contains(&location.to_string()), "{path} asks for {location}");
         }
     }

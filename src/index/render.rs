@@ -69,11 +69,13 @@ impl Index {
         Ok(())
     }
 
-    /// Looks up a target without allocating ids: `None` when some part was never seen.
+    /// Looks up a target without allocating ids: `None` when some part was never seen (a URL's id
+    /// is its hash, so it is always known).
     pub fn lookup_target(&self, target: &LinkTarget<'_>) -> Result<Option<RecordId>, IndexError> {
         let did_of = |did: &str| self.outlines.lookup(OutlineKind::Did, did);
         match target {
             LinkTarget::Did(did) => Ok(did_of(did)?.map(RecordId::repo)),
+            LinkTarget::Url(url) => Ok(Some(RecordId::url(url))),
             LinkTarget::Record { did, collection, rkey } => {
                 let rkey = match parse_tid(rkey) {
                     Some(tid) => Some(tid),

@@ -195,6 +195,7 @@ impl Index {
         match target {
             LinkTarget::Record { did, collection, rkey } => self.record_id(did, collection, rkey),
             LinkTarget::Did(did) => Ok(RecordId::repo(self.outlines.intern(OutlineKind::Did, did, WRITER_SHARD)?)),
+            LinkTarget::Url(url) => Ok(RecordId::url(url)),
         }
     }
 

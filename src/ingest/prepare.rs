@@ -65,6 +65,7 @@ struct Prepared {
 enum Target {
     Record([Span; 3]),
     Did(Span),
+    Url(Span),
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -123,6 +124,7 @@ impl Batch {
                         Target::Record([self.span(did), self.span(collection), self.span(rkey)])
                     }
                     LinkTarget::Did(did) => Target::Did(self.span(did)),
+                    LinkTarget::Url(url) => Target::Url(self.span(url)),
                 };
                 let location = self.span(&link.location);
                 self.links.push(PreparedLink { target, location });
@@ -188,6 +190,7 @@ impl Batch {
                 LinkTarget::Record { did: self.str(did), collection: self.str(collection), rkey: self.str(rkey) }
             }
             Target::Did(did) => LinkTarget::Did(self.str(did)),
+            Target::Url(url) => LinkTarget::Url(self.str(url)),
         }
     }
 }

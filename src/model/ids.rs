@@ -7,6 +7,11 @@
 //! - A bare DID target, and a repo-level revocation source, is `RecordId { rkey: 0, collection: 0, did }`.
 //! - An inline rkey (a TID) has the top bit clear; an outlined rkey has it set.
 //! - An outlined DID has the top bit set; the second-highest bit is reserved and always clear.
+//! - A URL target is `RecordId::url`: a `did` with both top bits set ([`URL_DID_TAG`], which no
+//!   DID id has), collection 0 and an odd `rkey`, the other 125 bits from SHA-256 of the URL as
+//!   written. It is never a source, and no string is kept: an answer never names a URL target.
+
+use sha2::{Digest, Sha256};
 
 /// Top bit of a u64: marks an outlined rkey or DID.
 pub const OUTLINED_BIT: u64 = 1 << 63;
@@ -14,6 +19,8 @@ pub const OUTLINED_BIT: u64 = 1 << 63;
 pub const DID_RESERVED_BIT: u64 = 1 << 62;
 /// Collection id reserved for `<self>`: the target is the account itself.
 pub const SELF_COLLECTION: u64 = 0;
+/// The top two bits of a URL target's `did`: outlined, and the bit reserved in DIDs.
+pub const URL_DID_TAG: u64 = OUTLINED_BIT | DID_RESERVED_BIT;
 
 /// One record (or, with `rkey == 0 && collection == 0`, one whole repository).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -33,6 +40,22 @@ impl RecordId {
 
     pub fn is_repo(&self) -> bool {
         self.rkey == 0 && self.collection == SELF_COLLECTION
+    }
+
+    /// The target id of an `http(s)://` URL: 125 bits of its SHA-256, so that finding two URLs
+    /// with one id takes some 2^62 hashes (a cryptographic hash, because whoever writes records
+    /// chooses the URLs). The id is a function of the text alone; no outline is written or read.
+    pub fn url(url: &str) -> Self {
+        let digest: [u8; 32] = Sha256::digest(url.as_bytes()).into();
+        let rkey = be_u64(&digest[0..8]) | 1;
+        let did = URL_DID_TAG | (be_u64(&digest[8..16]) >> 2);
+        let id = Self { rkey, collection: SELF_COLLECTION, did };
+        debug_assert!(id.is_url() && !id.is_repo());
+        id
+    }
+
+    pub fn is_url(&self) -> bool {
+        self.did & URL_DID_TAG == URL_DID_TAG
     }
 
     pub fn encode(&self, out: &mut [u8]) {
@@ -165,6 +188,22 @@ mod tests {
             assert_eq!(kind.to_string(), kind.name());
         }
         assert_eq!(TreeKind::from_name("Links"), None);
+    }
+
+    #[test]
+    fn url_ids_are_tagged_and_differ_by_every_byte() {
+        let a = RecordId::url("https://example.com/a");
+        assert_eq!(a, RecordId::url("https://example.com/a"), "a function of the text");
+        assert!(a.is_url() && !a.is_repo() && a.collection == SELF_COLLECTION);
+        assert_eq!(a.did >> 62, 0b11);
+        assert_eq!(a.rkey & 1, 1);
+        for other in
+            ["https://example.com/b", "https://example.com/a/", "https://Example.com/a", "http://example.com/a"]
+        {
+            assert_ne!(RecordId::url(other), a, "{other}");
+        }
+        // No DID id, outlined or a did:plc sequence number, carries the tag.
+        assert!(!RecordId::repo(OUTLINED_BIT | 5).is_url() && !RecordId::repo(5).is_url());
     }
 
     #[test]

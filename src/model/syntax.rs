@@ -9,8 +9,10 @@
 //! - At-uris are the strict form of the interop vectors: `at://AUTHORITY[/COLLECTION[/RKEY]]`, no
 //!   query, no fragment, no trailing or doubled `/`, the authority a DID or a handle, the collection
 //!   an NSID, the record key a record key.
-//! - `classify_link` returns `NotALink` for any string that starts with neither `at://` nor `did:`
-//!   after one prefix comparison; it runs on every string of every record.
+//! - `classify_link` returns `NotALink` for any string that starts with none of `at://`, `did:`
+//!   and `http` after three prefix comparisons; it runs on every string of every record.
+//! - A URL is `http://` or `https://` (lowercase, as written), a non-empty host, at most
+//!   [`MAX_URL_LEN`] bytes and no whitespace or control character; it is never normalized.
 //! - `parse_target(s)` is `Ok` exactly when `classify_link(s)` is a `Link`, and returns that link.
 
 use std::fmt;
@@ -33,8 +35,12 @@ pub const MAX_RECORD_KEY_LEN: usize = 512;
 /// Longest at-uri (the at-uri spec caps them at 8 KB).
 pub const MAX_AT_URI_LEN: usize = 8 * 1024;
 
+/// Longest URL indexed as a link target.
+pub const MAX_URL_LEN: usize = 2048;
+
 const AT_URI_SCHEME: &str = "at://";
 const DID_SCHEME: &str = "did:";
+const URL_SCHEMES: [&str; 2] = ["https://", "http://"];
 
 /// Which kind of string a [`SyntaxError`] is about.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +52,7 @@ pub enum SyntaxKind {
     Tid,
     AtIdentifier,
     AtUri,
+    Url,
     /// The `target` of a backlink query.
     Target,
 }
@@ -60,6 +67,7 @@ impl fmt::Display for SyntaxKind {
             SyntaxKind::Tid => "TID",
             SyntaxKind::AtIdentifier => "at-identifier",
             SyntaxKind::AtUri => "at-uri",
+            SyntaxKind::Url => "URL",
             SyntaxKind::Target => "target",
         })
     }
@@ -294,6 +302,18 @@ pub enum LinkTarget<'a> {
     Record { did: &'a str, collection: &'a str, rkey: &'a str },
     /// `at://DID` or a bare DID: the account itself.
     Did(&'a str),
+    /// An `http://` or `https://` URL, as written.
+    Url(&'a str),
+}
+
+impl fmt::Display for LinkTarget<'_> {
+    /// The target's canonical text: what a query's `target` names it by.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            LinkTarget::Record { did, collection, rkey } => write!(f, "at://{did}/{collection}/{rkey}"),
+            LinkTarget::Did(did) | LinkTarget::Url(did) => f.write_str(did),
+        }
+    }
 }
 
 /// The verdict on one string of a record.
@@ -305,7 +325,7 @@ pub enum Classified<'a> {
     CollectionOnly,
     /// A valid at-uri whose authority is a handle: not indexed (handles change), counted.
     HandleAuthority,
-    /// Anything else: text, URLs, CIDs, invalid at-uris or DIDs.
+    /// Anything else: text, other URIs, CIDs, invalid at-uris, DIDs or URLs.
     NotALink,
 }
 
@@ -317,6 +337,8 @@ pub fn classify_link(s: &str) -> Classified<'_> {
         classify_at_uri(s)
     } else if bytes.starts_with(DID_SCHEME.as_bytes()) && validate_did(s).is_ok() {
         Classified::Link(LinkTarget::Did(s))
+    } else if bytes.starts_with(b"http") && validate_url(s).is_ok() {
+        Classified::Link(LinkTarget::Url(s))
     } else {
         Classified::NotALink
     }
@@ -336,7 +358,53 @@ fn classify_at_uri(s: &str) -> Classified<'_> {
     }
 }
 
-/// Parses the `target` of a backlink query: `at://DID/COLLECTION/RKEY`, `at://DID` or a bare DID.
+/// `http://AUTHORITY...` or `https://AUTHORITY...`: see the module invariants. The authority is
+/// `[USERINFO@]HOST[:PORT]` with a host of letters (any script), digits, `-`, `.`, `_` and `%`, or an
+/// IPv6 literal in brackets, and a port of at most 5 digits; what follows it is any text without
+/// whitespace or control characters.
+pub fn validate_url(s: &str) -> Result<(), SyntaxError> {
+    const KIND: SyntaxKind = SyntaxKind::Url;
+    check_length(KIND, s, MAX_URL_LEN)?;
+    let Some(rest) = URL_SCHEMES.iter().find_map(|scheme| s.strip_prefix(scheme)) else {
+        return Err(malformed(KIND, "must start with https:// or http://"));
+    };
+    if let Some((at, found)) = s.char_indices().find(|(_, c)| c.is_whitespace() || c.is_control()) {
+        return Err(SyntaxError::BadChar { kind: KIND, found, at });
+    }
+    let authority = &rest[..rest.find(['/', '?', '#']).unwrap_or(rest.len())];
+    let host_and_port = authority.rsplit_once('@').map_or(authority, |(_, host)| host);
+    match split_host_port(host_and_port) {
+        Some((_, Some(port))) if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) => {
+            Err(malformed(KIND, "has a port that is not a number"))
+        }
+        Some(_) => Ok(()),
+        None => Err(malformed(KIND, "has no host, or a host with characters a host cannot have")),
+    }
+}
+
+/// (host, port) of `HOST[:PORT]` or `[IPV6][:PORT]`; `None` when the host is empty or holds a
+/// character no host can (a registered name is letters of any script, digits, `-`, `.`, `_`
+/// and `%`-escapes).
+fn split_host_port(host_and_port: &str) -> Option<(&str, Option<&str>)> {
+    if let Some(literal) = host_and_port.strip_prefix('[') {
+        let (address, after) = literal.split_once(']')?;
+        let ipv6 = !address.is_empty() && address.bytes().all(|b| b.is_ascii_hexdigit() || b == b':' || b == b'.');
+        return match (ipv6, after) {
+            (false, _) => None,
+            (true, "") => Some((address, None)),
+            (true, _) => Some((address, Some(after.strip_prefix(':')?))),
+        };
+    }
+    let (host, port) = match host_and_port.split_once(':') {
+        Some((host, port)) => (host, Some(port)),
+        None => (host_and_port, None),
+    };
+    let name_char = |c: char| c.is_alphanumeric() || matches!(c, '-' | '.' | '_' | '%');
+    (!host.is_empty() && host.chars().all(name_char)).then_some((host, port))
+}
+
+/// Parses the `target` of a backlink query: `at://DID/COLLECTION/RKEY`, `at://DID`, a bare DID or
+/// an `http(s)://` URL.
 pub fn parse_target(s: &str) -> Result<LinkTarget<'_>, SyntaxError> {
     const KIND: SyntaxKind = SyntaxKind::Target;
     match classify_link(s) {
@@ -358,13 +426,15 @@ fn explain_not_a_link(s: &str) -> SyntaxError {
         AtUri::parse(s).err()
     } else if s.starts_with(DID_SCHEME) {
         validate_did(s).err()
+    } else if s.starts_with("http") {
+        validate_url(s).err()
     } else {
         None
     };
     specific.unwrap_or(if s.is_empty() {
         SyntaxError::Empty { kind: SyntaxKind::Target }
     } else {
-        malformed(SyntaxKind::Target, "must be an at:// URI or a DID")
+        malformed(SyntaxKind::Target, "must be an at:// URI, a DID or an http(s):// URL")
     })
 }
 
@@ -414,7 +484,8 @@ mod tests {
         for text in [
             "",
             "hello",
-            "https://bsky.app/profile/did:plc:vfnmgxg2yscfliemmcxzyfyh",
+            "ftp://bsky.app/profile/did:plc:vfnmgxg2yscfliemmcxzyfyh",
+            "wss://bsky.app",
             "bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em",
             "app.bsky.feed.like",
             "at:/did:plc:vfnmgxg2yscfliemmcxzyfyh",
@@ -472,7 +543,11 @@ mod tests {
             "target not supported: at-uri without record key, use at://DID/COLLECTION/RKEY or at://DID"
         );
         assert_eq!(target_error(""), "target is empty");
-        assert_eq!(target_error("https://bsky.app"), "target is malformed: must be an at:// URI or a DID");
+        assert_eq!(
+            target_error("ftp://bsky.app"),
+            "target is malformed: must be an at:// URI, a DID or an http(s):// URL"
+        );
+        assert_eq!(target_error("https://bsky.app/a b"), "URL contains ' ' at byte 18, which is not allowed there");
         assert_eq!(target_error("did:plc:ab@c"), "DID contains '@' at byte 10, which is not allowed there");
         assert_eq!(target_error("did:PLC:abc"), "DID contains 'P' at byte 4, which is not allowed there");
         assert_eq!(target_error("at://did:plc:abc#x"), "at-uri is malformed: a query or fragment is not allowed");
@@ -535,6 +610,57 @@ mod tests {
             malformed(SyntaxKind::RecordKey, "must not be \".\" or \"..\"")
         );
         assert_eq!(validate_at_identifier("").unwrap_err(), SyntaxError::Empty { kind: SyntaxKind::AtIdentifier });
+    }
+
+    #[test]
+    fn classifies_urls_as_written() {
+        for url in [
+            "https://example.com",
+            "http://example.com/a?b=c#d",
+            "https://ja.wikipedia.org/wiki/日本",
+            "https://EXAMPLE.com/../x",
+            "https://user@host:8080",
+            "http://[2001:db8::1]:80/x",
+            "https://xn--bcher-kva.example/%20",
+        ] {
+            assert_eq!(classify_link(url), Classified::Link(LinkTarget::Url(url)), "{url:?}");
+            assert_eq!(parse_target(url), Ok(LinkTarget::Url(url)));
+            assert_eq!(LinkTarget::Url(url).to_string(), url);
+        }
+        let long = format!("https://example.com/{}", "a".repeat(MAX_URL_LEN - 20));
+        assert_eq!(classify_link(&long), Classified::Link(LinkTarget::Url(&long)));
+        let too_long = format!("{long}a");
+        for not_url in [
+            "https://",
+            "http:///path",
+            "https://?q",
+            "HTTPS://example.com",
+            "https://a b",
+            "https://a\tb",
+            "httpx://a",
+            "ftp://a",
+            "https:/a",
+            too_long.as_str(),
+        ] {
+            assert_eq!(classify_link(not_url), Classified::NotALink, "{not_url:?}");
+            assert!(parse_target(not_url).is_err(), "{not_url:?}");
+        }
+        assert_eq!(
+            parse_target("https://a b").unwrap_err(),
+            SyntaxError::BadChar { kind: SyntaxKind::Url, found: ' ', at: 9 }
+        );
+        assert_eq!(
+            parse_target("https://").unwrap_err(),
+            malformed(SyntaxKind::Url, "has no host, or a host with characters a host cannot have")
+        );
+        assert_eq!(
+            parse_target("https://a:b").unwrap_err(),
+            malformed(SyntaxKind::Url, "has a port that is not a number")
+        );
+        assert_eq!(
+            parse_target(&too_long).unwrap_err(),
+            SyntaxError::TooLong { kind: SyntaxKind::Url, len: MAX_URL_LEN + 1, max: MAX_URL_LEN }
+        );
     }
 
     #[test]

@@ -10,7 +10,6 @@ use super::run;
 use backlinks::extract::{ExtractLimits, extract_links};
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::repo::{CarLimits, Expect, Repo, read_repo_bytes};
-use backlinks::model::syntax::LinkTarget;
 use backlinks::query::{ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use std::collections::{BTreeMap, BTreeSet};
@@ -75,10 +74,7 @@ pub fn targets(cars: &[Vec<u8>]) -> BTreeSet<String> {
         let Repo { records, .. } = read_car(car);
         for record in &records {
             for link in extract_links(&record.record, &ExtractLimits::default()).links {
-                targets.insert(match link.target {
-                    LinkTarget::Record { did, collection, rkey } => format!("at://{did}/{collection}/{rkey}"),
-                    LinkTarget::Did(did) => did.to_string(),
-                });
+                targets.insert(link.target.to_string());
             }
         }
     }

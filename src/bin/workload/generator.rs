@@ -251,18 +251,28 @@ impl Generator {
                 self.text(2, 12);
                 self.push("\",\"title\":\"");
                 self.text(1, 6);
-                self.push("\",\"uri\":\"https://example.com/");
-                let page = self.below(1_000_000);
-                self.number(page);
+                self.push("\",\"uri\":\"");
+                self.page_url();
                 self.push("\"}}");
-                0
+                1
             }
             _ => 0,
         }
     }
 
+    /// A Zipf-popular web page (popular as accounts are: a few pages are shared by many).
+    fn page_url(&mut self) {
+        self.counts.pages += 1;
+        let page = self.popular_account();
+        self.push("https://news");
+        self.number(page % 1_000);
+        self.push(".example/articles/");
+        self.number(page);
+        self.push("?utm_source=bsky");
+    }
+
     /// Mention facets (1..=3 distinct accounts other than the author) in 12 % of posts, link
-    /// facets (no backlink) in 5 %.
+    /// facets to a web page in 5 %.
     fn post_facets(&mut self, author: u64) -> u64 {
         let draw = self.below(100);
         if draw >= 17 {
@@ -270,8 +280,10 @@ impl Generator {
         }
         self.push(",\"facets\":[");
         if draw >= 12 {
-            self.push("{\"$type\":\"app.bsky.richtext.facet\",\"features\":[{\"$type\":\"app.bsky.richtext.facet#link\",\"uri\":\"https://example.org/a\"}],\"index\":{\"byteEnd\":20,\"byteStart\":0}}]");
-            return 0;
+            self.push("{\"$type\":\"app.bsky.richtext.facet\",\"features\":[{\"$type\":\"app.bsky.richtext.facet#link\",\"uri\":\"");
+            self.page_url();
+            self.push("\"}],\"index\":{\"byteEnd\":20,\"byteStart\":0}}]");
+            return 1;
         }
         let wanted = 1 + self.below(3);
         let mut mentioned: Vec<u64> = Vec::with_capacity(3);

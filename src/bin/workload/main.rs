@@ -2,11 +2,11 @@
 //! network, for `backlinks import` benchmarks (`scripts/bench.sh`).
 //!
 //! The mix follows the public firehose: mostly likes, then posts (replies with root and parent
-//! strong references, quotes via `embed.record`, mentions via facets, images and link cards that
-//! hold no links), follows, reposts, blocks, profile updates (some with a pinned post), a few
+//! strong references, quotes via `embed.record`, mentions and web links via facets, images, and
+//! link cards to web pages), follows, reposts, blocks, profile updates (some with a pinned post), a few
 //! percent deletes and record updates, account deactivations, reactivations and deletions, and
-//! identity events. Liked, reposted, replied and quoted posts and followed, blocked and mentioned
-//! accounts are Zipf-popular; record keys are TIDs of the event time, like the real ones.
+//! identity events. Liked, reposted, replied and quoted posts, followed, blocked and mentioned
+//! accounts and linked pages are Zipf-popular; record keys are TIDs of the event time, like the real ones.
 //!
 //! Invariants:
 //! - Deterministic: the output is a function of the flags alone (no clock, no thread rng); the
@@ -290,6 +290,8 @@ struct Counts {
     replies: u64,
     quotes: u64,
     mentions: u64,
+    /// Links to web pages: link cards and link facets.
+    pages: u64,
     reposts: u64,
     follows: u64,
     blocks: u64,
@@ -332,7 +334,7 @@ fn write_workload(shape: Shape, out: Option<&PathBuf>) -> std::io::Result<()> {
         "events": counts.events, "links": counts.links, "bytes": counts.bytes,
         "seconds": started.elapsed().as_secs_f64(),
         "likes": counts.likes, "posts_written": counts.posts, "replies": counts.replies, "quotes": counts.quotes,
-        "mentions": counts.mentions, "reposts": counts.reposts, "follows": counts.follows, "blocks": counts.blocks,
+        "mentions": counts.mentions, "pages": counts.pages, "reposts": counts.reposts, "follows": counts.follows, "blocks": counts.blocks,
         "profiles": counts.profiles, "deletes": counts.deletes, "updates": counts.updates,
         "account_events": counts.account_events, "identity_events": counts.identity_events,
     });

@@ -45,7 +45,7 @@ fn every_line_is_an_event_the_importer_applies_with_the_counted_links() {
     // The mix: likes 59 % and deletes 5 % (of 20,000 draws, within a few standard deviations).
     assert!((11_500..12_100).contains(&counts.likes), "likes {}", counts.likes);
     assert!((900..1_100).contains(&counts.deletes), "deletes {}", counts.deletes);
-    assert!(counts.replies > 0 && counts.quotes > 0 && counts.mentions > 0 && counts.blocks > 0);
+    assert!(counts.replies > 0 && counts.quotes > 0 && counts.mentions > 0 && counts.pages > 0 && counts.blocks > 0);
 }
 
 #[test]
