@@ -1,15 +1,22 @@
-//! The HTML pages: the status page (`/`) and the result page of its query form
-//! (`/ui/backlinks?target=...`). Plain server-rendered HTML with inline CSS: no script, no external
-//! asset, nothing that needs `Accept: text/html`.
+//! The HTML pages: the status page (`/`), which also documents every endpoint with an example
+//! that runs, and the explorer, the result page of its query form (`/ui/backlinks?target=...`):
+//! totals by collection and location, the page of sources with their times, each source a link
+//! to its own backlinks, and paging. Plain server-rendered HTML with inline CSS: no script, no
+//! external asset, nothing that needs `Accept: text/html`.
 //!
 //! Invariants:
 //! - Every string that reaches the page (targets, URIs, locations, messages) goes through
-//!   `escape`, so no index content can inject markup.
+//!   `escape`, so no index content can inject markup; every link built from one is URL-encoded
+//!   first.
+//! - The examples name records of the Jetstream capture shipped in `tests/data/jetstream` (the
+//!   README's first steps import it), so on that index each one answers something.
 //! - The facts are gathered by the caller (wall clock and uptime injected), so rendering is a pure
 //!   function of its inputs.
 
+use crate::base::dates::format_rfc3339_us;
 use crate::count::Count;
 use crate::index::Index;
+use crate::model::tid::parse_tid;
 use crate::query::ListPage;
 use std::fmt::Write;
 use std::time::Duration;
@@ -114,7 +121,7 @@ dl{display:grid;grid-template-columns:max-content 1fr;gap:.25rem 1.5rem;margin:0
 form{display:flex;gap:.5rem;flex-wrap:wrap;align-items:center}input[type=text]{flex:1;min-width:20rem;padding:.4rem}\
 input,button{font:inherit}button{padding:.4rem 1rem}table{border-collapse:collapse;width:100%}\
 td,th{text-align:left;padding:.3rem .5rem;border-bottom:1px solid #dde1ea;word-break:break-all}\
-.error{color:#a4161a}footer{margin-top:2rem;color:#5b6478;font-size:.9rem}a{color:#0b5cad}";
+.error{color:#a4161a}.num{text-align:right}#summary{margin-bottom:1.5rem}.time{white-space:nowrap;color:#5b6478}code{word-break:break-all}footer{margin-top:2rem;color:#5b6478;font-size:.9rem}a{color:#0b5cad}";
 
 fn page(title: &str, body: &str) -> String {
     format!(
@@ -171,39 +178,188 @@ pub fn render_status(facts: &StatusFacts) -> String {
     }
     body.push_str("</dl><h2>Who links here?</h2>");
     body.push_str(&query_form("", crate::query::DEFAULT_LIMIT));
+    body.push_str(&endpoint_docs());
     page("backlinks status", &body)
 }
 
-/// The result page of the query form: the count, the page grouped by location, and a link to the
-/// next page.
-pub fn render_results(target: &str, limit: usize, page_items: &ListPage, count: &Count) -> String {
+/// A post of the shipped capture that one like links to.
+const EXAMPLE_POST: &str = "at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2j";
+/// An account of the shipped capture that one follow links to.
+const EXAMPLE_ACCOUNT: &str = "did:plc:anc6s2kher6ltrhhglxrzxsa";
+
+/// An endpoint of the status page's list: its path, what it answers (HTML), and the query
+/// parameters of its example.
+pub type Endpoint = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
+
+/// Every endpoint the public listener serves.
+pub const ENDPOINTS: [Endpoint; 15] = [
+    (
+        "/xrpc/blue.cerulea.backlinks.listBacklinks",
+        "Who links to a record, an account or a URL: sources grouped by location, newest first; \
+         <code>collection</code>, <code>location</code>, <code>limit</code>, <code>cursor</code>, \
+         <code>reverse</code>.",
+        &[("target", EXAMPLE_POST), ("limit", "10")],
+    ),
+    (
+        "/xrpc/blue.cerulea.backlinks.countBacklinks",
+        "How many live backlinks, in all and by location.",
+        &[("target", EXAMPLE_ACCOUNT)],
+    ),
+    (
+        "/xrpc/blue.microcosm.links.getBacklinks",
+        "Constellation's: the records linking from one <code>collection:path</code>.",
+        &[("subject", EXAMPLE_POST), ("source", "app.bsky.feed.like:subject.uri")],
+    ),
+    (
+        "/xrpc/blue.microcosm.links.getBacklinksCount",
+        "Constellation's: how many records link from that source.",
+        &[("subject", EXAMPLE_POST), ("source", "app.bsky.feed.like:subject.uri")],
+    ),
+    (
+        "/xrpc/blue.microcosm.links.getBacklinkDids",
+        "Constellation's: the accounts linking from that source.",
+        &[("subject", EXAMPLE_ACCOUNT), ("source", "app.bsky.graph.follow:subject")],
+    ),
+    (
+        "/links",
+        "Constellation's REST: the linking records.",
+        &[("target", EXAMPLE_POST), ("collection", "app.bsky.feed.like"), ("path", ".subject.uri")],
+    ),
+    (
+        "/links/count",
+        "Constellation's REST: how many linking records.",
+        &[("target", EXAMPLE_POST), ("collection", "app.bsky.feed.like"), ("path", ".subject.uri")],
+    ),
+    (
+        "/links/distinct-dids",
+        "Constellation's REST: the linking accounts.",
+        &[("target", EXAMPLE_ACCOUNT), ("collection", "app.bsky.graph.follow"), ("path", ".subject")],
+    ),
+    (
+        "/links/count/distinct-dids",
+        "Constellation's REST: how many linking accounts.",
+        &[("target", EXAMPLE_ACCOUNT), ("collection", "app.bsky.graph.follow"), ("path", ".subject")],
+    ),
+    (
+        "/links/all",
+        "Constellation's REST: every collection and path linking to a target, with records and accounts.",
+        &[("target", EXAMPLE_POST)],
+    ),
+    ("/links/all/count", "Constellation's REST: the same, records only.", &[("target", EXAMPLE_POST)]),
+    ("/ui/backlinks", "This explorer's result page.", &[("target", EXAMPLE_POST)]),
+    ("/xrpc/_health", "Liveness, the ingest clock and cursor.", &[]),
+    ("/metrics", "Prometheus metrics.", &[]),
+    ("/lexicons", "The lexicon of every XRPC method (each at <code>/lexicons/NSID.json</code>).", &[]),
+];
+
+/// A link to `path` with `pairs` as its query string.
+fn href(path: &str, pairs: &[(&str, &str)]) -> String {
+    if pairs.is_empty() {
+        return path.to_string();
+    }
+    let query = form_urlencoded::Serializer::new(String::new()).extend_pairs(pairs).finish();
+    format!("{path}?{query}")
+}
+
+/// Every endpoint, what it answers, and an example to click.
+fn endpoint_docs() -> String {
+    let mut html = String::from(
+        "<h2>Endpoints</h2><p>Every answer is JSON; bad parameters get an XRPC 400 \
+         <code>{\"error\":\"InvalidRequest\",\"message\":...}</code>. The examples name records of the \
+         Jetstream capture in the project's <code>tests/data/jetstream</code>.</p>\
+         <table id=\"endpoints\"><thead><tr><th>endpoint</th><th>answers</th><th>example</th></tr></thead><tbody>",
+    );
+    for (path, what, pairs) in ENDPOINTS {
+        let example = escape(&href(path, pairs));
+        let _ = write!(
+            html,
+            "<tr><td><code>{path}</code></td><td>{what}</td><td><a class=\"example\" href=\"{example}\">{example}</a></td></tr>"
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
+}
+
+/// The result page of the query form: the count, the totals by collection and location, the page
+/// of sources (each with its time and a link to its own backlinks), and links to the first and
+/// next pages. `paged` says whether this page came from a cursor.
+pub fn render_results(target: &str, limit: usize, paged: bool, page_items: &ListPage, count: &Count) -> String {
     let mut body = format!("<h1>Backlinks</h1>{}", query_form(target, limit));
     let approximate = if count.approximate { "about " } else { "" };
     let noun = if count.total == 1 { "backlink" } else { "backlinks" };
     let _ = write!(body, "<p id=\"total\">{approximate}{} {noun} to <code>{}</code></p>", count.total, escape(target));
+    body.push_str(&summary_table(count));
     if page_items.items.is_empty() {
         body.push_str("<p id=\"empty\">No backlinks on this page.</p>");
     } else {
-        body.push_str("<table id=\"results\"><thead><tr><th>location</th><th>source</th></tr></thead><tbody>");
+        body.push_str(
+            "<table id=\"results\"><thead><tr><th>time</th><th>location</th><th>source</th></tr></thead><tbody>",
+        );
         for (location, uri) in &page_items.items {
             let _ = write!(
                 body,
-                "<tr><td class=\"location\">{}</td><td class=\"source\">{}</td></tr>",
+                "<tr><td class=\"time\">{}</td><td class=\"location\">{}</td><td class=\"source\"><a href=\"{}\">{}</a></td></tr>",
+                record_time(uri),
                 escape(location),
+                escape(&explorer_href(uri, limit, None)),
                 escape(uri)
             );
         }
         body.push_str("</tbody></table>");
     }
+    let mut paging = Vec::new();
+    if paged {
+        paging.push(format!("<a id=\"first\" href=\"{}\">first page</a>", escape(&explorer_href(target, limit, None))));
+    }
     if let Some(cursor) = &page_items.cursor {
-        let query = form_urlencoded::Serializer::new(String::new())
-            .append_pair("target", target)
-            .append_pair("limit", &limit.to_string())
-            .append_pair("cursor", cursor)
-            .finish();
-        let _ = write!(body, "<p><a id=\"next\" href=\"/ui/backlinks?{}\">next page</a></p>", escape(&query));
+        let next = explorer_href(target, limit, Some(cursor));
+        paging.push(format!("<a id=\"next\" href=\"{}\">next page</a>", escape(&next)));
+    }
+    if !paging.is_empty() {
+        let _ = write!(body, "<p id=\"paging\">{}</p>", paging.join(" &middot; "));
     }
     page(&format!("backlinks to {target}"), &body)
+}
+
+/// The explorer's page for `target`.
+fn explorer_href(target: &str, limit: usize, cursor: Option<&str>) -> String {
+    let limit = limit.to_string();
+    let mut pairs = vec![("target", target), ("limit", limit.as_str())];
+    pairs.extend(cursor.map(|cursor| ("cursor", cursor)));
+    href("/ui/backlinks", &pairs)
+}
+
+/// When the record at `uri` was written, from its record key when that is a TID (a TID counts
+/// microseconds since 1970 above its 10 clock-id bits); empty for any other key.
+fn record_time(uri: &str) -> String {
+    let rkey = uri.rsplit('/').next().unwrap_or_default();
+    match parse_tid(rkey) {
+        Some(tid) => format_rfc3339_us((tid >> 10) as i64),
+        None => String::new(),
+    }
+}
+
+/// Live records and accounts by (collection, location), as the count found them.
+fn summary_table(count: &Count) -> String {
+    if count.by_source.is_empty() {
+        return String::new();
+    }
+    let mut html = String::from(
+        "<table id=\"summary\"><thead><tr><th>collection</th><th>location</th>\
+         <th class=\"num\">records</th><th class=\"num\">accounts</th></tr></thead><tbody>",
+    );
+    for ((collection, location), figures) in &count.by_source {
+        let _ = write!(
+            html,
+            "<tr><td>{}</td><td class=\"location\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
+            escape(collection),
+            escape(location),
+            figures.records,
+            figures.distinct_dids
+        );
+    }
+    html.push_str("</tbody></table>");
+    html
 }
 
 /// The result page for a query that could not run.
@@ -251,6 +407,11 @@ mod tests {
             assert!(html.contains(expected), "missing {expected} in {html}");
         }
         assert!(!html.contains("<script"), "no script on the page");
+        for (path, _, _) in ENDPOINTS {
+            assert!(html.contains(&format!("<tr><td><code>{path}</code></td>")), "{path} documented");
+        }
+        let example = "href=\"/links?target=at%3A%2F%2Fdid%3Aplc%3Avfnmgxg2yscfliemmcxzyfyh%2Fapp.bsky.feed.post%2F3mmoodizfwc2j&amp;collection=app.bsky.feed.like&amp;path=.subject.uri\"";
+        assert!(html.contains(example), "{html}");
         let following = IngestMode::Following { source: "wss://j<x>".into() };
         let html = render_status(&facts(following, Some(Duration::from_secs(75))));
         assert!(html.contains("<dd id=\"ingest\">wss://j&lt;x&gt; &middot; lag 1m 15s</dd>"), "{html}");
@@ -259,22 +420,40 @@ mod tests {
     #[test]
     fn results_escape_everything_and_link_the_next_page() {
         let page = ListPage {
-            items: vec![("$.subject".into(), "at://did:plc:x/a.b.c/<script>".into())],
+            items: vec![
+                ("$.subject".into(), "at://did:plc:x/a.b.c/<script>".into()),
+                ("$.reply.root".into(), "at://did:plc:y/app.bsky.feed.post/3mmoojp4cd223".into()),
+            ],
             cursor: Some("01ab".into()),
         };
-        let count =
-            Count { total: 1, by_location: BTreeMap::new(), distinct_dids: 1, approximate: false, ..Count::default() };
-        let html = render_results("did:plc:\"x\"", 5, &page, &count);
-        assert!(html.contains("<td class=\"source\">at://did:plc:x/a.b.c/&lt;script&gt;</td>"), "{html}");
+        let by_source = BTreeMap::from([(
+            ("a.b.<c>".to_string(), "$.subject".to_string()),
+            crate::count::SourceCount { records: 7, distinct_dids: 3 },
+        )]);
+        let count = Count { total: 1, distinct_dids: 1, by_source, ..Count::default() };
+        let html = render_results("did:plc:\"x\"", 5, false, &page, &count);
+        let escaped_source = "at://did:plc:x/a.b.c/&lt;script&gt;";
+        let source_href = "/ui/backlinks?target=at%3A%2F%2Fdid%3Aplc%3Ax%2Fa.b.c%2F%3Cscript%3E&amp;limit=5";
+        assert!(
+            html.contains(&format!("<td class=\"source\"><a href=\"{source_href}\">{escaped_source}</a></td>")),
+            "{html}"
+        );
+        assert!(html.contains("<td class=\"time\"></td>"), "no time for a key that is not a TID: {html}");
+        assert!(html.contains("<td class=\"time\">2026-05-25T14:23:28.756000Z</td>"), "a TID's time: {html}");
         assert!(html.contains("<p id=\"total\">1 backlink to <code>did:plc:&quot;x&quot;</code></p>"), "{html}");
+        let summary = "<tr><td>a.b.&lt;c&gt;</td><td class=\"location\">$.subject</td><td class=\"num\">7</td><td class=\"num\">3</td></tr>";
+        assert!(html.contains(summary), "{html}");
         assert!(
             html.contains("href=\"/ui/backlinks?target=did%3Aplc%3A%22x%22&amp;limit=5&amp;cursor=01ab\""),
             "{html}"
         );
+        assert!(!html.contains("id=\"first\""), "the first page links to no first page");
         assert!(html.contains("value=\"did:plc:&quot;x&quot;\""));
-        let empty = render_results("did:plc:x", 5, &ListPage::default(), &Count::default());
+        let later = render_results("did:plc:x", 5, true, &ListPage::default(), &Count::default());
+        assert!(later.contains("<a id=\"first\" href=\"/ui/backlinks?target=did%3Aplc%3Ax&amp;limit=5\">"), "{later}");
+        let empty = render_results("did:plc:x", 5, false, &ListPage::default(), &Count::default());
         assert!(empty.contains("<p id=\"total\">0 backlinks to") && empty.contains("id=\"empty\""));
-        assert!(!empty.contains("id=\"next\""));
+        assert!(!empty.contains("id=\"next\"") && !empty.contains("id=\"summary\""));
         let error = render_error("<b>", "invalid target: <b>");
         assert!(error.contains("<p class=\"error\" id=\"error\">invalid target: &lt;b&gt;</p>"));
     }

@@ -1,7 +1,8 @@
 //! The status page in a real browser: import the real Jetstream capture with the binary, `serve`
-//! it, load `/` in headless Chromium and read the DOM it built; then submit the page's query form
-//! the way a browser submits a GET form (the URL made of the form's own action and field names)
-//! for a real target, and check what the result page shows. Screenshots of both pages are kept in
+//! it, load `/` in headless Chromium and read the DOM it built; follow every endpoint's example
+//! link on it; then submit the page's query form the way a browser submits a GET form (the URL
+//! made of the form's own action and field names) for a real target, check what the result page
+//! shows, and follow its link to a source's own backlinks. Screenshots of the pages are kept in
 //! `target/test-artifacts/`.
 //!
 //! Chromium is required: the test fails (it does not skip) when it is missing; `scripts/test.sh`
@@ -16,6 +17,10 @@ use support::{BIN, CAPTURE, Server};
 
 const LIKED: &str = "at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2j";
 const LIKE: &str = "at://did:plc:mcc5yghbk7tixqryac2yxku7/app.bsky.feed.like/3mmoojp7etg2g";
+/// The time in the like's record key (a TID).
+const LIKE_TIME: &str = "2026-05-25T14:23:28.856876Z";
+/// The account that follows the example account of the status page.
+const FOLLOWER: &str = "did:plc:mxwlsvdgs6tn75lq6jrr2vp7";
 /// Longest a single Chromium run may take before the test gives up on it.
 const CHROMIUM_DEADLINE: Duration = Duration::from_secs(90);
 
@@ -89,6 +94,24 @@ fn attribute<'a>(html: &'a str, tag_start: &str, attribute: &str) -> &'a str {
     &value[..value.find('"').unwrap()]
 }
 
+/// Every example link of the status page answers 200, and each that asks the index about the
+/// capture's liked post or followed account finds its like or its follower.
+fn follow_every_example(server: &Server, dom: &str) {
+    let mut followed = 0;
+    for piece in dom.split("<a class=\"example\" href=\"").skip(1) {
+        let href = piece[..piece.find('"').unwrap()].replace("&amp;", "&");
+        let (status, body) = server.get_text(&href);
+        assert_eq!(status, 200, "{href}: {body}");
+        if href.contains("target=") || href.contains("subject=") {
+            let liker = LIKE.split('/').nth(2).unwrap();
+            let found = [liker, FOLLOWER, "\"total\":1", "app.bsky.feed.like"].iter().any(|text| body.contains(text));
+            assert!(found, "{href}: {body}");
+        }
+        followed += 1;
+    }
+    assert_eq!(followed, 15, "one example per endpoint");
+}
+
 #[test]
 fn the_status_page_and_its_query_form_work_in_headless_chromium() {
     require_chromium();
@@ -113,6 +136,7 @@ fn the_status_page_and_its_query_form_work_in_headless_chromium() {
     let bucket = &bucket[..bucket.find("</dd>").unwrap()];
     assert!(bucket.ends_with(" uploaded, 0 tables pending") && !bucket.starts_with("0 B"), "bucket: {bucket}");
     screenshot(&home, "status_page.png");
+    follow_every_example(&server, &dom);
 
     // Submit the form as a browser does: GET its action with its fields as the query string.
     let action = attribute(&dom, "<form id=\"query\"", "action");
@@ -126,11 +150,22 @@ fn the_status_page_and_its_query_form_work_in_headless_chromium() {
     let submitted = format!("http://{}{action}?{query}", server.addr);
     let result = chromium("--dump-dom", &submitted);
     assert!(result.contains(&format!("<p id=\"total\">1 backlink to <code>{LIKED}</code></p>")), "{result}");
-    let row = format!("<tr><td class=\"location\">$.subject</td><td class=\"source\">{LIKE}</td></tr>");
-    assert!(result.contains(&row), "the like is listed:\n{result}");
+    let like_page = format!(
+        "/ui/backlinks?target={}&amp;limit=100",
+        form_urlencoded::byte_serialize(LIKE.as_bytes()).collect::<String>()
+    );
+    let row = format!(
+        "<tr><td class=\"time\">{LIKE_TIME}</td><td class=\"location\">$.subject</td>\
+         <td class=\"source\"><a href=\"{like_page}\">{LIKE}</a></td></tr>"
+    );
+    assert!(result.contains(&row), "the like is listed with its time and a link to its own page:\n{result}");
+    let summary = "<tr><td>app.bsky.feed.like</td><td class=\"location\">$.subject</td><td class=\"num\">1</td><td class=\"num\">1</td></tr>";
+    assert!(result.contains(summary), "the summary by collection and location:\n{result}");
     assert!(result.contains(&format!("value=\"{LIKED}\"")), "the form keeps the target");
     assert!(!result.contains("id=\"next\""), "a single page has no next link");
     screenshot(&submitted, "status_page_results.png");
+    let source_page = chromium("--dump-dom", &format!("http://{}{}", server.addr, like_page.replace("&amp;", "&")));
+    assert!(source_page.contains(&format!("<p id=\"total\">0 backlinks to <code>{LIKE}</code></p>")), "{source_page}");
 
     // A bad target shows the XRPC message on the page.
     let bad = chromium("--dump-dom", &format!("http://{}{action}?{target_field}=nope", server.addr));

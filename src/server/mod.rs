@@ -500,7 +500,7 @@ async fn ui_results(state: &AppState, pairs: &[(String, String)]) -> Result<Stri
     let params = ListParams::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let page = list_backlinks(&state.index, &params).await?;
     let count = count_backlinks(&state.index, &params, state.options.count).await?;
-    Ok(render_results(&params.target, params.limit, &page, &count))
+    Ok(render_results(&params.target, params.limit, params.cursor.is_some(), &page, &count))
 }
 
 async fn lexicon_list_handler() -> Response {

@@ -53,13 +53,18 @@ impl Server {
 
     /// GET `path_and_query`; returns (status, JSON body).
     pub fn get(&self, path_and_query: &str) -> (u16, serde_json::Value) {
+        let (status, body) = self.get_text(path_and_query);
+        (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("body {body:?}: {e}")))
+    }
+
+    /// GET `path_and_query`; returns (status, body text).
+    pub fn get_text(&self, path_and_query: &str) -> (u16, String) {
         let mut stream = TcpStream::connect(&self.addr).unwrap();
         write!(stream, "GET {path_and_query} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n", self.addr).unwrap();
         let mut response = String::new();
         stream.read_to_string(&mut response).unwrap();
         let (head, body) = response.split_once("\r\n\r\n").expect("http response");
-        let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-        (status, serde_json::from_str(body).unwrap_or_else(|e| panic!("body {body:?}: {e}")))
+        (head.split_whitespace().nth(1).unwrap().parse().unwrap(), body.to_string())
     }
 }
 
