@@ -15,8 +15,8 @@
 //!   InvalidRequest naming it. An unknown subject is a 200 with nothing in it.
 //! - `limit` is constellation's: default `DEFAULT_LIMIT`, 0..=`MAX_LIMIT`; 0 answers the totals
 //!   with an empty page and no cursor.
-//! - Work is bounded: at most `MAX_DIDS` `did` filters, and getBacklinkDids reads at most
-//!   `MAX_DID_ROUNDS` pages of listBacklinks per request.
+//! - Work is bounded: at most `MAX_DIDS` `did` filters; getBacklinkDids reads what a count reads
+//!   (`dids`).
 //! - Totals come from countBacklinks with the same filters; an estimate adds `"approximate": true`
 //!   (exact answers have exactly constellation's fields).
 
@@ -24,13 +24,15 @@ use crate::count::{CountOptions, count_backlinks};
 use crate::model::syntax::{parse_target, validate_did, validate_nsid};
 use crate::query::{ListPage, ListParams, QueryError, list_backlinks};
 use serde_json::{Value, json};
-use std::collections::HashSet;
 
 pub const GET_BACKLINKS: &str = "/xrpc/blue.microcosm.links.getBacklinks";
 pub const GET_BACKLINKS_COUNT: &str = "/xrpc/blue.microcosm.links.getBacklinksCount";
 pub const GET_BACKLINK_DIDS: &str = "/xrpc/blue.microcosm.links.getBacklinkDids";
 
+mod dids;
 pub mod rest;
+
+pub use dids::get_backlink_dids;
 
 /// Constellation's default page size (since December 2025).
 pub const DEFAULT_LIMIT: usize = 100;
@@ -38,8 +40,6 @@ pub const DEFAULT_LIMIT: usize = 100;
 pub const MAX_LIMIT: usize = crate::query::MAX_LIMIT;
 /// Most `did` filters one request may give.
 pub const MAX_DIDS: usize = 64;
-/// Most listBacklinks pages one getBacklinkDids request reads to fill its page of distinct DIDs.
-pub const MAX_DID_ROUNDS: usize = 8;
 /// Longest path in `source`.
 const MAX_PATH_BYTES: usize = 1024;
 
@@ -207,52 +207,6 @@ pub async fn get_backlinks_count(
     let count = count_backlinks(index, params, options).await?;
     let total = if distinct { count.distinct_dids } else { count.total };
     Ok(mark_estimate(json!({ "total": total }), count.approximate))
-}
-
-/// getBacklinkDids: `{"total", "linking_dids", "cursor"}`. DIDs are distinct within a page (a DID
-/// may appear again on a later page); `total` counts distinct DIDs over every page.
-pub async fn get_backlink_dids(
-    index: &crate::index::Index,
-    params: &ListParams,
-    options: CountOptions,
-) -> Result<Value, QueryError> {
-    let (dids, cursor) = match params.limit {
-        0 => (Vec::new(), None),
-        _ => distinct_dids_page(index, params).await?,
-    };
-    let count = count_backlinks(index, params, options).await?;
-    let body = json!({ "total": count.distinct_dids, "linking_dids": dids, "cursor": cursor });
-    Ok(mark_estimate(body, count.approximate))
-}
-
-/// Up to `params.limit` distinct DIDs in page order, and the cursor after the last one read.
-/// Each round asks for no more backlinks than DIDs still missing, so a round never overshoots and
-/// the cursor of its page is exactly where the next request resumes.
-async fn distinct_dids_page(
-    index: &crate::index::Index,
-    params: &ListParams,
-) -> Result<(Vec<String>, Option<String>), QueryError> {
-    let mut seen = HashSet::new();
-    let mut dids = Vec::new();
-    let mut round = params.clone();
-    for _ in 0..MAX_DID_ROUNDS {
-        round.limit = params.limit - dids.len();
-        let page: ListPage = list_backlinks(index, &round).await?;
-        for (_, uri) in &page.items {
-            let did = did_of(uri)?;
-            if seen.insert(did.to_string()) {
-                dids.push(did.to_string());
-            }
-        }
-        match page.cursor {
-            Some(cursor) if dids.len() < params.limit => {
-                round.cursor = Some(crate::query::Cursor::decode(&cursor)?);
-            }
-            cursor => return Ok((dids, cursor)),
-        }
-    }
-    let resume = round.cursor.map(|c| c.encode());
-    Ok((dids, resume))
 }
 
 #[cfg(test)]

@@ -87,18 +87,10 @@ pub fn parse_count_query(pairs: &[(String, String)]) -> Result<ListParams, Query
 
 /// countBacklinks: live backlinks to `params.target` that pass its filters (paging ignored).
 pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountOptions) -> Result<Count, QueryError> {
-    let target =
-        parse_target(&params.target).map_err(|e| QueryError::InvalidRequest(format!("invalid target: {e}")))?;
-    let Some(target) = index.lookup_target(&target)? else { return Ok(Count::default()) };
-    let filters = Filters::resolve(index, params)?;
-    if filters.matches_nothing() {
-        return Ok(Count::default());
-    }
-    let scope = TargetScope::of(index, target).await?;
+    let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(Count::default()) };
     let limit = options.exact_scan_limit.max(MIN_EXACT_SCAN_LIMIT);
     if scope.upper_bound() <= limit as u64 {
-        let entries = scope.read_all(index).await?;
-        let live = live_only(index, freshest_per_position(entries), &filters).await?;
+        let live = scope.live_all(index, &filters).await?;
         tally(index, &live, 1, 1)
     } else {
         let sample = scope.read_sample(index, limit).await?;
@@ -107,6 +99,34 @@ pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountO
         count.approximate = true;
         Ok(count)
     }
+}
+
+/// Every live backlink to `params.target` that passes its filters, in position order, when the
+/// target has at most `exact_scan_limit` entries (what an exact count reads); `None` for a hotter
+/// target.
+pub async fn all_live_backlinks(
+    index: &Index,
+    params: &ListParams,
+    options: CountOptions,
+) -> Result<Option<Vec<Backlink>>, QueryError> {
+    let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(Some(Vec::new())) };
+    if scope.upper_bound() > options.exact_scan_limit.max(MIN_EXACT_SCAN_LIMIT) as u64 {
+        return Ok(None);
+    }
+    Ok(Some(scope.live_all(index, &filters).await?))
+}
+
+/// Where the target's entries may be, and the query's filters; `None` when nothing can match (a
+/// target never seen, or filters naming nothing the index holds).
+async fn target_scope(index: &Index, params: &ListParams) -> Result<Option<(TargetScope, Filters)>, QueryError> {
+    let target =
+        parse_target(&params.target).map_err(|e| QueryError::InvalidRequest(format!("invalid target: {e}")))?;
+    let Some(target) = index.lookup_target(&target)? else { return Ok(None) };
+    let filters = Filters::resolve(index, params)?;
+    if filters.matches_nothing() {
+        return Ok(None);
+    }
+    Ok(Some((TargetScope::of(index, target).await?, filters)))
 }
 
 /// The frames of one table that can hold the target, and their entry counts (read once from
@@ -182,11 +202,12 @@ impl TargetScope {
         self.memtable_entries.len() as u64 + self.spans.iter().map(|s| s.entries(s.frames.clone())).sum::<u64>()
     }
 
-    async fn read_all(&self, index: &Index) -> Result<Vec<Backlink>, QueryError> {
+    /// Every entry of the target, then the live ones that `filters` admit, in position order.
+    async fn live_all(&self, index: &Index, filters: &Filters) -> Result<Vec<Backlink>, QueryError> {
         let reads: Vec<_> = self.spans.iter().map(|s| (s.table.clone(), s.frames.clone())).collect();
         let mut entries = self.read(index, reads).await?;
         entries.extend(self.memtable_entries.iter().copied());
-        Ok(entries)
+        live_only(index, freshest_per_position(entries), filters).await
     }
 
     /// Reads each table's share of `limit` entries (at least its boundary frames).

@@ -5,7 +5,9 @@
 //! for every target is checked against the reference model (tests/support/model.rs): the REST
 //! family (`/links`, `/links/count`, `/links/distinct-dids`, `/links/count/distinct-dids`,
 //! `/links/all`, `/links/all/count`) and the XRPC methods it mirrors, page by page, for posts,
-//! accounts and web pages.
+//! accounts and web pages. The real capture's answers equal constellation's (written down from
+//! its source in tests/data/constellation), and an account that links many times comes out of
+//! the DID lists once.
 
 mod support;
 
@@ -209,16 +211,22 @@ fn assert_own_endpoints_answer_the_model(server: &Server, model: &Model, target:
     assert_eq!(count["total"], json!(want.len()), "{target}: {count}");
 }
 
-#[test]
-fn rest_and_xrpc_answers_equal_the_model() {
+/// `backlinks import` of `lines` into a fresh data directory, then `backlinks serve` on it.
+fn import_and_serve(lines: &str) -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().unwrap();
-    let (lines, model) = generate(42);
     let events = dir.path().join("events.jsonl");
     std::fs::write(&events, lines).unwrap();
     let data = dir.path().join("data");
     let (ok, _, stderr) = run(&["import", events.to_str().unwrap(), "--data-dir", data.to_str().unwrap()]);
     assert!(ok, "{stderr}");
     let server = Server::start(&data);
+    (dir, server)
+}
+
+#[test]
+fn rest_and_xrpc_answers_equal_the_model() {
+    let (lines, model) = generate(42);
+    let (_dir, server) = import_and_serve(&lines);
     let targets: Vec<String> = (0..POSTS).map(post).chain((0..ACCOUNTS).map(did)).chain((0..POSTS).map(url)).collect();
     let mut checked = 0;
     for target in &targets {
@@ -283,4 +291,48 @@ fn rest_and_xrpc_answers_equal_the_model() {
     // Every post has live likes, reposts and replies at root and parent; every account that can
     // be followed or mentioned is; every page is in a live card and a live link facet.
     assert_eq!(checked, POSTS * 4 + POSTS * 2 + POSTS * 2, "(target, collection, location) with live links");
+}
+
+/// The real capture through the real binary: every answer equals the one constellation gives for
+/// the same events, as written down from its source in tests/data/constellation (SOURCE.md there).
+#[test]
+fn capture_answers_equal_constellations() {
+    let capture = std::fs::read_to_string(support::CAPTURE).unwrap();
+    let (_dir, server) = import_and_serve(&capture);
+    let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/constellation/capture_answers.json");
+    let cases: Vec<(String, Value)> = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+    assert_eq!(cases.len(), 19);
+    for (request, constellation) in cases {
+        let (status, ours) = server.get(&request);
+        assert_eq!((status, &ours), (200, &constellation), "{request}");
+    }
+}
+
+/// One account likes a post fifty times among 23 others' likes: paged three at a time, every
+/// account comes out exactly once, on getBacklinkDids and on `/links/distinct-dids` alike.
+#[test]
+fn an_account_that_links_many_times_comes_out_once_over_all_pages() {
+    let mut lines = String::new();
+    let mut likers = BTreeSet::new();
+    for i in 0..200 {
+        let liker = if i % 4 == 0 { 0 } else { 1 + i % 23 };
+        likers.insert(did(liker));
+        let body = json!({"operation": "create", "collection": COLLECTIONS[0], "rkey": rkey(i),
+                          "record": {"subject": strong_ref(&post(0))}});
+        lines.push_str(&commit(liker, 1_780_000_000_000_000 + i as u64, body).to_string());
+        lines.push('\n');
+    }
+    let (_dir, server) = import_and_serve(&lines);
+    let target = post(0);
+    let xrpc = [("subject", target.as_str()), ("source", "app.bsky.feed.like:subject.uri")];
+    let rest = [("target", target.as_str()), ("collection", COLLECTIONS[0]), ("path", ".subject.uri")];
+    for (path, pairs) in
+        [("/xrpc/blue.microcosm.links.getBacklinkDids", &xrpc[..]), ("/links/distinct-dids", &rest[..])]
+    {
+        let (dids, totals) = every_page(&server, path, pairs, "linking_dids");
+        let dids: Vec<String> = dids.iter().map(|d| d.as_str().unwrap().to_string()).collect();
+        assert_eq!(dids.len(), likers.len(), "{path}: {dids:?}");
+        assert_eq!(dids.iter().cloned().collect::<BTreeSet<_>>(), likers, "{path}");
+        assert_eq!(totals, BTreeSet::from([likers.len() as u64]), "{path}");
+    }
 }
