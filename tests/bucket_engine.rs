@@ -368,3 +368,37 @@ async fn background_compaction_during_ingest_keeps_answers() {
     assert!(counter(&index.counters.compaction_micros) > 0);
     assert_eq!(answers(&index).await, answers(&reference).await);
 }
+
+/// A merge that retires tables while a publish uploads them (their local files go with them)
+/// does not fail the publish: it looks at the catalog again, and its manifest names only tables
+/// that are in the bucket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_during_a_publish_does_not_fail_it() {
+    let root = tempfile::tempdir().unwrap();
+    let bucket: Arc<dyn Store> = Arc::new(DirStore::new(root.path().join("bucket")));
+    // Each table object takes 50 ms to put, so the merge below lands mid-upload.
+    let slow_tables = FaultRule::new(Fault::Latency { min: Duration::from_millis(50), max: Duration::from_millis(50) })
+        .operations(&[Operation::Put])
+        .key_prefix("tables/");
+    let slow: Arc<dyn Store> =
+        Arc::new(FaultyStore::new(DirStore::new(root.path().join("bucket")), 1, vec![slow_tables]));
+    let index = Arc::new(Index::open(&root.path().join("data"), slow, options(), 9).unwrap());
+    let (writer, text) = (index.clone(), events(1500));
+    std::thread::spawn(move || import_lines(&writer, text.as_bytes()).unwrap()).join().unwrap();
+    let ids = |index: &Index| index.links.tables().iter().map(|t| t.record.id.clone()).collect::<Vec<_>>();
+    let before = ids(&index);
+    let publisher = index.clone();
+    let publish = tokio::spawn(async move { publisher.publish_manifest().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (compactor, handle) = (index.clone(), tokio::runtime::Handle::current());
+    tokio::task::spawn_blocking(move || while compactor.compact_once(&handle, 1).unwrap() {}).await.unwrap();
+    let after = ids(&index);
+    assert!(before.iter().any(|id| !after.contains(id)), "the merges retired tables: {before:?} {after:?}");
+    let name = publish.await.unwrap().expect("the publish survives the merge");
+    let manifest = Manifest::decode(&name, &bucket.get(&format!("manifests/{name}")).await.unwrap()).unwrap();
+    for table in &manifest.tables {
+        let key = format!("tables/{}/{}.data", table.tree, table.id);
+        assert_eq!(bucket.get(&key).await.unwrap().len() as u64, table.data_len, "{key}");
+    }
+    assert_eq!(as_sets(answers(&index).await), model(1500));
+}

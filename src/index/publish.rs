@@ -6,18 +6,30 @@
 //! - A table's local files are checked (meta decodes, every frame's checksum holds) before upload:
 //!   a copy that rotted on disk never reaches the bucket, where it would pass for the good copy.
 //! - Generations strictly increase, past both the catalog's record and the bucket's CURRENT.
+//! - A manifest names the tables of one look at the catalog. A merge may retire tables (and
+//!   remove their local files) while they upload; the publish then looks again, at most
+//!   `PUBLISH_ATTEMPTS` times, rather than fail or name a retired table.
 
 use super::{Index, IndexError, add_elapsed, io_err};
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
+use crate::catalog::IngestPosition;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::{ReadError, table_key};
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{FormatError, TableMeta, verify_data_checksums};
 use crate::manifest::{Manifest, OutlineRange};
+use crate::model::account::AccountState;
 use crate::model::ids::{Backlink, Revocation, TreeKind};
 use crate::outline::OutlineKind;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
+
+/// Looks at the catalog one publish takes when merges retire the tables it was uploading.
+const PUBLISH_ATTEMPTS: usize = 3;
+
+/// What a manifest is made of from the catalog: the ingest position, the current tables and the
+/// hidden accounts.
+type CatalogLook = (IngestPosition, Vec<TableRecord>, Vec<(u64, AccountState)>);
 
 /// What the newest known manifest says, as far as publishing and GC care.
 #[derive(Debug, Clone, Default)]
@@ -98,10 +110,7 @@ impl Index {
         // says, never less), while flushes and merges may go on committing. Every id its tables
         // use was persisted before they were committed, so the outline rows read after it cover
         // them; its tables not uploaded yet are uploaded before the manifest names them.
-        let (position, tables, hidden) =
-            (self.catalog.position()?, self.catalog.tables()?, self.catalog.hidden_accounts()?);
-        let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
-        self.upload_tables(&not_uploaded).await?;
+        let (position, tables, hidden) = self.upload_current_tables().await?;
         let mut outlines = previous.outlines.clone();
         outlines.extend(self.upload_outline_ranges(previous.outline_through()).await?);
         // Past both the catalog's record and CURRENT's: a crash (or a lost answer) between
@@ -115,6 +124,31 @@ impl Index {
         self.catalog.record_manifest(generation, &name)?;
         *self.published.lock().expect("published lock poisoned") = Some(Published::of(&name, &manifest));
         Ok(name)
+    }
+
+    /// The catalog's position, tables and hidden accounts, every table uploaded. When an upload
+    /// fails because a merge retired its table meanwhile, looks at the catalog again.
+    async fn upload_current_tables(&self) -> Result<CatalogLook, IndexError> {
+        let mut attempt = 1;
+        loop {
+            let (position, tables, hidden) =
+                (self.catalog.position()?, self.catalog.tables()?, self.catalog.hidden_accounts()?);
+            let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
+            match self.upload_tables(&not_uploaded).await {
+                Ok(()) => return Ok((position, tables, hidden)),
+                Err(e) if attempt < PUBLISH_ATTEMPTS && self.any_retired(&not_uploaded)? => {
+                    tracing::debug!(error = %e, attempt, "a merge retired tables during the upload; looking again");
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Whether the catalog no longer holds some of `records` (a merge retired them).
+    fn any_retired(&self, records: &[TableRecord]) -> Result<bool, IndexError> {
+        let current: HashSet<String> = self.catalog.tables()?.into_iter().map(|t| t.id).collect();
+        Ok(records.iter().any(|record| !current.contains(&record.id)))
     }
 
     /// Uploads the outline rows stored after `after`: per kind that has any, one object per chunk
