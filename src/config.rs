@@ -47,6 +47,8 @@ pub struct FileConfig {
     pub zstd_level: Option<i32>,
     pub filter_fpr: Option<f64>,
     pub outline_cache_entries: Option<usize>,
+    /// Bytes of outlines.db read through a memory map (default 0: none).
+    pub outline_map_bytes: Option<u64>,
     /// Local bytes of table data kept as a cache; colder uploaded tables are read by range.
     pub cache_bytes: Option<u64>,
     /// Memory for the pages of the tables' metas (filter pages, frame-index chunks), per tree
@@ -193,6 +195,9 @@ impl FileConfig {
         if let Some(entries) = self.outline_cache_entries {
             options.outline_cache_entries = bounded("outline_cache_entries", entries, 1024, 1 << 30)?;
         }
+        if let Some(bytes) = self.outline_map_bytes {
+            options.outline_map_bytes = bounded("outline_map_bytes", bytes, 0, 1 << 40)?;
+        }
         if let Some(bytes) = self.cache_bytes {
             options.cache_bytes = bytes;
         }
@@ -321,6 +326,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("zstd_level", EnvKind::Scalar),
     ("filter_fpr", EnvKind::Scalar),
     ("outline_cache_entries", EnvKind::Scalar),
+    ("outline_map_bytes", EnvKind::Scalar),
     ("cache_bytes", EnvKind::Scalar),
     ("meta_cache_bytes", EnvKind::Scalar),
     ("compaction_fan_in", EnvKind::Scalar),
@@ -467,7 +473,7 @@ fn hide_quoted(message: &str) -> String {
     out
 }
 
-fn bounded(name: &str, value: usize, min: usize, max: usize) -> Result<usize, ConfigError> {
+fn bounded<T: PartialOrd + Copy + std::fmt::Display>(name: &str, value: T, min: T, max: T) -> Result<T, ConfigError> {
     if (min..=max).contains(&value) {
         Ok(value)
     } else {

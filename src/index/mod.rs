@@ -71,6 +71,8 @@ pub struct IndexOptions {
     pub memtable_bytes: usize,
     pub table: TableOptions,
     pub outline_cache_entries: usize,
+    /// Bytes of `outlines.db` read through a memory map (`OutlineOptions::map_bytes`).
+    pub outline_map_bytes: u64,
     pub extract: ExtractLimits,
     pub compaction: CompactionOptions,
     /// Local bytes of table data kept as a cache; uploaded tables past it are read by range.
@@ -91,6 +93,7 @@ impl Default for IndexOptions {
             memtable_bytes: 64 << 20,
             table: TableOptions::default(),
             outline_cache_entries: 1 << 20,
+            outline_map_bytes: 0,
             extract: ExtractLimits::default(),
             compaction: CompactionOptions::default(),
             cache_bytes: 4 << 30,
@@ -201,7 +204,7 @@ impl Index {
         let lock = if options.read_only { None } else { Some(lock_data_dir(data_dir)?) };
         let outlines = Outlines::open(
             &data_dir.join("outlines.db"),
-            OutlineOptions { cache_entries: options.outline_cache_entries },
+            OutlineOptions { cache_entries: options.outline_cache_entries, map_bytes: options.outline_map_bytes },
         )?;
         let catalog = Catalog::open(&data_dir.join("state").join("state.db"))?;
         let tables_dir = data_dir.join("state").join("tables");

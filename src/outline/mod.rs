@@ -66,11 +66,15 @@ fn migrations() -> Migrations<'static> {
 pub struct OutlineOptions {
     /// Cached strings per large kind (did, rkey), on top of the not-yet-persisted ones.
     pub cache_entries: usize,
+    /// Bytes of `outlines.db` SQLite may read through a memory map instead of `pread` (0: none).
+    /// With more accounts than the cache holds, the copies `pread` makes are a sixth of an
+    /// import's work (BENCHMARKS.md); mapped pages count as the process's (file-backed) RSS.
+    pub map_bytes: u64,
 }
 
 impl Default for OutlineOptions {
     fn default() -> Self {
-        Self { cache_entries: 1 << 20 }
+        Self { cache_entries: 1 << 20, map_bytes: 0 }
     }
 }
 
@@ -136,7 +140,7 @@ impl Outlines {
             std::fs::create_dir_all(dir).map_err(|source| OutlineError::Io { path: dir.to_owned(), source })?;
         }
         let mut conn = Connection::open(path)?;
-        configure(&conn)?;
+        configure(&conn, opts.map_bytes)?;
         migrations().to_latest(&mut conn)?;
         let caches = OutlineKind::ALL.map(|kind| {
             let large = matches!(kind, OutlineKind::Did | OutlineKind::Rkey);
@@ -490,14 +494,16 @@ impl Outlines {
 /// here even though `persist` always precedes the catalog's commit: with NORMAL a power loss can
 /// drop the last outline commit while the later, fsynced commit of `state.db` (a different file,
 /// whose fsync does not order writes to this one) survives and refers to the lost ids. Persist runs
-/// once per flush, so the extra fsync costs nothing that matters.
-fn configure(conn: &Connection) -> Result<(), OutlineError> {
+/// once per flush, so the extra fsync costs nothing that matters. `map_bytes` of the file are read
+/// through a memory map (`OutlineOptions::map_bytes`).
+fn configure(conn: &Connection, map_bytes: u64) -> Result<(), OutlineError> {
     let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") && !mode.eq_ignore_ascii_case("memory") {
         return Err(OutlineError::Corrupt(format!("cannot switch outlines.db to WAL (mode is {mode})")));
     }
     conn.pragma_update(None, "synchronous", "FULL")?;
     conn.pragma_update(None, "locking_mode", "EXCLUSIVE")?;
+    conn.pragma_update(None, "mmap_size", map_bytes.min(i64::MAX as u64) as i64)?;
     conn.busy_timeout(std::time::Duration::from_secs(5))?;
     Ok(())
 }

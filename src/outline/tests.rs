@@ -10,7 +10,7 @@ const RKEY: OutlineKind = OutlineKind::Rkey;
 const LOCATION: OutlineKind = OutlineKind::Location;
 
 fn open(dir: &tempfile::TempDir, cache_entries: usize) -> Outlines {
-    Outlines::open(&dir.path().join("outlines.db"), OutlineOptions { cache_entries }).unwrap()
+    Outlines::open(&dir.path().join("outlines.db"), OutlineOptions { cache_entries, map_bytes: 0 }).unwrap()
 }
 
 #[test]
@@ -292,4 +292,17 @@ fn concurrent_shards_never_share_an_id() {
     for (name, id) in names.iter().zip(&per_thread[0]) {
         assert_eq!(reopened.lookup(DID, name).unwrap(), Some(*id));
     }
+}
+
+#[test]
+fn the_map_setting_reaches_sqlite() {
+    let mapped_bytes = |map_bytes: u64| {
+        let dir = tempfile::tempdir().unwrap();
+        let outlines =
+            Outlines::open(&dir.path().join("outlines.db"), OutlineOptions { cache_entries: 16, map_bytes }).unwrap();
+        let bytes: i64 = outlines.lock_db().unwrap().query_row("PRAGMA mmap_size", [], |r| r.get(0)).unwrap();
+        bytes
+    };
+    assert_eq!(mapped_bytes(0), 0, "nothing mapped by default");
+    assert_eq!(mapped_bytes(1 << 20), 1 << 20);
 }
