@@ -7,7 +7,9 @@
 //! reference at the object's own path (`$.subject`) and keeps `.uri` only on a `uri` field of any
 //! other object. So a constellation path ending in `.uri` stands for two of our locations, `$.X`
 //! (a strong ref) and `$.X.uri` (a plain string field), and both are asked for; any other path
-//! `X` is our `$.X`. The way back (`constellation_paths`) gives both spellings of `$.X`.
+//! `X` is our `$.X`. The way back (`rest::constellation_path`) spells `$.X` as `.X.uri` for a
+//! record target and `.X` for any other (a plain at-uri field such as a list item's `list` is
+//! `.list` in constellation and `.list.uri` here; either finds it here).
 //!
 //! Invariants:
 //! - The subject and where its links sit (`source` = `collection:path`, or REST's `collection`
@@ -15,8 +17,8 @@
 //!   InvalidRequest naming it. An unknown subject is a 200 with nothing in it.
 //! - `limit` is constellation's: default `DEFAULT_LIMIT`, 0..=`MAX_LIMIT`; 0 answers the totals
 //!   with an empty page and no cursor.
-//! - Work is bounded: at most `MAX_DIDS` `did` filters; getBacklinkDids reads what a count reads
-//!   (`dids`).
+//! - Work is bounded: at most `MAX_DIDS` `did` filters; getBacklinkDids reads what a count reads,
+//!   plus at most `MAX_DID_ROUNDS` list pages on a target too hot to read whole (`dids`).
 //! - Totals come from countBacklinks with the same filters; an estimate adds `"approximate": true`
 //!   (exact answers have exactly constellation's fields).
 
@@ -61,16 +63,6 @@ pub fn locations_for_path(path: &str) -> Result<Vec<String>, QueryError> {
     match dotted.strip_suffix(".uri") {
         Some(strong_ref) if !strong_ref.is_empty() => Ok(vec![format!("${strong_ref}"), plain]),
         _ => Ok(vec![plain]),
-    }
-}
-
-/// The constellation paths that name our location `$.X`: `.X.uri` if the link is a strong
-/// reference there, `.X` if it is a plain string.
-pub fn constellation_paths(location: &str) -> Vec<String> {
-    match location.strip_prefix('$') {
-        None | Some("") => vec![],
-        Some(path) if path.ends_with(".uri") => vec![path.to_string()],
-        Some(path) => vec![format!("{path}.uri"), path.to_string()],
     }
 }
 
@@ -230,15 +222,6 @@ mod tests {
         assert_eq!(locations_for_path(facet).unwrap(), [format!("${facet}")]);
         for bad in ["", ".", "a..b", "a.", "$.subject", "sub ject"] {
             assert!(locations_for_path(bad).is_err(), "{bad:?}");
-        }
-        assert_eq!(constellation_paths("$.subject"), [".subject.uri", ".subject"]);
-        assert_eq!(constellation_paths("$.embed.record.uri"), [".embed.record.uri"]);
-        assert!(constellation_paths("subject").is_empty());
-        assert!(constellation_paths("$").is_empty());
-        for location in ["$.subject", "$.reply.parent", "$.list[].uri", "$.facets[].features[x#y].did"] {
-            for path in constellation_paths(location) {
-                assert!(locations_for_path(&path).unwrap().contains(&location.to_string()), "{location} {path}");
-            }
         }
     }
 

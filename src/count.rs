@@ -87,15 +87,26 @@ pub fn parse_count_query(pairs: &[(String, String)]) -> Result<ListParams, Query
 
 /// countBacklinks: live backlinks to `params.target` that pass its filters (paging ignored).
 pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountOptions) -> Result<Count, QueryError> {
+    count_backlinks_named(index, params, options, &|location| Some(location.to_string())).await
+}
+
+/// `count_backlinks`, with `by_source` keyed by `(collection, name(location))`: locations one
+/// name gives are summed (their accounts counted once), and those it gives `None` left out.
+pub async fn count_backlinks_named(
+    index: &Index,
+    params: &ListParams,
+    options: CountOptions,
+    name: &(dyn Fn(&str) -> Option<String> + Sync),
+) -> Result<Count, QueryError> {
     let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(Count::default()) };
-    let limit = options.exact_scan_limit.max(MIN_EXACT_SCAN_LIMIT);
-    if scope.upper_bound() <= limit as u64 {
+    let limit = exact_limit(options);
+    if scope.upper_bound() <= limit {
         let live = scope.live_all(index, &filters).await?;
-        tally(index, &live, 1, 1)
+        tally(index, &live, (1, 1), name)
     } else {
-        let sample = scope.read_sample(index, limit).await?;
+        let sample = scope.read_sample(index, limit as usize).await?;
         let live = live_only(index, freshest_per_position(sample.entries), &filters).await?;
-        let mut count = tally(index, &live, sample.raw_total, sample.raw_sampled)?;
+        let mut count = tally(index, &live, (sample.raw_total, sample.raw_sampled), name)?;
         count.approximate = true;
         Ok(count)
     }
@@ -110,10 +121,15 @@ pub async fn all_live_backlinks(
     options: CountOptions,
 ) -> Result<Option<Vec<Backlink>>, QueryError> {
     let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(Some(Vec::new())) };
-    if scope.upper_bound() > options.exact_scan_limit.max(MIN_EXACT_SCAN_LIMIT) as u64 {
+    if scope.upper_bound() > exact_limit(options) {
         return Ok(None);
     }
     Ok(Some(scope.live_all(index, &filters).await?))
+}
+
+/// Entries of a target (dead and duplicate copies included) a count reads whole.
+fn exact_limit(options: CountOptions) -> u64 {
+    options.exact_scan_limit.max(MIN_EXACT_SCAN_LIMIT) as u64
 }
 
 /// Where the target's entries may be, and the query's filters; `None` when nothing can match (a
@@ -242,9 +258,14 @@ impl TargetScope {
     }
 }
 
-/// Counts live links by (collection, location) and distinct repositories, scaled by
-/// `raw_total / raw_sampled` (1/1 for an exact count).
-fn tally(index: &Index, live: &[Backlink], raw_total: u64, raw_sampled: u64) -> Result<Count, QueryError> {
+/// Counts live links by location, and by (collection, named location) with distinct
+/// repositories, scaled by `raw_total / raw_sampled` (1/1 for an exact count).
+fn tally(
+    index: &Index,
+    live: &[Backlink],
+    (raw_total, raw_sampled): (u64, u64),
+    name: &dyn Fn(&str) -> Option<String>,
+) -> Result<Count, QueryError> {
     let mut groups: BTreeMap<(u64, u64), (u64, HashSet<u64>)> = BTreeMap::new();
     for link in live {
         let (records, dids) = groups.entry((link.source.collection, link.location)).or_default();
@@ -256,13 +277,21 @@ fn tally(index: &Index, live: &[Backlink], raw_total: u64, raw_sampled: u64) -> 
     // A distinct count scales like the records, but never past them nor below what was seen.
     let scale_distinct = |seen: u64, records: u64| scale(seen).min(records).max(seen.min(records));
     let mut count = Count::default();
+    let mut named: BTreeMap<(String, String), (u64, HashSet<u64>)> = BTreeMap::new();
     for ((collection, location), (records, dids)) in groups {
         let collection = resolve(index, OutlineKind::Collection, collection)?;
         let location = resolve(index, OutlineKind::Location, location)?;
+        *count.by_location.entry(location.to_string()).or_default() += scale(records);
+        if let Some(location_name) = name(&location) {
+            let (named_records, named_dids) = named.entry((collection.to_string(), location_name)).or_default();
+            *named_records += records;
+            named_dids.extend(dids);
+        }
+    }
+    for (key, (records, dids)) in named {
         let records = scale(records);
         let distinct_dids = scale_distinct(dids.len() as u64, records);
-        *count.by_location.entry(location.to_string()).or_default() += records;
-        count.by_source.insert((collection.to_string(), location.to_string()), SourceCount { records, distinct_dids });
+        count.by_source.insert(key, SourceCount { records, distinct_dids });
     }
     count.total = count.by_location.values().sum();
     let sampled_dids = live.iter().map(|l| l.source.did).collect::<HashSet<_>>().len() as u64;

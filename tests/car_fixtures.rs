@@ -843,8 +843,9 @@ fn url_links_of_another_lexicon_sit_at_their_paths() {
         .collect();
     assert_eq!(urls.len(), 209);
     assert!(
-        urls.iter()
-            .all(|(url, location)| url.starts_with("http") && location.ends_with(".uri") || location.ends_with(".src"))
+        urls.iter().all(
+            |(url, location)| url.starts_with("http") && (location.ends_with(".uri") || location.ends_with(".src"))
+        )
     );
 }
 

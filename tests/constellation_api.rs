@@ -336,3 +336,26 @@ fn an_account_that_links_many_times_comes_out_once_over_all_pages() {
         assert_eq!(totals, BTreeSet::from([likers.len() as u64]), "{path}");
     }
 }
+
+/// A like whose subject is a bare `{"uri": ...}` (no `cid`, so not a strong reference: `$.subject.uri`
+/// here) beside five ordinary likes (`$.subject`): constellation spells both `.subject.uri`, and
+/// `/links/all` counts them together, as `/links/count` does.
+#[test]
+fn links_all_counts_two_locations_of_one_path_together() {
+    let mut lines = String::new();
+    for liker in 0..6 {
+        let subject = if liker == 5 { json!({"uri": post(0)}) } else { strong_ref(&post(0)) };
+        let body = json!({"operation": "create", "collection": COLLECTIONS[0], "rkey": rkey(liker),
+                          "record": {"subject": subject}});
+        lines.push_str(&commit(liker, 1_780_000_000_000_000 + liker as u64, body).to_string());
+        lines.push('\n');
+    }
+    let (_dir, server) = import_and_serve(&lines);
+    let target = post(0);
+    let rest = [("target", target.as_str()), ("collection", COLLECTIONS[0]), ("path", ".subject.uri")];
+    assert_eq!(server.get(&query("/links/count", &rest)).1, json!({"total": 6}));
+    let summary = json!({"links": {"app.bsky.feed.like": {".subject.uri": {"records": 6, "distinct_dids": 6}}}});
+    assert_eq!(server.get(&query("/links/all", &[("target", &target)])).1, summary);
+    let counts = json!({"links": {"app.bsky.feed.like": {".subject.uri": 6}}});
+    assert_eq!(server.get(&query("/links/all/count", &[("target", &target)])).1, counts);
+}

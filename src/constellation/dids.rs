@@ -17,6 +17,8 @@
 //!   `exact_scan_limit` entries. A hotter target is paged as listBacklinks pages it, distinct
 //!   within a page only, at most `MAX_DID_ROUNDS` rounds, and the answer says `"approximate"`.
 //! - `limit` 0 answers the total with an empty page and no cursor.
+//! - A target that grows past the bound during a walk switches to the hot-target paging, whose
+//!   cursor is a position too: from there DIDs may repeat.
 
 use super::{did_of, mark_estimate};
 use crate::count::{CountOptions, all_live_backlinks, count_backlinks};

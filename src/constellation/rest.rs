@@ -13,7 +13,7 @@
 
 use super::{DEFAULT_LIMIT, Source, get_backlink_dids, get_backlinks, get_backlinks_count, invalid, list_params};
 use super::{locations_for_path, parse_did};
-use crate::count::{CountOptions, count_backlinks};
+use crate::count::{CountOptions, count_backlinks_named};
 use crate::index::Index;
 use crate::model::syntax::{LinkTarget, parse_target, validate_nsid};
 use crate::query::{ListParams, QueryError};
@@ -124,11 +124,13 @@ pub async fn links_all(
     options: CountOptions,
     records_only: bool,
 ) -> Result<Value, QueryError> {
-    let count = count_backlinks(index, params, options).await?;
     let target_is_record = matches!(parse_target(&params.target), Ok(LinkTarget::Record { .. }));
+    // Two of our locations can be one constellation path (`$.X` and `$.X.uri`): counted as one.
+    let path_of = |location: &str| constellation_path(location, target_is_record);
+    let count = count_backlinks_named(index, params, options, &path_of).await?;
     let mut links: Map<String, Value> = Map::new();
-    for ((collection, location), figures) in &count.by_source {
-        let Some(path) = constellation_path(location, target_is_record) else { continue };
+    for ((collection, path), figures) in &count.by_source {
+        let path = path.clone();
         let value = match records_only {
             true => json!(figures.records),
             false => json!({ "records": figures.records, "distinct_dids": figures.distinct_dids }),
@@ -139,9 +141,11 @@ pub async fn links_all(
     Ok(super::mark_estimate(json!({ "links": links }), count.approximate))
 }
 
-/// The path constellation stores for a link at our `location`: the location without `$`, with
-/// `.uri` added where constellation's would end in it (a strong reference, which points at a
-/// record: a link to an account or a URL at `$.X` is a plain string). `None` for the root (`$`).
+/// The path constellation would store for a link at our `location`: the location without `$`,
+/// with `.uri` added when the target is a record, as for a strong reference (a link to an
+/// account or a URL at `$.X` is a plain string). A plain at-uri field holding a record's URI is
+/// `.X` in constellation and `.X.uri` here: our location does not say which it was. `None` for
+/// the root (`$`).
 pub fn constellation_path(location: &str, target_is_record: bool) -> Option<String> {
     let path = location.strip_prefix('$').filter(|p| !p.is_empty())?;
     if !target_is_record || path.ends_with(".uri") { Some(path.to_string()) } else { Some(format!("{path}.uri")) }

@@ -6,9 +6,10 @@
 //! - A table's local files are checked (meta decodes, every frame's checksum holds) before upload:
 //!   a copy that rotted on disk never reaches the bucket, where it would pass for the good copy.
 //! - Generations strictly increase, past both the catalog's record and the bucket's CURRENT.
-//! - A manifest names the tables of one look at the catalog. A merge may retire tables (and
-//!   remove their local files) while they upload; the publish then looks again, at most
-//!   `PUBLISH_ATTEMPTS` times, rather than fail or name a retired table.
+//! - A manifest names the tables of one look at the catalog, every one of them uploaded. A merge
+//!   may retire tables (and remove their local files) while they upload; the publish then looks
+//!   again (`PUBLISH_ATTEMPTS` looks in all) rather than fail. A table retired after the look
+//!   that named it is in the bucket, where GC leaves it for the grace period.
 
 use super::{Index, IndexError, add_elapsed, io_err};
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
@@ -136,7 +137,7 @@ impl Index {
             let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
             match self.upload_tables(&not_uploaded).await {
                 Ok(()) => return Ok((position, tables, hidden)),
-                Err(e) if attempt < PUBLISH_ATTEMPTS && self.any_retired(&not_uploaded)? => {
+                Err(e) if attempt < PUBLISH_ATTEMPTS && self.any_retired(&not_uploaded).unwrap_or(false) => {
                     tracing::debug!(error = %e, attempt, "a merge retired tables during the upload; looking again");
                     attempt += 1;
                 }
