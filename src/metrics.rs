@@ -220,6 +220,11 @@ fn index_registry(index: &Index) -> Registry {
         ("compaction_written_bytes", "Bytes of table files merges wrote", &counters.compaction_bytes_out),
         ("upload_duration_microseconds", "Time spent uploading table files", &counters.upload_micros),
         ("upload_bytes", "Bytes of table files uploaded", &counters.upload_bytes),
+        (
+            "publish_rescans",
+            "Publishes that looked again because a merge retired tables mid-upload",
+            &counters.publish_rescans,
+        ),
         ("cache_evicted_bytes", "Bytes of local table data evicted by the cache budget", &counters.cache_evicted_bytes),
     ] {
         registry.register(name, help, counter(read(value)));

@@ -395,6 +395,8 @@ async fn a_merge_during_a_publish_does_not_fail_it() {
     let after = ids(&index);
     assert!(before.iter().any(|id| !after.contains(id)), "the merges retired tables: {before:?} {after:?}");
     let name = publish.await.unwrap().expect("the publish survives the merge");
+    let rescans = index.counters.publish_rescans.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(rescans >= 1, "the merge overtook an upload, and the publish looked again");
     let manifest = Manifest::decode(&name, &bucket.get(&format!("manifests/{name}")).await.unwrap()).unwrap();
     for table in &manifest.tables {
         let key = format!("tables/{}/{}.data", table.tree, table.id);

@@ -153,6 +153,8 @@ pub struct WriteCounters {
     /// Time spent and bytes put by table uploads.
     pub upload_micros: AtomicU64,
     pub upload_bytes: AtomicU64,
+    /// Publishes that looked at the catalog again because a merge retired tables mid-upload.
+    pub publish_rescans: AtomicU64,
     /// Bytes of local data copies evicted by the cache budget.
     pub cache_evicted_bytes: AtomicU64,
 }

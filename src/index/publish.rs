@@ -139,6 +139,7 @@ impl Index {
                 Ok(()) => return Ok((position, tables, hidden)),
                 Err(e) if attempt < PUBLISH_ATTEMPTS && self.any_retired(&not_uploaded).unwrap_or(false) => {
                     tracing::debug!(error = %e, attempt, "a merge retired tables during the upload; looking again");
+                    self.counters.publish_rescans.fetch_add(1, Ordering::Relaxed);
                     attempt += 1;
                 }
                 Err(e) => return Err(e),
