@@ -98,33 +98,46 @@ pub async fn count_backlinks_named(
     options: CountOptions,
     name: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<Count, QueryError> {
-    let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(Count::default()) };
-    let limit = exact_limit(options);
-    if scope.upper_bound() <= limit {
-        let live = scope.live_all(index, &filters).await?;
-        tally(index, &live, (1, 1), name)
-    } else {
-        let sample = scope.read_sample(index, limit as usize).await?;
-        let live = live_only(index, freshest_per_position(sample.entries), &filters).await?;
-        let mut count = tally(index, &live, (sample.raw_total, sample.raw_sampled), name)?;
-        count.approximate = true;
-        Ok(count)
-    }
+    count_of(index, &read_target(index, params, options).await?, name)
 }
 
-/// Every live backlink to `params.target` that passes its filters, in position order, when the
-/// target has at most `exact_scan_limit` entries (what an exact count reads); `None` for a hotter
-/// target.
-pub async fn all_live_backlinks(
-    index: &Index,
-    params: &ListParams,
-    options: CountOptions,
-) -> Result<Option<Vec<Backlink>>, QueryError> {
-    let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(Some(Vec::new())) };
-    if scope.upper_bound() > exact_limit(options) {
-        return Ok(None);
+/// What a count reads of one target: every live backlink that passes the filters, or for a
+/// target with more than `exact_scan_limit` entries a bounded sample of them.
+pub enum TargetLinks {
+    /// Every one, in position order.
+    All(Vec<Backlink>),
+    /// The live ones of a sample, and the entries (dead and duplicate copies included) the sample
+    /// read and stands for.
+    Sampled { live: Vec<Backlink>, raw_total: u64, raw_sampled: u64 },
+}
+
+/// Reads the live backlinks to `params.target` that pass its filters: all of them, or a sample
+/// when the target is hotter than `exact_scan_limit`.
+pub async fn read_target(index: &Index, params: &ListParams, options: CountOptions) -> Result<TargetLinks, QueryError> {
+    let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(TargetLinks::All(Vec::new())) };
+    let limit = exact_limit(options);
+    if scope.upper_bound() <= limit {
+        return Ok(TargetLinks::All(scope.live_all(index, &filters).await?));
     }
-    Ok(Some(scope.live_all(index, &filters).await?))
+    let sample = scope.read_sample(index, limit as usize).await?;
+    let live = live_only(index, freshest_per_position(sample.entries), &filters).await?;
+    Ok(TargetLinks::Sampled { live, raw_total: sample.raw_total, raw_sampled: sample.raw_sampled })
+}
+
+/// The count of what `read_target` read, `by_source` keyed as in `count_backlinks_named`.
+pub fn count_of(
+    index: &Index,
+    links: &TargetLinks,
+    name: &dyn Fn(&str) -> Option<String>,
+) -> Result<Count, QueryError> {
+    match links {
+        TargetLinks::All(live) => tally(index, live, (1, 1), name),
+        TargetLinks::Sampled { live, raw_total, raw_sampled } => {
+            let mut count = tally(index, live, (*raw_total, *raw_sampled), name)?;
+            count.approximate = true;
+            Ok(count)
+        }
+    }
 }
 
 /// Entries of a target (dead and duplicate copies included) a count reads whole.

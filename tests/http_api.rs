@@ -207,6 +207,12 @@ async fn a_small_scan_limit_makes_counts_approximate() {
     let source = [("subject", HOT), ("source", "app.bsky.feed.like:subject.uri")];
     let (_, count) = get(&router, &query(GET_COUNT, &source)).await;
     assert_eq!(count["approximate"], true, "{count}");
+    // The DID list of a target too hot to read whole: pages distinct within themselves, an
+    // estimated total, and a cursor to go on.
+    let (_, dids) = get(&router, &query(GET_DIDS, &[source[0], source[1], ("limit", "3")])).await;
+    assert_eq!(dids["approximate"], true, "{dids}");
+    assert_eq!(dids["linking_dids"].as_array().unwrap().len(), 3, "{dids}");
+    assert!(dids["total"].as_u64().unwrap() >= 3 && dids["cursor"].is_string(), "{dids}");
 }
 
 #[tokio::test]

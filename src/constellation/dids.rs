@@ -21,7 +21,7 @@
 //!   cursor is a position too: from there DIDs may repeat.
 
 use super::{did_of, mark_estimate};
-use crate::count::{CountOptions, all_live_backlinks, count_backlinks};
+use crate::count::{CountOptions, TargetLinks, count_of, read_target};
 use crate::index::Index;
 use crate::model::ids::{Backlink, RecordId};
 use crate::query::{Cursor, ListPage, ListParams, QueryError, list_backlinks};
@@ -38,8 +38,9 @@ type Place = (RecordId, u64);
 /// getBacklinkDids: `{"total", "linking_dids", "cursor"}`, `total` the distinct accounts over all
 /// pages.
 pub async fn get_backlink_dids(index: &Index, params: &ListParams, options: CountOptions) -> Result<Value, QueryError> {
-    let Some(live) = all_live_backlinks(index, params, options).await? else {
-        return hot_target_page(index, params, options).await;
+    let live = match read_target(index, params, options).await? {
+        TargetLinks::All(live) => live,
+        sampled => return hot_target_page(index, params, &sampled).await,
     };
     let places = first_places(&live, params.reverse);
     let (places_on_page, cursor) = page_after(&places, params);
@@ -98,12 +99,12 @@ fn render_dids(index: &Index, repos: &[RecordId]) -> Result<Vec<String>, QueryEr
 
 /// A target with more entries than a count reads whole: DIDs distinct within the page, in
 /// listBacklinks order, and an estimated total.
-async fn hot_target_page(index: &Index, params: &ListParams, options: CountOptions) -> Result<Value, QueryError> {
+async fn hot_target_page(index: &Index, params: &ListParams, sampled: &TargetLinks) -> Result<Value, QueryError> {
     let (dids, cursor) = match params.limit {
         0 => (Vec::new(), None),
         _ => distinct_in_page(index, params).await?,
     };
-    let count = count_backlinks(index, params, options).await?;
+    let count = count_of(index, sampled, &|location| Some(location.to_string()))?;
     let body = json!({ "total": count.distinct_dids, "linking_dids": dids, "cursor": cursor });
     Ok(mark_estimate(body, true))
 }
