@@ -80,8 +80,15 @@ pub fn parse_source(text: &str) -> Result<Source, QueryError> {
             "invalid source {text:?}: expected collection:path, like app.bsky.feed.like:subject.uri"
         )));
     };
-    validate_nsid(collection).map_err(|e| invalid(format!("invalid collection {collection:?} in source: {e}")))?;
-    Ok(Source { collection: collection.to_string(), locations: locations_for_path(path)? })
+    Source::of(collection, path)
+}
+
+impl Source {
+    /// A collection (an NSID) and a constellation path, both validated.
+    pub fn of(collection: &str, path: &str) -> Result<Self, QueryError> {
+        validate_nsid(collection).map_err(|e| invalid(format!("invalid collection {collection:?}: {e}")))?;
+        Ok(Source { collection: collection.to_string(), locations: locations_for_path(path)? })
+    }
 }
 
 /// Validated parameters of the three XRPC endpoints, as listBacklinks parameters.

@@ -11,11 +11,11 @@
 //!   records and distinct linking accounts; its path is the one spelling constellation stores
 //!   (`constellation_path`). Its figures are countBacklinks', estimates marked `approximate`.
 
+use super::parse_did;
 use super::{DEFAULT_LIMIT, Source, get_backlink_dids, get_backlinks, get_backlinks_count, invalid, list_params};
-use super::{locations_for_path, parse_did};
 use crate::count::{CountOptions, count_backlinks_named};
 use crate::index::Index;
-use crate::model::syntax::{LinkTarget, parse_target, validate_nsid};
+use crate::model::syntax::{LinkTarget, parse_target};
 use crate::query::{ListParams, QueryError};
 use serde_json::{Map, Value, json};
 
@@ -51,7 +51,7 @@ pub fn parse_links_query(pairs: &[(String, String)]) -> Result<ListParams, Query
         }
     }
     let target = required(target, "target")?;
-    let source = rest_source(required(collection, "collection")?, required(path, "path (like .subject.uri)")?)?;
+    let source = Source::of(required(collection, "collection")?, required(path, "path (like .subject.uri)")?)?;
     match from_dids.filter(|list| !list.is_empty()) {
         Some(_) if !dids.is_empty() => return Err(invalid("give did or from_dids, not both")),
         Some(list) => dids = parse_from_dids(list)?,
@@ -62,12 +62,6 @@ pub fn parse_links_query(pairs: &[(String, String)]) -> Result<ListParams, Query
 
 fn required<'a>(slot: Option<&'a str>, name: &str) -> Result<&'a str, QueryError> {
     slot.ok_or_else(|| invalid(format!("missing required parameter: {name}")))
-}
-
-/// `collection` and `path` as a source, validated as `collection:path` is.
-fn rest_source(collection: &str, path: &str) -> Result<Source, QueryError> {
-    validate_nsid(collection).map_err(|e| invalid(format!("invalid collection {collection:?}: {e}")))?;
-    Ok(Source { collection: collection.to_string(), locations: locations_for_path(path)? })
 }
 
 /// The deprecated `from_dids`: DIDs separated by commas (empty items skipped).
@@ -207,7 +201,10 @@ mod tests {
         assert_eq!(constellation_path("$", false), None);
         for (location, is_record) in [("$.subject", true), ("$.reply.parent", true), ("$.subject", false)] {
             let path = constellation_path(location, is_record).unwrap();
-            assert!(locations_for_path(&path).unwrap().contains(&location.to_string()), "{path} asks for {location}");
+            assert!(
+                super::super::locations_for_path(&path).unwrap().contains(&location.to_string()),
+                "{path} asks for {location}"
+            );
         }
     }
 }
