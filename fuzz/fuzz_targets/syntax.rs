@@ -12,7 +12,7 @@
 
 use backlinks::model::syntax::{
     AtUri, Classified, LinkTarget, SyntaxError, SyntaxKind, classify_link, parse_target, validate_at_identifier,
-    validate_did, validate_handle, validate_nsid, validate_record_key, validate_tid,
+    validate_did, validate_handle, validate_nsid, validate_record_key, validate_tid, validate_url,
 };
 use backlinks::model::tid::{TID_TOP_BIT, format_tid, parse_tid};
 use libfuzzer_sys::fuzz_target;
@@ -88,6 +88,10 @@ fn check_link_target(text: &str, link: LinkTarget<'_>) {
             validate_nsid(collection).expect("record target collection");
             validate_record_key(rkey).expect("record target rkey");
             assert_eq!(format!("at://{did}/{collection}/{rkey}"), text);
+        }
+        LinkTarget::Url(url) => {
+            validate_url(url).expect("a URL target is a valid URL");
+            assert_eq!(url, text, "a URL target is its text, as written");
         }
     }
 }
