@@ -80,6 +80,16 @@ pub struct FileConfig {
     pub cache_max_age_secs: Option<u64>,
     /// Entries countBacklinks reads before it answers with an estimate (serve).
     pub count_exact_limit: Option<usize>,
+    /// Live push (subscribeBacklinks, /subscribe) off: no change log is written (serve).
+    pub no_push: Option<bool>,
+    /// Hours of changes the push log keeps for cursor replay (serve, default 26).
+    pub push_retain_hours: Option<u64>,
+    /// Most bytes the push log may hold, whatever `push_retain_hours` asks (serve, default 64 GiB).
+    pub push_log_max_bytes: Option<u64>,
+    /// Subscribers at once (serve, default 1000).
+    pub push_max_subscribers: Option<usize>,
+    /// Events queued for one subscriber before it is cut off as too slow (serve, default 1024).
+    pub push_buffer_events: Option<usize>,
     /// S3 endpoint URL (default: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, else AWS itself).
     pub s3_endpoint: Option<String>,
     /// S3 region (default: `AWS_REGION`, `AWS_DEFAULT_REGION`, else us-east-1).
@@ -221,6 +231,25 @@ impl FileConfig {
         Ok(options)
     }
 
+    /// Live push settings from the file, with defaults for what it leaves out.
+    pub fn push_settings(&self) -> Result<PushSettings, ConfigError> {
+        let mut settings = PushSettings::default();
+        if let Some(hours) = self.push_retain_hours {
+            settings.retain_hours = bounded("push_retain_hours", hours, 1, 24 * 90)?;
+        }
+        if let Some(bytes) = self.push_log_max_bytes {
+            settings.log_max_bytes = bounded("push_log_max_bytes", bytes, 64 << 20, 1 << 44)?;
+        }
+        if let Some(n) = self.push_max_subscribers {
+            settings.max_subscribers = bounded("push_max_subscribers", n, 1, 1 << 20)?;
+        }
+        if let Some(n) = self.push_buffer_events {
+            settings.buffer_events = bounded("push_buffer_events", n, 16, 1 << 20)?;
+        }
+        settings.enabled = self.no_push != Some(true);
+        Ok(settings)
+    }
+
     /// Backfill options from the file, with defaults for what it leaves out.
     pub fn backfill_options(&self) -> Result<BackfillOptions, ConfigError> {
         let mut options = BackfillOptions::default();
@@ -341,6 +370,11 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("http_threads", EnvKind::Scalar),
     ("cache_max_age_secs", EnvKind::Scalar),
     ("count_exact_limit", EnvKind::Scalar),
+    ("no_push", EnvKind::Scalar),
+    ("push_retain_hours", EnvKind::Scalar),
+    ("push_log_max_bytes", EnvKind::Scalar),
+    ("push_max_subscribers", EnvKind::Scalar),
+    ("push_buffer_events", EnvKind::Scalar),
     ("s3_endpoint", EnvKind::Text),
     ("s3_region", EnvKind::Text),
     ("s3_access_key_id", EnvKind::Text),
@@ -471,6 +505,28 @@ fn hide_quoted(message: &str) -> String {
         }
     }
     out
+}
+
+/// How live push runs (see `push`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PushSettings {
+    pub enabled: bool,
+    pub retain_hours: u64,
+    pub log_max_bytes: u64,
+    pub max_subscribers: usize,
+    pub buffer_events: usize,
+}
+
+impl Default for PushSettings {
+    fn default() -> Self {
+        PushSettings {
+            enabled: true,
+            retain_hours: 26,
+            log_max_bytes: 64 << 30,
+            max_subscribers: 1000,
+            buffer_events: 1024,
+        }
+    }
 }
 
 fn bounded<T: PartialOrd + Copy + std::fmt::Display>(name: &str, value: T, min: T, max: T) -> Result<T, ConfigError> {

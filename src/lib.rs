@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod model;
 pub mod net;
 pub mod outline;
+pub mod push;
 pub mod query;
 pub mod server;
 pub mod status;

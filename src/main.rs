@@ -8,12 +8,15 @@ use backlinks::ingest::backfill::progress::BackfillProgress;
 use backlinks::ingest::backfill::{self as backfills, Backfill, Source};
 use backlinks::ingest::import_lines_with;
 use backlinks::ingest::import_progress::{Backlog, ImportProgress};
-use backlinks::ingest::live::{IdentityHook, Instance, LiveIngest, LiveOptions};
+use backlinks::ingest::live::{IdentityHook, Instance, LiveIngest, LiveOptions, PushFeed};
 use backlinks::ingest::read_ahead::ReadAhead;
 use backlinks::metrics::{MeteredStore, Metrics};
+use backlinks::push::PushCounters;
+use backlinks::push::feed::{Feed, FeedOptions};
+use backlinks::push::hub::{Hub, HubOptions};
 use backlinks::query::list_backlinks;
 use backlinks::server::systemd::{Notifier, feed_watchdog, watchdog_interval};
-use backlinks::server::{HttpThreads, ServerOptions, app, parse_list_query};
+use backlinks::server::{HttpThreads, PushHandle, ServerOptions, app, parse_list_query};
 use backlinks::status::IngestMode;
 use backlinks::store::dir::DirStore;
 use backlinks::store::object::Store;
@@ -21,7 +24,7 @@ use backlinks::store::pinned::PinnedStore;
 use backlinks::writer::{Finished, Writer, WriterOptions};
 use clap::{Args, Parser, Subcommand};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 #[derive(Parser)]
@@ -294,10 +297,18 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 metrics.attach_backfill(backfill.progress.clone());
                 tokio::spawn(backfill_beside_live(backfill.clone(), sources));
             }
-            Some(start_live_ingest(writer, &config, &backfill)?)
+            let push = start_push(&setup.data_dir, &config, &index)?;
+            Some((start_live_ingest(writer, &config, &backfill, push.as_ref().map(|(feed, _)| feed.clone()))?, push))
         }
         None => None,
     };
+    let (live, push) = match live {
+        Some((live, push)) => (Some(live), push.map(|(_, hub)| hub)),
+        None => (None, None),
+    };
+    if let Some(hub) = &push {
+        metrics.attach_push(hub.counters().clone());
+    }
     if let Some((live, _)) = &live {
         metrics.attach_ingest(live.status.clone());
     }
@@ -306,7 +317,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None if read_only => IngestMode::ReadOnly,
         None => IngestMode::ImportOnly,
     };
-    let options = ServerOptions { ingest, ..ServerOptions::from_config(&config)? };
+    let push = push.map(PushHandle);
+    let options = ServerOptions { ingest, push, ..ServerOptions::from_config(&config)? };
     let notifier = Notifier::new(std::env::var_os("NOTIFY_SOCKET").as_deref()).context("NOTIFY_SOCKET")?.map(Arc::new);
     let listen = config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_string());
     let threads = options.http_threads;
@@ -348,11 +360,13 @@ fn start_live_ingest(
     writer: Writer,
     config: &FileConfig,
     backfill: &Arc<Backfill>,
+    push: Option<PushFeed>,
 ) -> anyhow::Result<(LiveIngest, String)> {
     let urls = config.jetstream.clone().unwrap_or_else(|| DEFAULT_JETSTREAM.iter().map(|s| s.to_string()).collect());
     let instances = urls.iter().map(|url| Instance::parse(url)).collect::<Result<Vec<_>, _>>()?;
     let mut options = LiveOptions::new(instances, entropy_seed());
     options.gate = Some(backfill.gate().clone());
+    options.push = push;
     let identities = backfill.clone();
     options.on_identity = Some(IdentityHook(Arc::new(move |did: &str| identities.forget_identity(did))));
     if let Some(secs) = config.max_unflushed_secs {
@@ -362,6 +376,21 @@ fn start_live_ingest(
     let source = urls.first().map(|url| backlinks::base::redact::redact_url(url).into_owned()).unwrap_or_default();
     let live = LiveIngest::start(writer, options, system_clock(), tokio::runtime::Handle::current())?;
     Ok((live, source))
+}
+
+/// Live push's feed (in `push/` under the data directory) and its hub, unless push is off.
+fn start_push(data_dir: &Path, config: &FileConfig, index: &Index) -> anyhow::Result<Option<(PushFeed, Arc<Hub>)>> {
+    let settings = config.push_settings()?;
+    if !settings.enabled {
+        return Ok(None);
+    }
+    let retain_us = settings.retain_hours as i64 * 3_600_000_000;
+    let options = FeedOptions::new(retain_us, settings.log_max_bytes, index.extract_limits().clone());
+    let counters = Arc::new(PushCounters::default());
+    let feed = Feed::open(&data_dir.join("push"), options, counters.clone()).context("opening the push log")?;
+    let hub_options = HubOptions { max_subscribers: settings.max_subscribers, buffer_events: settings.buffer_events };
+    let hub = Hub::start(feed.log(), hub_options, counters);
+    Ok(Some((PushFeed(Arc::new(std::sync::Mutex::new(feed))), hub)))
 }
 
 /// The config file's keys with the serve flags and `BACKLINKS_*` variables applied (flags win).
@@ -419,6 +448,12 @@ fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
     set("http_threads", (server.http_threads as i64).into());
     set("cache_max_age_secs", (server.cache_max_age.as_secs() as i64).into());
     set("count_exact_limit", (server.count.exact_scan_limit as i64).into());
+    let push = config.push_settings()?;
+    set("no_push", (!push.enabled).into());
+    set("push_retain_hours", (push.retain_hours as i64).into());
+    set("push_log_max_bytes", (push.log_max_bytes as i64).into());
+    set("push_max_subscribers", (push.max_subscribers as i64).into());
+    set("push_buffer_events", (push.buffer_events as i64).into());
     let writer = config.writer_options();
     set("gc_grace_secs", ((writer.gc_grace_ms / 1_000) as i64).into());
     backlinks::config::redact_secrets(&mut table);

@@ -27,6 +27,7 @@ use crate::ingest::live::IngestStatus;
 use crate::lsm::entry::Entry;
 use crate::lsm::tree::Tree;
 use crate::model::ids::{Backlink, Revocation};
+use crate::push::PushCounters;
 use crate::store::object::{ObjectInfo, Store, StoreError};
 use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
@@ -87,6 +88,7 @@ pub struct Metrics {
     /// Live ingest's figures, once `serve` starts following Jetstream.
     ingest: std::sync::OnceLock<Arc<IngestStatus>>,
     backfill: std::sync::OnceLock<Arc<BackfillProgress>>,
+    push: std::sync::OnceLock<Arc<PushCounters>>,
 }
 
 impl Default for Metrics {
@@ -124,6 +126,7 @@ impl Metrics {
             store_bytes,
             ingest: std::sync::OnceLock::new(),
             backfill: std::sync::OnceLock::new(),
+            push: std::sync::OnceLock::new(),
         }
     }
 
@@ -152,6 +155,11 @@ impl Metrics {
         let _ = self.backfill.set(progress);
     }
 
+    /// Exports live push's figures from now on (called once, when push starts).
+    pub fn attach_push(&self, counters: Arc<PushCounters>) {
+        let _ = self.push.set(counters);
+    }
+
     pub fn render(&self, index: &Index) -> String {
         let mut out = String::new();
         let mut snapshot = index_registry(index);
@@ -160,6 +168,9 @@ impl Metrics {
         }
         if let Some(progress) = self.backfill.get() {
             register_backfill(&mut snapshot, progress);
+        }
+        if let Some(counters) = self.push.get() {
+            register_push(&mut snapshot, counters);
         }
         // Writing into a String cannot fail; the encoder only reports fmt::Error from its writer.
         encode_registry(&mut out, &self.registry).expect("encoding into a String");
@@ -351,6 +362,38 @@ fn register_ingest(registry: &mut Registry, status: &IngestStatus) {
         ("ingest_server_errors", "XRPC error frames from Jetstream", &status.server_errors),
     ] {
         registry.register(name, help, counter(value.load(Ordering::Relaxed)));
+    }
+}
+
+fn register_push(registry: &mut Registry, counters: &PushCounters) {
+    let load = |v: &std::sync::atomic::AtomicU64| v.load(Ordering::Relaxed);
+    registry.register("push_subscribers", "Live push subscribers connected", gauge(load(&counters.subscribers)));
+    let cuts: Family<ReasonLabel, Counter> = Family::default();
+    for (reason, value) in [
+        ("too_slow", &counters.cut_too_slow),
+        ("behind", &counters.cut_behind),
+        ("error", &counters.cut_error),
+        ("refused", &counters.refused),
+    ] {
+        cuts.get_or_create(&ReasonLabel { reason }).inc_by(load(value));
+    }
+    let help = "Subscribers cut off or refused, by reason (too_slow: queue full; behind: past the log; refused: over the limit)";
+    registry.register("push_drops", help, cuts);
+    for (name, help, value) in [
+        ("push_events_sent", "Frames sent to subscribers", &counters.events_sent),
+        ("push_log_entries", "Change-log entries written", &counters.entries),
+        ("push_log_events", "Events in the change log's entries", &counters.events_logged),
+        ("push_replays_skipped", "Events the stream sent again and the feed recognised", &counters.replays_skipped),
+        (
+            "push_unrouted_deletes",
+            "Deletes of records older than the log's window (not pushed)",
+            &counters.unrouted_deletes,
+        ),
+        ("push_bad_lookups", "Recent-links rows that led nowhere", &counters.bad_lookups),
+        ("push_errors", "Failed feed steps (indexing went on)", &counters.errors),
+        ("push_filter_updates", "Filter updates from subscribers", &counters.filter_updates),
+    ] {
+        registry.register(name, help, counter(load(value)));
     }
 }
 

@@ -1,8 +1,10 @@
 //! The HTML pages: the status page (`/`), which also documents every endpoint with an example
 //! that runs, and the explorer, the result page of its query form (`/ui/backlinks?target=...`):
 //! totals by collection and location, the page of sources with their times, each source a link
-//! to its own backlinks, and paging. Plain server-rendered HTML with inline CSS: no script, no
-//! external asset, nothing that needs `Accept: text/html`.
+//! to its own backlinks, and paging, and where live push runs, a button that follows the target
+//! live. Plain server-rendered HTML with inline CSS: no external asset, nothing that needs
+//! `Accept: text/html`, and no script but the explorer's one constant `LIVE_SCRIPT`, which reads
+//! the target from a data attribute (so nothing from the index is ever written into a script).
 //!
 //! Invariants:
 //! - Every string that reaches the page (targets, URIs, locations, messages) goes through
@@ -283,7 +285,65 @@ fn endpoint_docs() -> String {
 /// The result page of the query form: the count, the totals by collection and location, the page
 /// of sources (each with its time and a link to its own backlinks), and links to the first and
 /// next pages. `paged` says whether this page came from a cursor.
-pub fn render_results(target: &str, limit: usize, paged: bool, page_items: &ListPage, count: &Count) -> String {
+/// The explorer's live follow: a websocket to subscribeBacklinks for the section's
+/// `data-target`, each event a row on top (at most 200), sources as explorer links. The page's
+/// `follow=1` starts it at once, and `since=CURSOR` replays from a cursor first.
+const LIVE_SCRIPT: &str = r##"(function () {
+  var section = document.getElementById("live");
+  var rows = document.querySelector("#live-events tbody");
+  var status = document.getElementById("live-status");
+  var button = document.getElementById("follow");
+  var socket = null;
+  function cell(row, text) { var td = row.insertCell(); td.textContent = text; return td; }
+  button.addEventListener("click", function () {
+    if (socket) { socket.close(); socket = null; button.textContent = "Follow live"; status.textContent = "stopped"; return; }
+    var scheme = location.protocol === "https:" ? "wss:" : "ws:";
+    var url = scheme + "//" + location.host + "/xrpc/blue.cerulea.backlinks.subscribeBacklinks?target=" + encodeURIComponent(section.dataset.target);
+    var since = new URLSearchParams(location.search).get("since");
+    if (since) { url += "&cursor=" + encodeURIComponent(since); }
+    socket = new WebSocket(url);
+    button.textContent = "Stop";
+    status.textContent = "connecting";
+    socket.onopen = function () { status.textContent = "following"; };
+    socket.onclose = function () { status.textContent = "closed"; };
+    socket.onmessage = function (message) {
+      var event = JSON.parse(message.data);
+      var row = rows.insertRow(0);
+      row.className = "live-" + event.op;
+      cell(row, new Date(event.time_us / 1000).toISOString());
+      cell(row, event.op);
+      if (event.op === "create" || event.op === "delete") {
+        cell(row, event.location);
+        var link = document.createElement("a");
+        link.href = "/ui/backlinks?target=" + encodeURIComponent(event.source);
+        link.textContent = event.source;
+        cell(row, "").appendChild(link);
+      } else {
+        cell(row, event.status || "");
+        cell(row, event.did || event.message || "");
+      }
+      while (rows.rows.length > 200) { rows.deleteRow(rows.rows.length - 1); }
+    };
+  });
+  if (new URLSearchParams(location.search).get("follow") === "1") { button.click(); }
+})();"##;
+
+/// The live follow section of the explorer for `target`.
+fn live_section(target: &str) -> String {
+    format!(
+        r#"<section id="live" data-target="{}"><h2>Live</h2><p><button type="button" id="follow">Follow live</button> <span id="live-status"></span></p><table id="live-events"><thead><tr><th>time</th><th>event</th><th>location</th><th>source</th></tr></thead><tbody></tbody></table></section><script>{LIVE_SCRIPT}</script>"#,
+        escape(target)
+    )
+}
+
+pub fn render_results(
+    target: &str,
+    limit: usize,
+    paged: bool,
+    page_items: &ListPage,
+    count: &Count,
+    live: bool,
+) -> String {
     let mut body = format!("<h1>Backlinks</h1>{}", query_form(target, limit));
     let approximate = if count.approximate { "about " } else { "" };
     let noun = if count.total == 1 { "backlink" } else { "backlinks" };
@@ -317,6 +377,9 @@ pub fn render_results(target: &str, limit: usize, paged: bool, page_items: &List
     }
     if !paging.is_empty() {
         let _ = write!(body, "<p id=\"paging\">{}</p>", paging.join(" &middot; "));
+    }
+    if live {
+        body.push_str(&live_section(target));
     }
     page(&format!("backlinks to {target}"), &body)
 }
@@ -431,7 +494,11 @@ mod tests {
             crate::count::SourceCount { records: 7, distinct_dids: 3 },
         )]);
         let count = Count { total: 1, distinct_dids: 1, by_source, ..Count::default() };
-        let html = render_results("did:plc:\"x\"", 5, false, &page, &count);
+        let html = render_results("did:plc:\"x\"", 5, false, &page, &count, false);
+        assert!(!html.contains("<script"), "no script without live push");
+        let live = render_results("did:plc:\"x\"", 5, false, &page, &count, true);
+        assert!(live.contains("<section id=\"live\" data-target=\"did:plc:&quot;x&quot;\">"), "{live}");
+        assert_eq!(live.matches("<script>").count(), 1);
         let escaped_source = "at://did:plc:x/a.b.c/&lt;script&gt;";
         let source_href = "/ui/backlinks?target=at%3A%2F%2Fdid%3Aplc%3Ax%2Fa.b.c%2F%3Cscript%3E&amp;limit=5";
         assert!(
@@ -449,9 +516,9 @@ mod tests {
         );
         assert!(!html.contains("id=\"first\""), "the first page links to no first page");
         assert!(html.contains("value=\"did:plc:&quot;x&quot;\""));
-        let later = render_results("did:plc:x", 5, true, &ListPage::default(), &Count::default());
+        let later = render_results("did:plc:x", 5, true, &ListPage::default(), &Count::default(), false);
         assert!(later.contains("<a id=\"first\" href=\"/ui/backlinks?target=did%3Aplc%3Ax&amp;limit=5\">"), "{later}");
-        let empty = render_results("did:plc:x", 5, false, &ListPage::default(), &Count::default());
+        let empty = render_results("did:plc:x", 5, false, &ListPage::default(), &Count::default(), false);
         assert!(empty.contains("<p id=\"total\">0 backlinks to") && empty.contains("id=\"empty\""));
         assert!(!empty.contains("id=\"next\"") && !empty.contains("id=\"summary\""));
         let error = render_error("<b>", "invalid target: <b>");

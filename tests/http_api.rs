@@ -412,8 +412,8 @@ async fn health_metrics_lexicons_and_unknown_routes() {
     assert!(value("backlinks_table_reads_total{source=\"local\"}") > 0, "{text}");
     assert!(value("backlinks_cache_bytes") > 0);
     let (_, list) = get(&router, "/lexicons").await;
-    assert_eq!(list["lexicons"].as_array().unwrap().len(), 5);
-    for (nsid, text) in backlinks::server::LEXICONS {
+    assert_eq!(list["lexicons"].as_array().unwrap().len(), 6);
+    for (nsid, text) in backlinks::server::LEXICONS.iter().chain(&backlinks::server::SUBSCRIPTION_LEXICONS) {
         let response = send(&router, Request::get(format!("/lexicons/{nsid}.json")).body(Body::empty()).unwrap()).await;
         assert_eq!(response.status(), StatusCode::OK);
         assert_eq!(body_bytes(response).await, text.as_bytes(), "{nsid}");

@@ -12,7 +12,7 @@ use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::metrics::Metrics;
 use backlinks::model::syntax::{parse_target, validate_did, validate_nsid, validate_record_key};
-use backlinks::server::{LEXICONS, ServerOptions, app};
+use backlinks::server::{LEXICONS, SUBSCRIPTION_LEXICONS, ServerOptions, app};
 use backlinks::store::dir::DirStore;
 use serde_json::{Map, Value, json};
 use std::collections::HashMap;
@@ -167,8 +167,25 @@ fn every_lexicon_is_well_formed_and_where_its_id_says() {
         }
         files += 1;
     }
+    for (id, text) in SUBSCRIPTION_LEXICONS {
+        let path = root.join(id.replace('.', "/") + ".json");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text, "{id} is served as kept in {}", path.display());
+        let lexicon: Value = serde_json::from_str(text).unwrap();
+        assert_eq!((lexicon["lexicon"].as_i64(), lexicon["id"].as_str()), (Some(1), Some(id)));
+        let main = &lexicon["defs"]["main"];
+        assert_eq!(main["type"], "subscription", "{id}");
+        for reference in main["message"]["schema"]["refs"].as_array().unwrap() {
+            let name = reference.as_str().unwrap().strip_prefix('#').unwrap();
+            let def = &lexicon["defs"][name];
+            assert_eq!(def["type"], "object", "{id}#{name}");
+            for required in def["required"].as_array().unwrap() {
+                assert!(def["properties"].get(required.as_str().unwrap()).is_some(), "{id}#{name}: {required}");
+            }
+        }
+        files += 1;
+    }
     let on_disk = walk(&root).len();
-    assert_eq!((files, on_disk), (5, 5), "every lexicon file is served");
+    assert_eq!((files, on_disk), (6, 6), "every lexicon file is served");
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {

@@ -34,6 +34,7 @@ use crate::constellation::{self, GET_BACKLINK_DIDS, GET_BACKLINKS, GET_BACKLINKS
 use crate::count::{CountOptions, count_backlinks, parse_count_query};
 use crate::index::Index;
 use crate::metrics::Metrics;
+use crate::push::hub::Hub;
 use crate::query::{ListParams, QueryError, list_backlinks};
 use crate::status::{IngestMode, StatusFacts, render_error, render_results, render_status};
 use axum::extract::{Path, RawQuery, Request, State};
@@ -53,8 +54,10 @@ use tokio::sync::Semaphore;
 use tower_http::compression::CompressionLayer;
 use tower_http::cors::{Any, CorsLayer};
 
+mod subscribe;
 pub mod systemd;
 mod threads;
+pub use subscribe::{SPACEDUST_SUBSCRIBE, SUBSCRIBE_BACKLINKS};
 pub use threads::{HttpThreads, MAX_HTTP_THREADS};
 
 pub const LIST_BACKLINKS: &str = "/xrpc/blue.cerulea.backlinks.listBacklinks";
@@ -100,6 +103,17 @@ pub const LEXICONS: [(&str, &str); 5] = [
     ("blue.microcosm.links.getBacklinkDids", include_str!("../../lexicons/blue/microcosm/links/getBacklinkDids.json")),
 ];
 
+/// The lexicons of the websocket subscriptions (their `main` is a `subscription`, not a query).
+pub const SUBSCRIPTION_LEXICONS: [(&str, &str); 1] = [(
+    "blue.cerulea.backlinks.subscribeBacklinks",
+    include_str!("../../lexicons/blue/cerulea/backlinks/subscribeBacklinks.json"),
+)];
+
+/// Every lexicon served under `/lexicons`.
+fn all_lexicons() -> impl Iterator<Item = &'static (&'static str, &'static str)> {
+    LEXICONS.iter().chain(SUBSCRIPTION_LEXICONS.iter())
+}
+
 /// Limits and facts the server runs with.
 #[derive(Debug, Clone)]
 pub struct ServerOptions {
@@ -124,6 +138,18 @@ pub struct ServerOptions {
     pub started: Instant,
     /// The wall clock (injected so tests can fix it).
     pub wall_clock: fn() -> SystemTime,
+    /// Live push's hub, where live ingest runs with push on.
+    pub push: Option<PushHandle>,
+}
+
+/// The hub subscribers join (see `push`).
+#[derive(Clone)]
+pub struct PushHandle(pub Arc<Hub>);
+
+impl std::fmt::Debug for PushHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PushHandle")
+    }
 }
 
 impl Default for ServerOptions {
@@ -140,6 +166,7 @@ impl Default for ServerOptions {
             ingest: IngestMode::ImportOnly,
             started: Instant::now(),
             wall_clock: SystemTime::now,
+            push: None,
         }
     }
 }
@@ -257,6 +284,8 @@ pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> 
         .route(rest::LINKS_ALL, get(constellation_handler))
         .route(rest::LINKS_ALL_COUNT, get(constellation_handler))
         .route(UI_BACKLINKS, get(ui_results_handler))
+        .route(SUBSCRIBE_BACKLINKS, get(subscribe::subscribe_backlinks_handler))
+        .route(SPACEDUST_SUBSCRIBE, get(subscribe::spacedust_subscribe_handler))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(from_fn_with_state(state.clone(), manners))
@@ -500,11 +529,12 @@ async fn ui_results(state: &AppState, pairs: &[(String, String)]) -> Result<Stri
     let params = ListParams::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let page = list_backlinks(&state.index, &params).await?;
     let count = count_backlinks(&state.index, &params, state.options.count).await?;
-    Ok(render_results(&params.target, params.limit, params.cursor.is_some(), &page, &count))
+    let live = state.options.push.is_some();
+    Ok(render_results(&params.target, params.limit, params.cursor.is_some(), &page, &count, live))
 }
 
 async fn lexicon_list_handler() -> Response {
-    let names: Vec<&str> = LEXICONS.iter().map(|(nsid, _)| *nsid).collect();
+    let names: Vec<&str> = all_lexicons().map(|(nsid, _)| *nsid).collect();
     let cache = format!("public, max-age={LEXICON_MAX_AGE_SECS}");
     ([(CACHE_CONTROL, cache)], Json(serde_json::json!({ "lexicons": names }))).into_response()
 }
@@ -512,7 +542,7 @@ async fn lexicon_list_handler() -> Response {
 /// `GET /lexicons/<nsid>.json`: the lexicon exactly as kept in the repository.
 async fn lexicon_handler(Path(file): Path<String>) -> Response {
     let nsid = file.strip_suffix(".json").unwrap_or(&file);
-    match LEXICONS.iter().find(|(name, _)| *name == nsid) {
+    match all_lexicons().find(|(name, _)| *name == nsid) {
         Some((_, text)) => {
             let cache = format!("public, max-age={LEXICON_MAX_AGE_SECS}");
             ([(CONTENT_TYPE, "application/json".to_string()), (CACHE_CONTROL, cache)], *text).into_response()

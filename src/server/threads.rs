@@ -27,7 +27,6 @@
 use super::{GuardedStream, MAX_MAX_CONNECTIONS, ServerOptions};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use std::collections::HashMap;
 use std::future::Future;
@@ -276,7 +275,9 @@ async fn serve_connections(
     limits: ConnectionLimits,
     mut stopped: watch::Receiver<bool>,
 ) {
-    let graceful = GracefulShutdown::new();
+    // Every connection task holds a clone of `open`; when the last is gone, all have ended.
+    let (open, mut all_ended) = mpsc::channel::<()>(1);
+    let (closing, _) = watch::channel(false);
     let mut http = hyper::server::conn::http1::Builder::new();
     http.timer(TokioTimer::new()).header_read_timeout(limits.header_read_timeout);
     loop {
@@ -295,15 +296,29 @@ async fn serve_connections(
             }
         };
         let io = TokioIo::new(GuardedStream::new(stream, handoff.place, limits.idle_timeout));
-        let connection = http.serve_connection(io, TowerToHyperService::new(router.clone()));
-        let connection = graceful.watch(connection);
+        // With upgrades: the push endpoints turn the connection into a websocket (which then
+        // lives in a task of its own, outside this shutdown).
+        let connection = http.serve_connection(io, TowerToHyperService::new(router.clone())).with_upgrades();
+        let (open, mut closing) = (open.clone(), closing.subscribe());
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
+            let mut connection = std::pin::pin!(connection);
+            let result = tokio::select! {
+                result = connection.as_mut() => result,
+                _ = async { closing.wait_for(|closing| *closing).await.map(drop) } => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = result {
                 tracing::debug!(%error, "connection ended with an error");
             }
+            drop(open);
         });
     }
-    graceful.shutdown().await;
+    // Open connections finish what they are answering, then close.
+    let _ = closing.send(true);
+    drop(open);
+    let _ = all_ended.recv().await;
 }
 
 #[cfg(test)]

@@ -45,6 +45,8 @@ pub struct Faults {
     pub dictionary_unavailable: bool,
     /// Pace the stream: after every `n` events of a connection, pause this long.
     pub pause_every: Option<(u64, std::time::Duration)>,
+    /// Hold every stream until this flag is raised (a client connects, then waits).
+    pub hold_until: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 #[derive(Debug, Default)]
@@ -219,7 +221,13 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: tokio::net::TcpStream
         let dictionary = if subscription.v2 { served_dictionary(accepted) } else { LEGACY_DICTIONARY.to_vec() };
         zstd::bulk::Compressor::with_dictionary(3, &dictionary).expect("a zstd compressor")
     });
-    let pause_every = shared.faults.lock().unwrap().pause_every;
+    let (pause_every, hold) = {
+        let faults = shared.faults.lock().unwrap();
+        (faults.pause_every, faults.hold_until.clone())
+    };
+    while hold.as_ref().is_some_and(|flag| !flag.load(Ordering::Relaxed)) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     for (count, index) in (subscription.start..shared.lines.len()).enumerate() {
         if let Some((every, pause)) = pause_every
             && (count as u64).is_multiple_of(every.max(1))

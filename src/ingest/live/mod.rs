@@ -33,6 +33,8 @@ use crate::index::{Index, IndexError};
 use crate::ingest::backfill::gate::SnapshotGate;
 use crate::ingest::frames::{EventKind, StreamEvent};
 use crate::model::operation::Operation;
+use crate::push::PushError;
+use crate::push::feed::Feed;
 use crate::writer::Writer;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
@@ -87,6 +89,42 @@ pub struct LiveOptions {
     /// Told the DID of every `#identity` event (its key or PDS may have changed): the resolver
     /// backfill uses forgets what it knew.
     pub on_identity: Option<IdentityHook>,
+    /// Told every event after the index, for live push.
+    pub push: Option<PushFeed>,
+}
+
+/// Live push's feed, as live ingest drives it: every event, then the end of each batch (when
+/// subscribers may see it), and a sync with every flush. A failure is logged and counted, never
+/// a reason to stop indexing.
+#[derive(Clone)]
+pub struct PushFeed(pub Arc<std::sync::Mutex<Feed>>);
+
+impl std::fmt::Debug for PushFeed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("PushFeed")
+    }
+}
+
+impl PushFeed {
+    fn run(&self, what: &str, step: impl FnOnce(&mut Feed) -> Result<(), PushError>) {
+        let mut feed = self.0.lock().expect("push feed lock poisoned");
+        if let Err(error) = step(&mut feed) {
+            feed.count_error();
+            tracing::warn!(%error, what, "live push failed; indexing goes on");
+        }
+    }
+
+    fn observe(&self, event: &StreamEvent) {
+        self.run("observe", |feed| feed.observe(&event.operation, event.time_us, event.rev));
+    }
+
+    fn end_batch(&self) {
+        self.run("end_batch", Feed::end_batch);
+    }
+
+    fn sync(&self) {
+        self.run("sync", Feed::sync);
+    }
 }
 
 /// What live ingest calls for an `#identity` event.
@@ -114,6 +152,7 @@ impl LiveOptions {
             seed,
             gate: None,
             on_identity: None,
+            push: None,
         }
     }
 }
@@ -260,6 +299,9 @@ impl Engine {
                             Err(_) => break,
                         }
                     }
+                    if let Some(push) = &self.options.push {
+                        push.end_batch();
+                    }
                     oldest_unflushed_ms.get_or_insert((self.clock)());
                     false
                 }
@@ -303,6 +345,10 @@ impl Engine {
         if let (Operation::Identity { did }, Some(hook)) = (&event.operation, &self.options.on_identity) {
             (hook.0)(did);
         }
+        // Subscribers see the batch at its end, once the index holds all of it.
+        if let Some(push) = &self.options.push {
+            push.observe(&event);
+        }
         // The durable cursor is the time, valid on every instance (see the module header).
         match &self.options.gate {
             Some(gate) => {
@@ -323,6 +369,9 @@ impl Engine {
             }
         }
         self.status.flushes.fetch_add(1, Ordering::Relaxed);
+        if let Some(push) = &self.options.push {
+            push.sync();
+        }
         if let Some(writer) = &self.writer {
             writer.flushed();
         }

@@ -1,0 +1,218 @@
+//! Live push under load: the real binary follows the test Jetstream server at full speed (a
+//! network-shaped workload, no pacing) twice, without subscribers and with `SUBSCRIBERS` websocket
+//! subscribers whose filters are drawn at random (targets of every popularity, target accounts,
+//! target prefixes, collections), and reports:
+//! - ingest events/s without and with the subscribers (the goal: within 10 %);
+//! - events delivered per second over all subscribers, and cut-offs;
+//! - the server's memory per subscriber (RSS with them connected and idle, minus without).
+//!
+//! `cargo bench --bench push` (EVENTS=N SUBSCRIBERS=N to change the size). Subscribers run in
+//! this process, on the same two cores as the server: the figures include their cost.
+
+#[path = "../tests/support/jetstream_server.rs"]
+#[allow(dead_code)]
+mod jetstream_server;
+
+use futures::StreamExt;
+use jetstream_server::{Faults, JetstreamServer};
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const BACKLINKS: &str = env!("CARGO_BIN_EXE_backlinks");
+const WORKLOAD: &str = env!("CARGO_BIN_EXE_backlinks-workload");
+const SUBSCRIBE: &str = "/xrpc/blue.cerulea.backlinks.subscribeBacklinks";
+
+fn setting(name: &str, default: usize) -> usize {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+struct Serve {
+    child: Child,
+    addr: String,
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Serve {
+    fn start(dir: &std::path::Path, jetstream: &str, push: bool) -> Serve {
+        let config = dir.join("backlinks.toml");
+        let settings = "max_connections = 4096\nmax_connections_per_address = 4096\npush_max_subscribers = 4096\n";
+        std::fs::write(&config, format!("{settings}no_push = {}\n", !push)).unwrap();
+        let mut child = Command::new(BACKLINKS)
+            .args(["serve", "--listen", "127.0.0.1:0", "--jetstream", jetstream, "--config"])
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(dir.join("data"))
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let addr = line.trim().strip_prefix("listening on http://").unwrap().to_string();
+        Serve { child, addr }
+    }
+
+    fn get(&self, path: &str) -> String {
+        let mut stream = TcpStream::connect(&self.addr).unwrap();
+        write!(stream, "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+        let mut response = String::new();
+        stream.read_to_string(&mut response).unwrap();
+        response.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+    }
+
+    fn cursor(&self) -> Option<i64> {
+        serde_json::from_str::<Value>(&self.get("/xrpc/_health")).ok()?["cursor"].as_i64()
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Seconds until ingest reaches `last` (from the server's start).
+    fn wait_for(&self, last: i64, started: Instant) -> f64 {
+        while self.cursor() != Some(last) {
+            assert!(started.elapsed() < Duration::from_secs(1800), "ingest stalled at {:?}", self.cursor());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        started.elapsed().as_secs_f64()
+    }
+}
+
+/// A random filter, shaped like notification clients: half follow a few records (one to five
+/// targets), a third an account (`targetDid`), the rest a prefix, likes of one record, or, one in
+/// a hundred, a whole collection or location (a firehose of its kind).
+fn random_filter(seed: &mut u64, targets: &[String], dids: &[String]) -> String {
+    let mut pick = |n: usize| (backlinks::base::rng::splitmix64(seed) % n as u64) as usize;
+    let encode = |s: &str| form_urlencoded::byte_serialize(s.as_bytes()).collect::<String>();
+    match pick(100) {
+        0..=49 => (0..1 + pick(5))
+            .map(|_| format!("target={}", encode(&targets[pick(targets.len())])))
+            .collect::<Vec<_>>()
+            .join("&"),
+        50..=84 => format!("targetDid={}", encode(&dids[pick(dids.len())])),
+        85..=94 => format!("targetPrefix={}", encode(&format!("at://{}/", dids[pick(dids.len())]))),
+        95..=98 => format!("target={}&collection=app.bsky.feed.like", encode(&targets[pick(targets.len())])),
+        _ => ["collection=app.bsky.graph.follow", "collection=app.bsky.graph.block", "location=%24.embed.record"]
+            [pick(3)]
+        .to_string(),
+    }
+}
+
+fn main() {
+    let events = setting("EVENTS", 300_000);
+    let subscribers = setting("SUBSCRIBERS", 1_000);
+    let output = Command::new(WORKLOAD).args(["--seed", "3", "--events", &events.to_string()]).output().unwrap();
+    let lines: Vec<String> = String::from_utf8(output.stdout).unwrap().lines().map(str::to_string).collect();
+    let last = serde_json::from_str::<Value>(lines.last().unwrap()).unwrap()["time_us"].as_i64().unwrap();
+    // Targets and accounts to filter on, drawn from the stream itself (popular ones come often).
+    let (mut targets, mut dids) = (vec![], vec![]);
+    for line in lines.iter().step_by(97) {
+        let event: Value = serde_json::from_str(line).unwrap();
+        if let Some(uri) = event["commit"]["record"]["subject"]["uri"].as_str() {
+            targets.push(uri.to_string());
+        }
+        if let Some(did) = event["did"].as_str() {
+            dids.push(did.to_string());
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    println!("push bench: {} events, {subscribers} subscribers", lines.len());
+    let (rate_off, _) = run(&runtime, &lines, last, None, &targets, &dids);
+    let (rate_alone, _) = run(&runtime, &lines, last, Some(0), &targets, &dids);
+    let (rate_with, idle_rss) = run(&runtime, &lines, last, Some(subscribers), &targets, &dids);
+    let change = |rate: f64, base: f64| (rate / base - 1.0) * 100.0;
+    println!("push on, no subscribers: {:+.1} % events/s against push off", change(rate_alone, rate_off));
+    println!("{subscribers} subscribers: {:+.1} % events/s against none; {idle_rss}", change(rate_with, rate_alone));
+}
+
+/// One run: serve follows a held stream, `subscribers` connect (`None`: push off), the stream is
+/// let go; returns the ingest rate and a line on memory.
+fn run(
+    runtime: &tokio::runtime::Runtime,
+    lines: &[String],
+    last: i64,
+    subscribers: Option<usize>,
+    targets: &[String],
+    dids: &[String],
+) -> (f64, String) {
+    let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let faults = Faults { hold_until: Some(go.clone()), ..Faults::default() };
+    let jetstream = runtime.block_on(JetstreamServer::start(lines.to_vec(), faults));
+    let dir = tempfile::tempdir().unwrap();
+    let serve = Serve::start(dir.path(), &jetstream.v2_url(), subscribers.is_some());
+    let subscribers = subscribers.unwrap_or(0);
+    std::thread::sleep(Duration::from_secs(1));
+    let before = serve.rss_kib();
+    let delivered = Arc::new(AtomicU64::new(0));
+    let cut = Arc::new(AtomicU64::new(0));
+    let mut seed = 42;
+    for _ in 0..subscribers {
+        let url = format!("ws://{}{SUBSCRIBE}?{}", serve.addr, random_filter(&mut seed, targets, dids));
+        let (socket, _) = runtime.block_on(tokio_tungstenite::connect_async(url)).unwrap();
+        let (delivered, cut) = (delivered.clone(), cut.clone());
+        runtime.spawn(async move {
+            let (_, mut read) = socket.split();
+            while let Some(Ok(message)) = read.next().await {
+                if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
+                    if text.contains("\"op\":\"error\"") {
+                        cut.fetch_add(1, Ordering::Relaxed);
+                    }
+                    delivered.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        });
+    }
+    std::thread::sleep(Duration::from_secs(1));
+    let idle = serve.rss_kib();
+    let memory = match subscribers {
+        0 => String::new(),
+        n => format!(
+            "server RSS {before} KiB, {idle} KiB with {n} idle subscribers: {:.1} KiB each",
+            idle.saturating_sub(before) as f64 / n as f64
+        ),
+    };
+    let started = Instant::now();
+    go.store(true, Ordering::Relaxed);
+    let seconds = serve.wait_for(last, started);
+    std::thread::sleep(Duration::from_millis(500));
+    let rate = lines.len() as f64 / seconds;
+    let sent = delivered.load(Ordering::Relaxed);
+    println!(
+        "{subscribers} subscribers: {seconds:.1} s, {rate:.0} events/s; {sent} frames delivered ({:.0}/s), {} cut off; RSS after {} KiB",
+        sent as f64 / seconds,
+        cut.load(Ordering::Relaxed),
+        serve.rss_kib()
+    );
+    let log_bytes: u64 = std::fs::read_dir(dir.path().join("data/push/log"))
+        .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+        .unwrap_or(0);
+    let metrics = serve.get("/metrics");
+    let figure =
+        |name: &str| metrics.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(0.0);
+    let (entries, logged) = (figure("backlinks_push_log_entries_total"), figure("backlinks_push_log_events_total"));
+    println!(
+        "change log: {log_bytes} bytes, {entries} entries, {logged} events: {:.0} bytes per event, {:.2} events per ingested event",
+        log_bytes as f64 / logged.max(1.0),
+        logged / lines.len() as f64
+    );
+    if subscribers > 0 {
+        for line in metrics.lines().filter(|l| l.starts_with("backlinks_push") && !l.starts_with("# ")) {
+            println!("  {line}");
+        }
+    }
+    (rate, memory)
+}

@@ -1,0 +1,374 @@
+//! The hub: one thread follows the change log and hands each event to the subscribers whose
+//! filter it matches, through a bounded queue per subscriber.
+//!
+//! Routing goes through an index of the filters (exact targets, target DIDs, target prefixes by
+//! length, and the subscribers with no target filter), so an event costs the subscribers it may
+//! concern, not all of them; `Filter::matches` has the last word.
+//!
+//! Invariants:
+//! - Ingest never waits for a subscriber, nor for the hub: the hub reads the log on its own
+//!   thread, and a subscriber whose queue is full is cut off (`Cut`, reason `too_slow`), never
+//!   waited for.
+//! - A member gets the events with cursors above its `after`, in cursor order, each once:
+//!   `position` (the newest cursor handed out) only moves under the state lock, and `join`
+//!   admits a subscriber only once it has read the log up to `position` itself.
+//! - At most `max_subscribers` subscriptions exist at once (`admit`).
+
+use super::entry::{Entry, PushEvent};
+use super::filter::{Filter, did_of_target};
+use super::log::{LogReader, LogShared};
+use super::{PushCounters, PushError};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+use tokio::sync::{Notify, mpsc};
+use tokio_tungstenite::tungstenite::Utf8Bytes;
+
+/// How long the hub waits for the log before looking whether it should stop.
+const HUB_WAIT: Duration = Duration::from_millis(200);
+
+#[derive(Debug, Clone, Copy)]
+pub struct HubOptions {
+    pub max_subscribers: usize,
+    /// Events queued for one subscriber before it is cut off.
+    pub buffer_events: usize,
+}
+
+/// One event for one subscriber: the entry it belongs to, its place there, and its
+/// subscribeBacklinks frame (rendered once, shared by every subscriber it goes to).
+#[derive(Debug, Clone)]
+pub struct Delivery {
+    pub entry: Arc<Entry>,
+    pub index: usize,
+    pub frame: Utf8Bytes,
+}
+
+impl Delivery {
+    pub fn event(&self) -> PushEvent<'_> {
+        self.entry.events().nth(self.index).expect("a delivery names an event of its entry")
+    }
+}
+
+/// Why and whether a subscriber was cut off.
+#[derive(Debug, Default)]
+pub struct Cut {
+    reason: OnceLock<&'static str>,
+    notify: Notify,
+}
+
+impl Cut {
+    /// Cuts the subscriber off; false if it already was.
+    fn cut(&self, reason: &'static str) -> bool {
+        let first = self.reason.set(reason).is_ok();
+        if first {
+            self.notify.notify_one();
+        }
+        first
+    }
+
+    pub fn reason(&self) -> Option<&'static str> {
+        self.reason.get().copied()
+    }
+
+    /// Resolves once cut.
+    pub async fn wait(&self) {
+        if self.reason().is_none() {
+            self.notify.notified().await;
+        }
+    }
+}
+
+struct Member {
+    filter: Filter,
+    after: i64,
+    queue: mpsc::Sender<Delivery>,
+    cut: Arc<Cut>,
+}
+
+#[derive(Default)]
+struct Routes {
+    by_target: HashMap<String, Vec<u64>>,
+    by_did: HashMap<String, Vec<u64>>,
+    by_prefix: HashMap<String, Vec<u64>>,
+    /// Prefix lengths in use, with how many prefixes have each.
+    prefix_lengths: BTreeMap<usize, usize>,
+    every_target: Vec<u64>,
+}
+
+fn add_route(map: &mut HashMap<String, Vec<u64>>, key: &str, id: u64) {
+    map.entry(key.to_string()).or_default().push(id);
+}
+
+fn remove_route(map: &mut HashMap<String, Vec<u64>>, key: &str, id: u64) {
+    if let Some(ids) = map.get_mut(key) {
+        ids.retain(|other| *other != id);
+        if ids.is_empty() {
+            map.remove(key);
+        }
+    }
+}
+
+impl Routes {
+    fn add(&mut self, id: u64, filter: &Filter) {
+        if !filter.has_target_filters() {
+            self.every_target.push(id);
+        }
+        filter.targets.iter().for_each(|t| add_route(&mut self.by_target, t, id));
+        filter.dids.iter().for_each(|d| add_route(&mut self.by_did, d, id));
+        for prefix in &filter.prefixes {
+            add_route(&mut self.by_prefix, prefix, id);
+            *self.prefix_lengths.entry(prefix.len()).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, id: u64, filter: &Filter) {
+        self.every_target.retain(|other| *other != id);
+        filter.targets.iter().for_each(|t| remove_route(&mut self.by_target, t, id));
+        filter.dids.iter().for_each(|d| remove_route(&mut self.by_did, d, id));
+        for prefix in &filter.prefixes {
+            remove_route(&mut self.by_prefix, prefix, id);
+            let count = self.prefix_lengths.get_mut(&prefix.len()).expect("added with its length");
+            *count -= 1;
+            if *count == 0 {
+                self.prefix_lengths.remove(&prefix.len());
+            }
+        }
+    }
+
+    /// The members a link to `target` may concern (each once).
+    fn candidates(&self, target: &str) -> Vec<u64> {
+        let mut ids = self.every_target.clone();
+        ids.extend(self.by_target.get(target).into_iter().flatten());
+        if let Some(did) = did_of_target(target) {
+            ids.extend(self.by_did.get(did).into_iter().flatten());
+        }
+        for &len in self.prefix_lengths.keys() {
+            if let Some(head) = target.get(..len) {
+                ids.extend(self.by_prefix.get(head).into_iter().flatten());
+            }
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    }
+}
+
+struct HubState {
+    /// The newest cursor handed out (or skipped) by the hub.
+    position: i64,
+    members: HashMap<u64, Member>,
+    routes: Routes,
+    next_id: u64,
+}
+
+pub struct Hub {
+    log: Arc<LogShared>,
+    options: HubOptions,
+    state: Mutex<HubState>,
+    counters: Arc<PushCounters>,
+    stopped: AtomicBool,
+}
+
+/// A place under `max_subscribers`, held by a connection for its whole life.
+pub struct Admission {
+    counters: Arc<PushCounters>,
+}
+
+impl Drop for Admission {
+    fn drop(&mut self) {
+        self.counters.subscribers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// What `join` says.
+pub enum Join {
+    Joined(Subscription),
+    /// The hub has handed out events past the given cursor: read the log further first.
+    Behind,
+}
+
+/// A member of the hub: its queue, and its way back to change its filter or leave.
+pub struct Subscription {
+    hub: Arc<Hub>,
+    id: u64,
+    pub queue: mpsc::Receiver<Delivery>,
+    pub cut: Arc<Cut>,
+}
+
+impl Subscription {
+    pub fn update(&self, filter: Filter) {
+        let mut state = self.hub.lock();
+        let HubState { members, routes, .. } = &mut *state;
+        if let Some(member) = members.get_mut(&self.id) {
+            routes.remove(self.id, &member.filter);
+            routes.add(self.id, &filter);
+            member.filter = filter;
+        }
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.hub.leave(self.id);
+    }
+}
+
+impl Hub {
+    /// Starts the hub's thread, following the log from its end.
+    pub fn start(log: Arc<LogShared>, options: HubOptions, counters: Arc<PushCounters>) -> Arc<Hub> {
+        assert!(options.buffer_events > 0 && options.max_subscribers > 0);
+        let position = log.end().last_cursor;
+        let state = HubState { position, members: HashMap::new(), routes: Routes::default(), next_id: 0 };
+        let hub = Arc::new(Hub { log, options, state: Mutex::new(state), counters, stopped: AtomicBool::new(false) });
+        let weak = Arc::downgrade(&hub);
+        std::thread::Builder::new()
+            .name("push-hub".into())
+            .spawn(move || follow_log(weak, position))
+            .expect("spawning the push hub thread");
+        hub
+    }
+
+    pub fn log(&self) -> &Arc<LogShared> {
+        &self.log
+    }
+
+    pub fn counters(&self) -> &Arc<PushCounters> {
+        &self.counters
+    }
+
+    /// The newest cursor handed out.
+    pub fn position(&self) -> i64 {
+        self.lock().position
+    }
+
+    /// Stops the hub's thread (it also stops when the hub is dropped).
+    pub fn stop(&self) {
+        self.stopped.store(true, Ordering::Relaxed);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
+        self.state.lock().expect("hub lock poisoned")
+    }
+
+    /// A place for one more subscriber, unless there are `max_subscribers` already.
+    pub fn admit(&self) -> Option<Admission> {
+        let admitted = self
+            .counters
+            .subscribers
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                (n < self.options.max_subscribers as u64).then_some(n + 1)
+            })
+            .is_ok();
+        if !admitted {
+            self.counters.refused.fetch_add(1, Ordering::Relaxed);
+        }
+        admitted.then(|| Admission { counters: self.counters.clone() })
+    }
+
+    /// Joins the live flow for events after `after`, if the hub has not handed out any past it.
+    pub fn join(self: &Arc<Self>, filter: Filter, after: i64) -> Join {
+        let mut state = self.lock();
+        if state.position > after {
+            return Join::Behind;
+        }
+        let (queue, receiver) = mpsc::channel(self.options.buffer_events);
+        let cut = Arc::new(Cut::default());
+        let id = state.next_id;
+        state.next_id += 1;
+        state.routes.add(id, &filter);
+        state.members.insert(id, Member { filter, after, queue, cut: cut.clone() });
+        Join::Joined(Subscription { hub: self.clone(), id, queue: receiver, cut })
+    }
+
+    /// Joins the live flow from now on.
+    pub fn join_live(self: &Arc<Self>, filter: Filter) -> Subscription {
+        let after = self.position();
+        match self.join(filter.clone(), after) {
+            Join::Joined(subscription) => subscription,
+            Join::Behind => self.join_live(filter),
+        }
+    }
+
+    fn leave(&self, id: u64) {
+        let mut state = self.lock();
+        let HubState { members, routes, .. } = &mut *state;
+        if let Some(member) = members.remove(&id) {
+            routes.remove(id, &member.filter);
+        }
+    }
+
+    /// Hands the entry's events to the members they concern.
+    fn dispatch(&self, entry: Entry) {
+        let entry = Arc::new(entry);
+        let mut state = self.lock();
+        let mut slow = vec![];
+        for (index, event) in entry.events().enumerate() {
+            let candidates = match event {
+                PushEvent::Link { link, .. } => state.routes.candidates(&link.target),
+                PushEvent::Hide { .. } | PushEvent::Show { .. } => state.members.keys().copied().collect(),
+            };
+            let mut frame: Option<Utf8Bytes> = None;
+            for id in candidates {
+                let Some(member) = state.members.get(&id) else { continue };
+                if event.cursor() <= member.after || !member.filter.matches(&event) || member.cut.reason().is_some() {
+                    continue;
+                }
+                let frame = frame.get_or_insert_with(|| event.to_json().into()).clone();
+                match member.queue.try_send(Delivery { entry: entry.clone(), index, frame }) {
+                    Ok(()) => {}
+                    Err(mpsc::error::TrySendError::Full(_)) => slow.push(id),
+                    Err(mpsc::error::TrySendError::Closed(_)) => {}
+                }
+            }
+        }
+        for id in slow {
+            if state.members.get(&id).is_some_and(|member| member.cut.cut("too_slow")) {
+                self.counters.cut_too_slow.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        state.position = state.position.max(entry.last_cursor());
+    }
+
+    /// Cuts every member off: the hub could not follow the log.
+    fn cut_everyone(&self, reason: &'static str) {
+        let state = self.lock();
+        let counter = if reason == "behind" { &self.counters.cut_behind } else { &self.counters.cut_error };
+        for member in state.members.values() {
+            if member.cut.cut(reason) {
+                counter.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// The hub's thread: reads each new entry once and dispatches it.
+fn follow_log(hub: Weak<Hub>, from: i64) {
+    let Some(log) = hub.upgrade().map(|hub| hub.log.clone()) else { return };
+    let (mut reader, _) = LogReader::after(log.clone(), from);
+    let mut last = from;
+    loop {
+        let Some(hub) = hub.upgrade() else { return };
+        if hub.stopped.load(Ordering::Relaxed) {
+            return;
+        }
+        match reader.next_entry() {
+            Ok(Some(entry)) => {
+                last = entry.last_cursor();
+                hub.dispatch(entry);
+            }
+            Ok(None) => {
+                drop(hub);
+                log.wait_past(last, HUB_WAIT);
+            }
+            Err(error) => {
+                tracing::error!(%error, "the push hub cannot read the change log; subscribers are cut off");
+                hub.cut_everyone(if matches!(error, PushError::Behind) { "behind" } else { "log_error" });
+                let end = log.end().last_cursor;
+                hub.lock().position = end;
+                (reader, _) = LogReader::after(log.clone(), end);
+                last = end;
+            }
+        }
+    }
+}

@@ -1,0 +1,568 @@
+//! The change log: every push event of the last hours, on local disk, in cursor order, so a
+//! subscriber can resume from a cursor and the hub can follow the newest entries.
+//!
+//! The log is a directory of segment files `NNNNNNNNNN-CURSOR.log` (a sequence number and the
+//! first cursor the segment holds), each a run of frames `len u32, xxh3-64 of the body u64,
+//! body` (an `Entry`). One writer appends (the ingest engine's feed); any number of readers follow.
+//! A new segment starts when the current one reaches `segment_bytes`; the oldest segments are
+//! deleted once a newer one starts more than `retain_us` before the newest cursor, or the log is
+//! over `max_bytes`.
+//!
+//! Invariants:
+//! - Cursors are strictly increasing through the log, across segments.
+//! - Readers never read past the published end (`LogEnd`): bytes are written before the end is
+//!   moved over them, so a reader never sees half an entry.
+//! - A frame is believed only when its checksum matches; on open, the last segment is cut at its
+//!   first bad frame (a write the process did not finish), and a bad frame met by a reader is an
+//!   error, never an event.
+//! - Bytes in the log are durable after `sync`; before that they survive a crash of the process
+//!   (they are in the kernel's page cache) but not of the machine.
+
+use super::PushError;
+use super::entry::{Entry, MAX_ENTRY_BYTES};
+use std::fs::{File, OpenOptions};
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+use xxhash_rust::xxh3::xxh3_64;
+
+const FRAME_HEADER: usize = 12;
+/// Bytes a reader asks the kernel for at once.
+const READ_CHUNK: usize = 256 << 10;
+/// Segments may not reach 4 GiB: positions keep offsets in 32 bits.
+pub const MAX_SEGMENT_BYTES: u64 = 1 << 30;
+
+#[derive(Debug, Clone)]
+pub struct LogOptions {
+    /// A new segment starts past this size.
+    pub segment_bytes: u64,
+    /// Keep at least this much of the newest history (in cursor microseconds), unless over
+    /// `max_bytes`.
+    pub retain_us: i64,
+    /// The most the log may hold on disk (plus one segment).
+    pub max_bytes: u64,
+}
+
+/// Where an entry is: its segment and offset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Position {
+    pub segment: u32,
+    pub offset: u32,
+}
+
+impl Position {
+    pub fn packed(self) -> i64 {
+        ((self.segment as i64) << 32) | self.offset as i64
+    }
+
+    pub fn unpacked(packed: i64) -> Self {
+        Position { segment: (packed >> 32) as u32, offset: packed as u32 }
+    }
+}
+
+/// How far the log is written: readers stop there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogEnd {
+    pub segment: u32,
+    pub offset: u64,
+    /// The newest cursor written (0: none yet).
+    pub last_cursor: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Segment {
+    number: u32,
+    first_cursor: i64,
+    bytes: u64,
+}
+
+/// What the writer and every reader share.
+pub struct LogShared {
+    dir: PathBuf,
+    end: Mutex<LogEnd>,
+    moved: Condvar,
+    segments: Mutex<Vec<Segment>>,
+}
+
+impl LogShared {
+    pub fn end(&self) -> LogEnd {
+        *self.end.lock().expect("log end lock poisoned")
+    }
+
+    /// Waits until the log holds a cursor past `cursor`, or `timeout`; returns the end then.
+    pub fn wait_past(&self, cursor: i64, timeout: Duration) -> LogEnd {
+        let end = self.end.lock().expect("log end lock poisoned");
+        let (end, _) = self
+            .moved
+            .wait_timeout_while(end, timeout, |end| end.last_cursor <= cursor)
+            .expect("log end lock poisoned");
+        *end
+    }
+
+    /// The oldest cursor still in the log, if any (read from the oldest segment's first frame).
+    pub fn oldest_cursor(&self) -> Option<i64> {
+        let first = self.segments.lock().expect("segments lock poisoned").first().copied()?;
+        let file = File::open(self.path_of(first)).ok()?;
+        let length = file.metadata().ok()?.len();
+        match ChunkReader::new(file, length).frame_at(0) {
+            Ok(Some(Ok((entry, _)))) => Some(entry.first_cursor),
+            _ => None,
+        }
+    }
+
+    pub fn oldest_segment(&self) -> u32 {
+        self.segments.lock().expect("segments lock poisoned").first().map_or(0, |s| s.number)
+    }
+
+    pub fn bytes(&self) -> u64 {
+        self.segments.lock().expect("segments lock poisoned").iter().map(|s| s.bytes).sum()
+    }
+
+    fn path_of(&self, segment: Segment) -> PathBuf {
+        self.dir.join(format!("{:010}-{}.log", segment.number, segment.first_cursor))
+    }
+
+    fn segment(&self, number: u32) -> Option<Segment> {
+        self.segments.lock().expect("segments lock poisoned").iter().find(|s| s.number == number).copied()
+    }
+
+    /// The segment to read from for events after `cursor`: the last one starting at or before
+    /// the next cursor, or the oldest.
+    fn segment_for(&self, cursor: i64) -> Option<Segment> {
+        let segments = self.segments.lock().expect("segments lock poisoned");
+        let later = segments.partition_point(|s| s.first_cursor <= cursor.saturating_add(1));
+        segments.get(later.saturating_sub(1)).copied()
+    }
+}
+
+/// The writing side.
+pub struct ChangeLog {
+    shared: Arc<LogShared>,
+    options: LogOptions,
+    file: File,
+    current: Segment,
+    /// Bytes of the current segment on disk; `pending` follows them.
+    written: u64,
+    pending: Vec<u8>,
+    last_cursor: i64,
+    /// The sealed segment `read_at` read last, kept open for the next lookup.
+    looked_up: Option<(u32, File)>,
+}
+
+impl ChangeLog {
+    /// Opens (creating) the log in `dir`, cutting a torn tail off the last segment.
+    pub fn open(dir: &Path, options: LogOptions) -> Result<Self, PushError> {
+        assert!(options.segment_bytes > 0 && options.segment_bytes <= MAX_SEGMENT_BYTES);
+        std::fs::create_dir_all(dir).map_err(|e| PushError::io(dir, e))?;
+        let mut segments = list_segments(dir)?;
+        let shared_dir = dir.to_owned();
+        if segments.is_empty() {
+            segments.push(Segment { number: 0, first_cursor: 0, bytes: 0 });
+        }
+        let current = *segments.last().expect("one segment at least");
+        let path = shared_dir.join(format!("{:010}-{}.log", current.number, current.first_cursor));
+        let file =
+            OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(|e| PushError::io(&path, e))?;
+        let (valid, last_in_current) = scan_valid(&file, &path)?;
+        if valid < file.metadata().map_err(|e| PushError::io(&path, e))?.len() {
+            tracing::warn!(path = %path.display(), valid, "cutting a torn tail off the change log");
+            file.set_len(valid).map_err(|e| PushError::io(&path, e))?;
+        }
+        let mut last_cursor = last_in_current;
+        if last_cursor.is_none() && segments.len() > 1 {
+            let previous = segments[segments.len() - 2];
+            let previous_path = shared_dir.join(format!("{:010}-{}.log", previous.number, previous.first_cursor));
+            let previous_file = File::open(&previous_path).map_err(|e| PushError::io(&previous_path, e))?;
+            last_cursor = scan_valid(&previous_file, &previous_path)?.1;
+        }
+        let last_cursor = last_cursor.unwrap_or(0);
+        segments.last_mut().expect("one segment at least").bytes = valid;
+        let end = LogEnd { segment: current.number, offset: valid, last_cursor };
+        let shared = Arc::new(LogShared {
+            dir: shared_dir,
+            end: Mutex::new(end),
+            moved: Condvar::new(),
+            segments: Mutex::new(segments),
+        });
+        let current = Segment { bytes: valid, ..current };
+        Ok(ChangeLog { shared, options, file, current, written: valid, pending: vec![], last_cursor, looked_up: None })
+    }
+
+    pub fn shared(&self) -> &Arc<LogShared> {
+        &self.shared
+    }
+
+    /// The newest cursor appended (published or not).
+    pub fn last_cursor(&self) -> i64 {
+        self.last_cursor
+    }
+
+    /// Adds an entry (readers see it after `publish`); returns where it is.
+    pub fn append(&mut self, entry: &Entry) -> Result<Position, PushError> {
+        assert!(entry.first_cursor > self.last_cursor, "cursors increase through the log");
+        if self.written + self.pending.len() as u64 >= self.options.segment_bytes {
+            self.start_segment(entry.first_cursor)?;
+        }
+        let offset = self.written + self.pending.len() as u64;
+        let start = self.pending.len();
+        self.pending.extend_from_slice(&[0; FRAME_HEADER]);
+        entry.encode(&mut self.pending);
+        let body = &self.pending[start + FRAME_HEADER..];
+        let (len, checksum) = (body.len() as u32, xxh3_64(body));
+        self.pending[start..start + 4].copy_from_slice(&len.to_le_bytes());
+        self.pending[start + 4..start + FRAME_HEADER].copy_from_slice(&checksum.to_le_bytes());
+        self.last_cursor = entry.last_cursor();
+        Ok(Position { segment: self.current.number, offset: offset as u32 })
+    }
+
+    /// Writes what was appended and lets readers see it.
+    pub fn publish(&mut self) -> Result<(), PushError> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        self.file.write_all(&self.pending).map_err(|e| PushError::io(&self.current_path(), e))?;
+        self.written += self.pending.len() as u64;
+        self.pending.clear();
+        self.current.bytes = self.written;
+        self.set_segment_bytes(self.current.number, self.written);
+        let mut end = self.shared.end.lock().expect("log end lock poisoned");
+        *end = LogEnd { segment: self.current.number, offset: self.written, last_cursor: self.last_cursor };
+        self.shared.moved.notify_all();
+        Ok(())
+    }
+
+    /// Makes everything published durable.
+    pub fn sync(&mut self) -> Result<(), PushError> {
+        self.file.sync_data().map_err(|e| PushError::io(&self.current_path(), e))
+    }
+
+    /// Reads the entry at `position` (published or still pending); `None` when its segment is
+    /// gone from the log.
+    pub fn read_at(&mut self, position: Position) -> Result<Option<Entry>, PushError> {
+        if position.segment == self.current.number && position.offset as u64 >= self.written {
+            let start = (position.offset as u64 - self.written) as usize;
+            let (body, _) = frame_in(&self.pending[start..]).map_err(|reason| self.corrupt(position, reason))?;
+            return Entry::decode(body).map(Some).map_err(|reason| self.corrupt(position, reason));
+        }
+        let Some(segment) = self.shared.segment(position.segment) else { return Ok(None) };
+        let path = self.shared.path_of(segment);
+        let limit = segment.bytes.max(position.offset as u64);
+        let frame = if segment.number == self.current.number {
+            exact_frame_at(&self.file, position.offset as u64, limit)
+        } else {
+            let file = match self.looked_up.take().filter(|(number, _)| *number == segment.number) {
+                Some((_, file)) => file,
+                None => match File::open(&path) {
+                    Ok(file) => file,
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+                    Err(e) => return Err(PushError::io(&path, e)),
+                },
+            };
+            let frame = exact_frame_at(&file, position.offset as u64, limit);
+            self.looked_up = Some((segment.number, file));
+            frame
+        };
+        match frame.map_err(|e| PushError::io(&path, e))? {
+            Some(Ok(entry)) => Ok(Some(entry)),
+            Some(Err(reason)) => Err(self.corrupt(position, reason)),
+            None => Err(self.corrupt(position, "no frame there".into())),
+        }
+    }
+
+    fn corrupt(&self, position: Position, reason: String) -> PushError {
+        PushError::Corrupt(format!("change log segment {} offset {}: {reason}", position.segment, position.offset))
+    }
+
+    fn current_path(&self) -> PathBuf {
+        self.shared.path_of(self.current)
+    }
+
+    fn set_segment_bytes(&self, number: u32, bytes: u64) {
+        let mut segments = self.shared.segments.lock().expect("segments lock poisoned");
+        if let Some(segment) = segments.iter_mut().find(|s| s.number == number) {
+            segment.bytes = bytes;
+        }
+    }
+
+    /// Seals the current segment (written and synced) and starts the next at `first_cursor`,
+    /// then lets old segments go.
+    fn start_segment(&mut self, first_cursor: i64) -> Result<(), PushError> {
+        self.publish()?;
+        self.sync()?;
+        let next = Segment { number: self.current.number + 1, first_cursor, bytes: 0 };
+        let path = self.shared.path_of(next);
+        self.file =
+            OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(|e| PushError::io(&path, e))?;
+        sync_dir(&self.shared.dir)?;
+        self.shared.segments.lock().expect("segments lock poisoned").push(next);
+        self.current = next;
+        self.written = 0;
+        // Readers move to the new segment once the end does.
+        let mut end = self.shared.end.lock().expect("log end lock poisoned");
+        *end = LogEnd { segment: next.number, offset: 0, last_cursor: self.last_cursor };
+        drop(end);
+        self.retire_old_segments()
+    }
+
+    fn retire_old_segments(&mut self) -> Result<(), PushError> {
+        let newest = self.last_cursor;
+        loop {
+            let doomed = {
+                let segments = self.shared.segments.lock().expect("segments lock poisoned");
+                let total: u64 = segments.iter().map(|s| s.bytes).sum();
+                let too_old =
+                    segments.len() > 1 && segments[1].first_cursor < newest.saturating_sub(self.options.retain_us);
+                let too_big = segments.len() > 1 && total > self.options.max_bytes;
+                (too_old || too_big).then(|| segments[0])
+            };
+            let Some(doomed) = doomed else { return Ok(()) };
+            let path = self.shared.path_of(doomed);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(PushError::io(&path, e)),
+            }
+            self.shared.segments.lock().expect("segments lock poisoned").retain(|s| s.number != doomed.number);
+        }
+    }
+}
+
+/// A follower of the log, from a cursor on.
+pub struct LogReader {
+    shared: Arc<LogShared>,
+    segment: Option<Segment>,
+    reader: Option<ChunkReader>,
+    offset: u64,
+    /// Entries whose last cursor is at or below this are skipped.
+    after: i64,
+}
+
+/// Where a reader starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadStart {
+    /// The oldest cursor in the log when the reader started (`None`: the log is empty).
+    pub oldest_cursor: Option<i64>,
+    /// The requested cursor is older than the log: the reader starts at the log's start.
+    pub from_log_start: bool,
+}
+
+impl LogReader {
+    /// A reader of the events after `cursor`.
+    pub fn after(shared: Arc<LogShared>, cursor: i64) -> (Self, ReadStart) {
+        let oldest_cursor = shared.oldest_cursor();
+        let from_log_start = oldest_cursor.is_some_and(|oldest| cursor.saturating_add(1) < oldest);
+        let segment = shared.segment_for(cursor);
+        (
+            LogReader { shared, segment, reader: None, offset: 0, after: cursor },
+            ReadStart { oldest_cursor, from_log_start },
+        )
+    }
+
+    /// The next entry with an event after the reader's cursor, or `None` at the published end.
+    /// An entry may hold events at or before the cursor too: the caller skips those.
+    pub fn next_entry(&mut self) -> Result<Option<Entry>, PushError> {
+        Ok(self.next_with_position()?.map(|(_, entry)| entry))
+    }
+
+    /// `next`, with where the entry is.
+    pub fn next_with_position(&mut self) -> Result<Option<(Position, Entry)>, PushError> {
+        loop {
+            let end = self.shared.end();
+            let Some(segment) = self.segment else {
+                // The log was empty when the reader started.
+                self.segment = self.shared.segment(end.segment);
+                if self.segment.is_none() {
+                    return Ok(None);
+                }
+                continue;
+            };
+            let sealed = segment.number < end.segment;
+            let limit = if sealed { self.sealed_length(segment)? } else { end.offset };
+            if self.offset >= limit {
+                if !sealed {
+                    return Ok(None);
+                }
+                self.next_segment(segment)?;
+                continue;
+            }
+            let reader = match &mut self.reader {
+                Some(reader) => reader,
+                None => self.reader.insert(self.open(segment)?),
+            };
+            reader.limit = limit;
+            let path = self.shared.path_of(segment);
+            let position = Position { segment: segment.number, offset: self.offset as u32 };
+            let entry = match reader.frame_at(self.offset).map_err(|e| PushError::io(&path, e))? {
+                Some(Ok((entry, length))) => {
+                    self.offset += length;
+                    entry
+                }
+                Some(Err(reason)) => {
+                    return Err(PushError::Corrupt(format!("{} at {}: {reason}", path.display(), self.offset)));
+                }
+                None => {
+                    return Err(PushError::Corrupt(format!(
+                        "{}: a frame cut short at {}",
+                        path.display(),
+                        self.offset
+                    )));
+                }
+            };
+            if entry.last_cursor() > self.after {
+                return Ok(Some((position, entry)));
+            }
+        }
+    }
+
+    fn open(&self, segment: Segment) -> Result<ChunkReader, PushError> {
+        let path = self.shared.path_of(segment);
+        match File::open(&path) {
+            Ok(file) => Ok(ChunkReader::new(file, 0)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(PushError::Behind),
+            Err(e) => Err(PushError::io(&path, e)),
+        }
+    }
+
+    fn sealed_length(&mut self, segment: Segment) -> Result<u64, PushError> {
+        if self.reader.is_none() {
+            self.reader = Some(self.open(segment)?);
+        }
+        let reader = self.reader.as_ref().expect("opened above");
+        reader.file.metadata().map(|m| m.len()).map_err(|e| PushError::io(&self.shared.path_of(segment), e))
+    }
+
+    fn next_segment(&mut self, segment: Segment) -> Result<(), PushError> {
+        let next = self.shared.segment(segment.number + 1).ok_or(PushError::Behind)?;
+        self.segment = Some(next);
+        self.reader = None;
+        self.offset = 0;
+        Ok(())
+    }
+}
+
+/// Positioned reads of one segment through a buffer, never past `limit`.
+struct ChunkReader {
+    file: File,
+    limit: u64,
+    buffer: Vec<u8>,
+    buffer_offset: u64,
+}
+
+/// The frame at `offset` of `file`, read with two exact reads (a lookup wants one frame, not a
+/// chunk); `None` when it runs past `limit`.
+fn exact_frame_at(file: &File, offset: u64, limit: u64) -> std::io::Result<Option<Result<Entry, String>>> {
+    if offset + FRAME_HEADER as u64 > limit {
+        return Ok(None);
+    }
+    let mut header = [0; FRAME_HEADER];
+    file.read_exact_at(&mut header, offset)?;
+    let (len, checksum) = header_fields(&header);
+    if len > MAX_ENTRY_BYTES {
+        return Ok(Some(Err(format!("a frame of {len} bytes"))));
+    }
+    if offset + (FRAME_HEADER + len) as u64 > limit {
+        return Ok(None);
+    }
+    let mut body = vec![0; len];
+    file.read_exact_at(&mut body, offset + FRAME_HEADER as u64)?;
+    if xxh3_64(&body) != checksum {
+        return Ok(Some(Err("checksum mismatch".into())));
+    }
+    Ok(Some(Entry::decode(&body)))
+}
+
+impl ChunkReader {
+    fn new(file: File, limit: u64) -> Self {
+        ChunkReader { file, limit, buffer: vec![], buffer_offset: 0 }
+    }
+
+    /// The bytes `[offset, offset + len)`, or `None` past the limit.
+    fn bytes(&mut self, offset: u64, len: usize) -> std::io::Result<Option<&[u8]>> {
+        if offset + len as u64 > self.limit {
+            return Ok(None);
+        }
+        let buffered =
+            offset >= self.buffer_offset && offset + len as u64 <= self.buffer_offset + self.buffer.len() as u64;
+        if !buffered {
+            let want = (len.max(READ_CHUNK) as u64).min(self.limit - offset) as usize;
+            self.buffer.resize(want, 0);
+            self.file.read_exact_at(&mut self.buffer, offset)?;
+            self.buffer_offset = offset;
+        }
+        let start = (offset - self.buffer_offset) as usize;
+        Ok(Some(&self.buffer[start..start + len]))
+    }
+
+    /// The frame at `offset` decoded with its length, a reason it is bad, or `None` when it
+    /// runs past the limit.
+    fn frame_at(&mut self, offset: u64) -> std::io::Result<Option<Result<(Entry, u64), String>>> {
+        let Some(header) = self.bytes(offset, FRAME_HEADER)? else { return Ok(None) };
+        let (len, checksum) = header_fields(header);
+        if len > MAX_ENTRY_BYTES {
+            return Ok(Some(Err(format!("a frame of {len} bytes"))));
+        }
+        let Some(body) = self.bytes(offset + FRAME_HEADER as u64, len)? else { return Ok(None) };
+        if xxh3_64(body) != checksum {
+            return Ok(Some(Err("checksum mismatch".into())));
+        }
+        Ok(Some(Entry::decode(body).map(|entry| (entry, (FRAME_HEADER + len) as u64))))
+    }
+}
+
+fn header_fields(header: &[u8]) -> (usize, u64) {
+    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
+    let checksum = u64::from_le_bytes(header[4..FRAME_HEADER].try_into().expect("8 bytes"));
+    (len, checksum)
+}
+
+/// The body of the frame at the start of `bytes`, with the frame's length.
+fn frame_in(bytes: &[u8]) -> Result<(&[u8], usize), String> {
+    if bytes.len() < FRAME_HEADER {
+        return Err("a frame cut short".into());
+    }
+    let (len, checksum) = header_fields(bytes);
+    let body = bytes.get(FRAME_HEADER..FRAME_HEADER + len).ok_or("a frame cut short")?;
+    if xxh3_64(body) != checksum {
+        return Err("checksum mismatch".into());
+    }
+    Ok((body, FRAME_HEADER + len))
+}
+
+/// How many leading bytes of a segment are whole, valid frames, and the last cursor in them.
+fn scan_valid(file: &File, path: &Path) -> Result<(u64, Option<i64>), PushError> {
+    let length = file.metadata().map_err(|e| PushError::io(path, e))?.len();
+    let mut reader = ChunkReader::new(file.try_clone().map_err(|e| PushError::io(path, e))?, length);
+    let (mut offset, mut last) = (0, None);
+    while let Some(Ok((entry, len))) = reader.frame_at(offset).map_err(|e| PushError::io(path, e))? {
+        if last.is_some_and(|last| entry.first_cursor <= last) {
+            break;
+        }
+        last = Some(entry.last_cursor());
+        offset += len;
+    }
+    Ok((offset, last))
+}
+
+fn list_segments(dir: &Path) -> Result<Vec<Segment>, PushError> {
+    let mut segments = vec![];
+    for item in std::fs::read_dir(dir).map_err(|e| PushError::io(dir, e))? {
+        let item = item.map_err(|e| PushError::io(dir, e))?;
+        let name = item.file_name();
+        let Some((number, first_cursor)) = name.to_str().and_then(parse_segment_name) else { continue };
+        let bytes = item.metadata().map_err(|e| PushError::io(&item.path(), e))?.len();
+        segments.push(Segment { number, first_cursor, bytes });
+    }
+    segments.sort_by_key(|s| s.number);
+    Ok(segments)
+}
+
+fn parse_segment_name(name: &str) -> Option<(u32, i64)> {
+    let (number, cursor) = name.strip_suffix(".log")?.split_once('-')?;
+    Some((number.parse().ok()?, cursor.parse().ok()?))
+}
+
+fn sync_dir(dir: &Path) -> Result<(), PushError> {
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| PushError::io(dir, e))
+}

@@ -1,0 +1,608 @@
+//! Live push end to end: the real binary follows the test Jetstream server over a websocket, and
+//! real websocket clients subscribe to it. What each subscriber receives must equal what a
+//! reference fed the same events says changed for its filter; a subscriber applying its events
+//! holds the model's answer; reconnecting with the last cursor (also across a restart) loses and
+//! repeats nothing; a subscriber that does not read is cut off while ingest keeps up.
+
+mod support;
+
+use backlinks::base::rng::splitmix64;
+use backlinks::model::tid::format_tid;
+use futures::{SinkExt, StreamExt};
+use serde_json::{Value, json};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+use support::Server;
+use support::jetstream_server::{Faults, JetstreamServer};
+use tokio_tungstenite::tungstenite::Message;
+
+const DIDS: usize = 30;
+const COLLECTIONS: [&str; 3] = ["app.bsky.feed.like", "app.bsky.feed.post", "app.bsky.graph.follow"];
+const RKEYS: usize = 40;
+const FIRST_TIME_US: i64 = 1_725_000_000_000_000;
+const SUBSCRIBE: &str = "/xrpc/blue.cerulea.backlinks.subscribeBacklinks";
+
+fn did(i: usize) -> String {
+    format!("did:plc:pushtest{i:016}")
+}
+
+fn post(i: usize) -> String {
+    format!("at://{}/app.bsky.feed.post/3kpost{i:07}", did(i % DIDS))
+}
+
+/// A link as a subscriber sees it: (target, source, location).
+type LinkKey = (String, String, String);
+/// Which links a filter selects, as the test knows it.
+type Wants = Box<dyn Fn(&LinkKey) -> bool>;
+
+/// One expected event: `create`/`delete` with a link, or `hide`/`show` with a DID.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+enum Expected {
+    Link(String, LinkKey),
+    Account(String, String),
+}
+
+/// Seeded events with unique revisions, and what each changed (the reference).
+struct Generator {
+    state: u64,
+    time_us: i64,
+    rev: u64,
+    records: BTreeMap<(usize, usize, usize), BTreeSet<(String, String)>>,
+    hidden: BTreeSet<usize>,
+    changes: Vec<Expected>,
+    /// When each record last changed its links (an account deletion unlinks in that order).
+    changed_at: BTreeMap<(usize, usize, usize), usize>,
+}
+
+impl Generator {
+    fn new(seed: u64) -> Self {
+        Generator {
+            state: seed,
+            time_us: FIRST_TIME_US,
+            rev: 1 << 50,
+            records: BTreeMap::new(),
+            hidden: BTreeSet::new(),
+            changes: vec![],
+            changed_at: BTreeMap::new(),
+        }
+    }
+
+    fn next(&mut self, bound: usize) -> usize {
+        (splitmix64(&mut self.state) % bound as u64) as usize
+    }
+
+    fn source((d, c, r): (usize, usize, usize)) -> String {
+        format!("at://{}/{}/3krec{r:07}", did(d), COLLECTIONS[c])
+    }
+
+    /// A record linking to a post (as `$.subject`, a strongRef) and sometimes to an account.
+    fn record(&mut self) -> (Value, BTreeSet<(String, String)>) {
+        let subject = post(self.next(60));
+        let mut links = BTreeSet::from([(subject.clone(), "$.subject".to_string())]);
+        let mut record = json!({"$type": "com.example.record", "subject": {"uri": subject, "cid": "bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"}});
+        if self.next(3) == 0 {
+            let account = did(self.next(DIDS));
+            record["mention"] = json!(account);
+            links.insert((account, "$.mention".to_string()));
+        }
+        (record, links)
+    }
+
+    fn diff(&mut self, source: &str, before: &BTreeSet<(String, String)>, after: &BTreeSet<(String, String)>) {
+        for (target, location) in before.difference(after) {
+            self.changes.push(Expected::Link("delete".into(), (target.clone(), source.into(), location.clone())));
+        }
+        for (target, location) in after.difference(before) {
+            self.changes.push(Expected::Link("create".into(), (target.clone(), source.into(), location.clone())));
+        }
+    }
+
+    fn event(&mut self) -> String {
+        self.time_us += 1 + self.next(40) as i64;
+        self.rev += 1 + self.next(5) as u64;
+        let d = self.next(DIDS);
+        if self.next(100) < 3 {
+            return self.account_event(d);
+        }
+        let key = (d, self.next(COLLECTIONS.len()), self.next(RKEYS));
+        let source = Self::source(key);
+        let before = self.records.get(&key).cloned();
+        let (operation, record) = match &before {
+            Some(_) if self.next(3) == 0 => ("delete", None),
+            present => (if present.is_some() { "update" } else { "create" }, Some(self.record())),
+        };
+        let after = record.as_ref().map(|(_, links)| links.clone()).unwrap_or_default();
+        let before = before.unwrap_or_default();
+        if before != after {
+            self.changed_at.insert(key, self.changes.len());
+        }
+        self.diff(&source, &before, &after);
+        match &record {
+            Some(_) => self.records.insert(key, after),
+            None => self.records.remove(&key),
+        };
+        let mut commit = json!({"rev": format_tid(self.rev), "operation": operation, "collection": COLLECTIONS[key.1], "rkey": format!("3krec{:07}", key.2)});
+        if let Some((record, _)) = record {
+            commit["record"] = record;
+        }
+        json!({"did": did(d), "time_us": self.time_us, "kind": "commit", "commit": commit}).to_string()
+    }
+
+    fn account_event(&mut self, d: usize) -> String {
+        let (active, status) = match self.next(3) {
+            0 => {
+                let mut gone: Vec<_> = self.records.keys().filter(|key| key.0 == d).copied().collect();
+                gone.sort_by_key(|key| self.changed_at[key]);
+                for key in gone {
+                    let links = self.records.remove(&key).unwrap();
+                    self.diff(&Self::source(key), &links, &BTreeSet::new());
+                }
+                self.hidden.insert(d);
+                (false, Some("deleted"))
+            }
+            1 => {
+                self.hidden.insert(d);
+                (false, Some("deactivated"))
+            }
+            _ => {
+                self.hidden.remove(&d);
+                (true, None)
+            }
+        };
+        let op = if active { "show" } else { "hide" };
+        self.changes.push(Expected::Account(op.into(), did(d)));
+        let mut account = json!({"active": active, "did": did(d), "seq": self.rev, "time": "2024-09-09T19:46:02.329Z"});
+        if let Some(status) = status {
+            account["status"] = status.into();
+        }
+        json!({"did": did(d), "time_us": self.time_us, "kind": "account", "account": account}).to_string()
+    }
+
+    /// The visible answer now: (target, source) of live records of accounts not hidden.
+    fn answer(&self) -> BTreeSet<(String, String)> {
+        let mut answer = BTreeSet::new();
+        for (key, links) in self.records.iter().filter(|(key, _)| !self.hidden.contains(&key.0)) {
+            answer.extend(links.iter().map(|(target, _)| (target.clone(), Self::source(*key))));
+        }
+        answer
+    }
+}
+
+fn generate(count: usize, seed: u64) -> (Vec<String>, Generator) {
+    let mut generator = Generator::new(seed);
+    let lines = (0..count).map(|_| generator.event()).collect();
+    (lines, generator)
+}
+
+fn last_time_us(lines: &[String]) -> i64 {
+    serde_json::from_str::<Value>(lines.last().unwrap()).unwrap()["time_us"].as_i64().unwrap()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap()
+}
+
+fn write_config(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let config = dir.join("backlinks.toml");
+    std::fs::write(
+        &config,
+        format!("memtable_bytes = 65536\nmax_unflushed_secs = 1\npublish_interval_secs = 1\n{extra}"),
+    )
+    .unwrap();
+    config
+}
+
+fn wait_for_cursor(server: &Server, time_us: i64) {
+    let started = Instant::now();
+    while server.cursor() != Some(time_us) {
+        assert!(started.elapsed() < Duration::from_secs(300), "ingest stalled at {:?}", server.cursor());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+type Socket = tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn connect(addr: &str, path_and_query: &str) -> Socket {
+    let (socket, response) = tokio_tungstenite::connect_async(format!("ws://{addr}{path_and_query}")).await.unwrap();
+    assert_eq!(response.status(), 101);
+    socket
+}
+
+/// The next JSON frame, or `None` after `quiet` without one (or at the close).
+async fn next_frame(socket: &mut Socket, quiet: Duration) -> Option<Value> {
+    loop {
+        match tokio::time::timeout(quiet, socket.next()).await {
+            Ok(Some(Ok(Message::Text(text)))) => return Some(serde_json::from_str(&text).unwrap()),
+            Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Err(_) => return None,
+            Ok(Some(Ok(_))) => continue,
+            Ok(Some(Err(error))) => panic!("websocket error: {error}"),
+        }
+    }
+}
+
+/// Reads frames until `done` says so, or until `quiet` passes without a frame.
+async fn read_until(socket: &mut Socket, quiet: Duration, mut done: impl FnMut(&[Value]) -> bool) -> Vec<Value> {
+    let mut frames = vec![];
+    while !done(&frames) {
+        match next_frame(socket, quiet).await {
+            Some(frame) => frames.push(frame),
+            None => break,
+        }
+    }
+    frames
+}
+
+/// Checks a frame against the subscription lexicon's def for its `op`: every required field,
+/// nothing undeclared, strings and integers where it says.
+fn check_against_lexicon(frame: &Value) {
+    let (_, text) = backlinks::server::SUBSCRIPTION_LEXICONS[0];
+    let lexicon: Value = serde_json::from_str(text).unwrap();
+    let def = match frame["op"].as_str().unwrap_or_default() {
+        "create" | "delete" => "link",
+        "hide" | "show" => "account",
+        other => other,
+    };
+    let schema = &lexicon["defs"][def];
+    assert_eq!(schema["type"], "object", "a def for {frame}");
+    let fields = frame.as_object().unwrap();
+    for required in schema["required"].as_array().unwrap() {
+        assert!(fields.contains_key(required.as_str().unwrap()), "{frame} lacks {required}");
+    }
+    let nullable: Vec<&str> = schema["nullable"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
+    for (name, value) in fields {
+        let declared = &schema["properties"][name];
+        let fits = match declared["type"].as_str() {
+            Some("string") => value.is_string(),
+            Some("integer") => value.is_i64(),
+            _ => panic!("{frame}: {name} is not declared in #{def}"),
+        };
+        assert!(
+            fits || (value.is_null() && nullable.contains(&name.as_str())),
+            "{frame}: {name} does not fit {declared}"
+        );
+        if let Some(known) = declared["knownValues"].as_array() {
+            assert!(known.contains(value), "{frame}: {name} is not one of {known:?}");
+        }
+    }
+}
+
+fn as_expected(frame: &Value) -> Option<Expected> {
+    let text = |name: &str| frame[name].as_str().unwrap_or_default().to_string();
+    match frame["op"].as_str()? {
+        "create" | "delete" => Some(Expected::Link(text("op"), (text("target"), text("source"), text("location")))),
+        "hide" | "show" => Some(Expected::Account(text("op"), text("did"))),
+        _ => None,
+    }
+}
+
+/// Equal event lists, or a panic naming the first difference (not the whole lists).
+fn assert_same_events(got: &[Expected], expected: &[Expected], what: &str) {
+    if got == expected {
+        return;
+    }
+    let at = got.iter().zip(expected).position(|(g, e)| g != e).unwrap_or(got.len().min(expected.len()));
+    let around = |list: &[Expected]| list[at.saturating_sub(2)..(at + 3).min(list.len())].to_vec();
+    panic!(
+        "{what}: {} events, {} expected; first difference at {at}:\n got {:?}\n expected {:?}",
+        got.len(),
+        expected.len(),
+        around(got),
+        around(expected)
+    );
+}
+
+fn cursors_increase(frames: &[Value]) {
+    let cursors: Vec<i64> = frames.iter().filter_map(|f| f["cursor"].as_i64()).collect();
+    assert!(cursors.windows(2).all(|w| w[0] < w[1]), "cursors increase");
+}
+
+/// What a subscriber holds after applying `events`: (target, source) of links whose account is
+/// not hidden.
+fn applied(events: &[Expected]) -> BTreeSet<(String, String)> {
+    let (mut links, mut hidden) = (BTreeSet::new(), BTreeSet::new());
+    for event in events {
+        match event {
+            Expected::Link(op, (target, source, _)) if op == "create" => {
+                links.insert((target.clone(), source.clone()));
+            }
+            Expected::Link(_, (target, source, _)) => {
+                links.remove(&(target.clone(), source.clone()));
+            }
+            Expected::Account(op, did) if op == "hide" => {
+                hidden.insert(did.clone());
+            }
+            Expected::Account(_, did) => {
+                hidden.remove(did);
+            }
+        }
+    }
+    let visible = |source: &str| !hidden.iter().any(|did: &String| source.starts_with(&format!("at://{did}/")));
+    links.into_iter().filter(|(_, source)| visible(source)).collect()
+}
+
+/// The reference events a filter selects (account events reach every filter).
+fn selected(changes: &[Expected], wants: impl Fn(&LinkKey) -> bool) -> Vec<Expected> {
+    changes
+        .iter()
+        .filter(|change| match change {
+            Expected::Link(_, key) => wants(key),
+            Expected::Account(..) => true,
+        })
+        .cloned()
+        .collect()
+}
+
+#[test]
+fn every_filter_kind_gets_what_the_reference_says_changed() {
+    let (lines, reference) = generate(3_000, 5);
+    let runtime = runtime();
+    let pace = Faults { pause_every: Some((50, Duration::from_millis(5))), ..Faults::default() };
+    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), pace));
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
+    let (hot_post, hot_did) = (post(7), did(7));
+    let filters: Vec<(String, Wants)> = vec![
+        (String::new(), Box::new(|_: &LinkKey| true)),
+        (format!("target={hot_post}"), Box::new(move |k: &LinkKey| k.0 == post(7))),
+        (
+            format!("targetDid={hot_did}"),
+            Box::new(move |k: &LinkKey| k.0 == did(7) || k.0.starts_with(&format!("at://{}/", did(7)))),
+        ),
+        (
+            format!("targetPrefix=at://{}/", did(3)),
+            Box::new(|k: &LinkKey| k.0.starts_with(&format!("at://{}/", did(3)))),
+        ),
+        ("collection=app.bsky.feed.like".into(), Box::new(|k: &LinkKey| k.1.contains("/app.bsky.feed.like/"))),
+        ("location=$.mention".into(), Box::new(|k: &LinkKey| k.2 == "$.mention")),
+        (
+            format!("targetDid={hot_did}&target={}&collection=app.bsky.graph.follow", post(8)),
+            Box::new(move |k: &LinkKey| {
+                (k.0 == did(7) || k.0.starts_with(&format!("at://{}/", did(7))) || k.0 == post(8))
+                    && k.1.contains("/app.bsky.graph.follow/")
+            }),
+        ),
+    ];
+    let last = last_time_us(&lines);
+    runtime.block_on(async {
+        // Some subscribe from the start (cursor 0: replay, then live); one joins live midway.
+        let mut sockets = vec![];
+        for (query, _) in &filters {
+            let separator = if query.is_empty() { "" } else { "&" };
+            let query = format!("?cursor=0{separator}{}", query.replace('$', "%24"));
+            sockets.push(connect(&server.addr, &format!("{SUBSCRIBE}{query}")).await);
+        }
+        let mut live_only = connect(&server.addr, SUBSCRIBE).await;
+        for (socket, (query, wants)) in sockets.iter_mut().zip(&filters) {
+            let expected = selected(&reference.changes, wants);
+            let info = next_frame(socket, Duration::from_secs(60)).await.unwrap();
+            assert_eq!(info["op"], "info", "{info}");
+            let frames = read_until(socket, Duration::from_secs(60), |f| f.len() >= expected.len()).await;
+            cursors_increase(&frames);
+            check_against_lexicon(&info);
+            frames.iter().for_each(check_against_lexicon);
+            let got: Vec<Expected> = frames.iter().filter_map(as_expected).collect();
+            assert_same_events(&got, &expected, &format!("filter {query:?}"));
+            assert!(expected.iter().any(|e| matches!(e, Expected::Link(..))), "filter {query:?} selects some links");
+            let extra = next_frame(socket, Duration::from_millis(300)).await;
+            assert!(extra.is_none(), "filter {query:?}: nothing more, got {extra:?}");
+        }
+        wait_for_cursor(&server, last);
+        // The whole stream rebuilds the model's answer.
+        let everything = selected(&reference.changes, |_| true);
+        assert_eq!(applied(&everything), reference.answer());
+        // The live-only subscriber got a suffix of the stream: what came after it joined.
+        let frames = read_until(&mut live_only, Duration::from_millis(500), |_| false).await;
+        let got: Vec<Expected> = frames.iter().filter_map(as_expected).collect();
+        assert!(everything.ends_with(&got), "a live subscriber gets a suffix of the stream");
+        let (status, metrics) = server.get_text("/metrics");
+        assert_eq!(status, 200);
+        assert!(metrics.contains("backlinks_push_subscribers 8"), "{}", push_lines(&metrics));
+    });
+}
+
+fn push_lines(metrics: &str) -> String {
+    metrics.lines().filter(|l| l.starts_with("backlinks_push")).collect::<Vec<_>>().join("\n")
+}
+
+#[test]
+fn reconnecting_with_the_last_cursor_loses_and_repeats_nothing_across_a_restart() {
+    let (lines, reference) = generate(4_000, 11);
+    let runtime = runtime();
+    let pace = Faults { pause_every: Some((20, Duration::from_millis(5))), ..Faults::default() };
+    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), pace));
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let data_dir = dir.path().join("data");
+    let everything = selected(&reference.changes, |_| true);
+    let mut got: Vec<Value> = vec![];
+    let mut cursor = 0;
+    // Three connections: cut by the client, then by a SIGKILL of the server, then to the end.
+    for round in 0..3 {
+        let server = Server::start_live(&data_dir, &config, &jetstream.v2_url());
+        let (frames, last_cursor) = runtime.block_on(async {
+            let mut socket = connect(&server.addr, &format!("{SUBSCRIBE}?cursor={cursor}")).await;
+            let info = next_frame(&mut socket, Duration::from_secs(60)).await.unwrap();
+            assert_eq!(info["op"], "info");
+            let target = everything.len() * (round + 1) / 3;
+            let wanted = target.saturating_sub(got.len()).max(1);
+            let quiet = Duration::from_secs(if round == 2 { 60 } else { 30 });
+            // Before the end, stop in the middle of an entry (two events of one record change):
+            // the next connection resumes inside it.
+            let mid_entry = |f: &[Value]| {
+                let n = f.len();
+                n > wanted && f[n - 2]["time_us"] == f[n - 1]["time_us"] && f[n - 2]["source"] == f[n - 1]["source"]
+            };
+            let mut frames =
+                read_until(&mut socket, quiet, |f| if round == 2 { f.len() >= wanted } else { mid_entry(f) }).await;
+            if round < 2 {
+                assert!(mid_entry(&frames), "found a record change of two events");
+                frames.pop();
+            }
+            let last = frames.last().and_then(|f| f["cursor"].as_i64()).unwrap_or(cursor);
+            (frames, last)
+        });
+        got.extend(frames);
+        cursor = last_cursor;
+        match round {
+            0 => drop(server),
+            1 => server.kill(),
+            _ => wait_for_cursor(&server, last_time_us(&lines)),
+        }
+    }
+    cursors_increase(&got);
+    let got: Vec<Expected> = got.iter().filter_map(as_expected).collect();
+    assert_same_events(&got, &everything, "three connections");
+}
+
+#[test]
+fn a_subscriber_that_does_not_read_is_cut_off_and_ingest_keeps_up() {
+    let (lines, reference) = generate(60_000, 23);
+    let runtime = runtime();
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "push_buffer_events = 16\n");
+    // The stream waits for the subscriber; then some 20 MB of frames, far more than the socket
+    // buffers hold.
+    let go = Arc::new(AtomicBool::new(false));
+    let held = Faults { hold_until: Some(go.clone()), ..Faults::default() };
+    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), held));
+    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
+    runtime.block_on(async {
+        // A small receive buffer, so the server's sends back up soon.
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let stream = socket.connect(server.addr.parse().unwrap()).await.unwrap();
+        let url = format!("ws://{}{SUBSCRIBE}", server.addr);
+        let (mut slow, _) =
+            tokio_tungstenite::client_async(url, tokio_tungstenite::MaybeTlsStream::Plain(stream)).await.unwrap();
+        go.store(true, Ordering::Relaxed);
+        // Ingest reaches the end while the subscriber reads nothing, and it is cut off.
+        wait_for_cursor(&server, last_time_us(&lines));
+        let started = Instant::now();
+        while !server.get_text("/metrics").1.contains("backlinks_push_drops_total{reason=\"too_slow\"} 1") {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "never cut off: {}",
+                push_lines(&server.get_text("/metrics").1)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let mut frames =
+            read_until(&mut slow, Duration::from_secs(10), |f| f.last().is_some_and(|l| l["op"] == "error")).await;
+        let error = frames.pop().unwrap();
+        check_against_lexicon(&error);
+        assert_eq!(error["op"], "error", "{error}");
+        assert_eq!(error["error"], "ConsumerTooSlow");
+        let all = reference.changes.len();
+        assert!(frames.len() < all / 2, "cut off well before the end ({} of {all} events)", frames.len());
+        assert!(next_frame(&mut slow, Duration::from_secs(5)).await.is_none(), "closed after the error");
+        let _ = slow.close(None).await;
+    });
+    let (_, metrics) = server.get_text("/metrics");
+    assert!(metrics.contains("backlinks_push_drops_total{reason=\"too_slow\"} 1"), "{}", push_lines(&metrics));
+}
+
+#[test]
+fn spacedust_clients_get_its_shape_and_filter_updates_apply() {
+    let (lines, reference) = generate(1_500, 31);
+    let runtime = runtime();
+    let pace = Faults { pause_every: Some((10, Duration::from_millis(20))), ..Faults::default() };
+    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), pace));
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
+    runtime.block_on(async {
+        let mut spacedust =
+            connect(&server.addr, "/subscribe?instant=true&wantedSources=app.bsky.feed.like:subject.uri").await;
+        let mut ours = connect(&server.addr, &format!("{SUBSCRIBE}?target=did:plc:nobody")).await;
+        let update = json!({"type": "options_update", "payload": {"collection": ["app.bsky.feed.like"]}});
+        ours.send(Message::Text(update.to_string().into())).await.unwrap();
+        let frames = read_until(&mut spacedust, Duration::from_secs(30), |f| f.len() >= 20).await;
+        assert_eq!(frames.len(), 20);
+        for frame in &frames {
+            assert_eq!(frame["kind"], "link", "{frame}");
+            assert_eq!(frame["origin"], "live");
+            let link = &frame["link"];
+            assert_eq!(link["operation"], "create");
+            assert_eq!(link["source"], "app.bsky.feed.like:subject.uri");
+            assert!(link["source_record"].as_str().unwrap().contains("/app.bsky.feed.like/"));
+            assert_eq!(link["source_rev"].as_str().unwrap().len(), 13);
+            assert!(link["subject"].as_str().unwrap().starts_with("at://"));
+        }
+        let frames =
+            read_until(&mut ours, Duration::from_secs(30), |f| f.iter().filter(|f| f["op"] == "create").count() >= 5)
+                .await;
+        let links: Vec<&Value> = frames.iter().filter(|f| f["op"] == "create" || f["op"] == "delete").collect();
+        assert!(links.len() >= 5, "the updated filter lets likes through");
+        assert!(links.iter().all(|f| f["source"].as_str().unwrap().contains("/app.bsky.feed.like/")));
+        let bad = json!({"type": "options_update", "payload": {"targetDid": ["not-a-did"]}});
+        ours.send(Message::Text(bad.to_string().into())).await.unwrap();
+        let frames = read_until(&mut ours, Duration::from_secs(30), |f| f.iter().any(|f| f["op"] == "error")).await;
+        let error = frames.iter().find(|f| f["op"] == "error").expect("a refused update is answered");
+        assert_eq!(error["error"], "InvalidRequest");
+    });
+    assert!(reference.changes.len() > 100);
+    // Refusals before the upgrade are XRPC errors.
+    let (status, body) = server.get(&format!("{SUBSCRIBE}?target=nope"));
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"], "InvalidRequest");
+    let (status, body) = server.get(SUBSCRIBE);
+    assert_eq!(status, 400, "a plain GET is not a websocket: {body}");
+}
+
+#[test]
+fn a_server_without_ingest_says_push_is_not_here() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path());
+    let (status, body) = server.get(SUBSCRIBE);
+    assert_eq!(status, 501, "{body}");
+    assert_eq!(body["error"], "MethodNotImplemented");
+}
+
+#[test]
+fn the_explorer_follows_a_target_live_in_a_browser() {
+    let (lines, reference) = generate(3_000, 41);
+    let runtime = runtime();
+    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), Faults::default()));
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "");
+    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
+    wait_for_cursor(&server, last_time_us(&lines));
+    // The page follows the busiest post from the log's start (`since=0`), so what it shows
+    // does not depend on when the browser gets there.
+    let busiest = (0..60)
+        .map(post)
+        .max_by_key(|p| reference.changes.iter().filter(|c| matches!(c, Expected::Link(_, k) if &k.0 == p)).count())
+        .unwrap();
+    let expected = reference.changes.iter().filter(|c| matches!(c, Expected::Link(_, k) if k.0 == busiest)).count();
+    let encoded: String = form_urlencoded::byte_serialize(busiest.as_bytes()).collect();
+    let url = format!("http://{}/ui/backlinks?target={encoded}&follow=1&since=0", server.addr);
+    let profile = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new("chromium")
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--no-first-run",
+            "--virtual-time-budget=5000",
+            "--dump-dom",
+        ])
+        .arg(format!("--user-data-dir={}", profile.path().display()))
+        .arg(&url)
+        .output()
+        .expect("chromium is required (scripts/test.sh installs it)");
+    let dom = String::from_utf8_lossy(&output.stdout);
+    let links = dom.matches("<tr class=\"live-create\">").count() + dom.matches("<tr class=\"live-delete\">").count();
+    let section = dom.find("<section id=\"live\"").map_or("", |at| &dom[at..]);
+    assert_eq!(
+        links,
+        expected.min(200),
+        "the page shows the post's link events: {}",
+        &section[..section.len().min(800)]
+    );
+    assert!(dom.contains("<span id=\"live-status\">following</span>"), "{section}");
+    assert!(dom.contains("href=\"/ui/backlinks?target=at%3A%2F%2F"), "sources link to their own backlinks");
+}
