@@ -6,8 +6,10 @@
 //! - events delivered per second over all subscribers, and cut-offs;
 //! - the server's memory per subscriber (RSS with them connected and idle, minus without).
 //!
-//! `cargo bench --bench push` (EVENTS=N SUBSCRIBERS=N to change the size). Subscribers run in
-//! this process, on the same two cores as the server: the figures include their cost.
+//! `cargo bench --bench push` (EVENTS=N SUBSCRIBERS=N to change the size; RATE=N to pace the
+//! stream at N events/s instead of full speed, which reports how far ingest ends behind the
+//! stream and the server's CPU). Subscribers run in this process, on the same two cores as the
+//! server: the figures include their cost.
 
 #[path = "../tests/support/jetstream_server.rs"]
 #[allow(dead_code)]
@@ -74,6 +76,14 @@ impl Serve {
 
     fn cursor(&self) -> Option<i64> {
         serde_json::from_str::<Value>(&self.get("/xrpc/_health")).ok()?["cursor"].as_i64()
+    }
+
+    /// CPU seconds the server has used (user + system).
+    fn cpu_seconds(&self) -> f64 {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
+        let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        ticks as f64 / 100.0
     }
 
     fn rss_kib(&self) -> u64 {
@@ -150,7 +160,9 @@ fn run(
     dids: &[String],
 ) -> (f64, String) {
     let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let faults = Faults { hold_until: Some(go.clone()), ..Faults::default() };
+    let rate = setting("RATE", 0);
+    let pause_every = (rate > 0).then(|| (100, Duration::from_secs_f64(100.0 / rate as f64)));
+    let faults = Faults { hold_until: Some(go.clone()), pause_every, ..Faults::default() };
     let jetstream = runtime.block_on(JetstreamServer::start(lines.to_vec(), faults));
     let dir = tempfile::tempdir().unwrap();
     let serve = Serve::start(dir.path(), &jetstream.v2_url(), subscribers.is_some());
@@ -186,17 +198,25 @@ fn run(
         ),
     };
     let started = Instant::now();
+    let cpu_before = serve.cpu_seconds();
     go.store(true, Ordering::Relaxed);
     let seconds = serve.wait_for(last, started);
+    let cpu = serve.cpu_seconds() - cpu_before;
     std::thread::sleep(Duration::from_millis(500));
-    let rate = lines.len() as f64 / seconds;
+    let events_per_second = lines.len() as f64 / seconds;
     let sent = delivered.load(Ordering::Relaxed);
+    let behind = match rate {
+        0 => String::new(),
+        rate => format!(", ends {:.2} s after the stream", seconds - lines.len() as f64 / rate as f64),
+    };
     println!(
-        "{subscribers} subscribers: {seconds:.1} s, {rate:.0} events/s; {sent} frames delivered ({:.0}/s), {} cut off; RSS after {} KiB",
+        "{subscribers} subscribers: {seconds:.1} s, {events_per_second:.0} events/s{behind}; server CPU {cpu:.1} s ({:.0} µs per event); {sent} frames delivered ({:.0}/s), {} cut off; RSS after {} KiB",
+        cpu * 1e6 / lines.len() as f64,
         sent as f64 / seconds,
         cut.load(Ordering::Relaxed),
         serve.rss_kib()
     );
+    let rate = events_per_second;
     let log_bytes: u64 = std::fs::read_dir(dir.path().join("data/push/log"))
         .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
         .unwrap_or(0);

@@ -195,6 +195,41 @@ fn write_config(dir: &Path, extra: &str) -> std::path::PathBuf {
     config
 }
 
+/// Everything a test runs: the test Jetstream server sending `lines` with `faults`, and the
+/// binary following it with push on (`extra` config lines).
+struct Live {
+    runtime: tokio::runtime::Runtime,
+    jetstream: JetstreamServer,
+    dir: tempfile::TempDir,
+    config: std::path::PathBuf,
+}
+
+impl Live {
+    fn new(lines: &[String], faults: Faults, extra: &str) -> Live {
+        let runtime = runtime();
+        let jetstream = runtime.block_on(JetstreamServer::start(lines.to_vec(), faults));
+        let dir = tempfile::tempdir().unwrap();
+        let config = write_config(dir.path(), extra);
+        Live { runtime, jetstream, dir, config }
+    }
+
+    fn paced(lines: &[String], every: u64, pause_ms: u64) -> Live {
+        Live::new(
+            lines,
+            Faults { pause_every: Some((every, Duration::from_millis(pause_ms))), ..Faults::default() },
+            "",
+        )
+    }
+
+    fn data_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("data")
+    }
+
+    fn serve(&self) -> Server {
+        Server::start_live(&self.data_dir(), &self.config, &self.jetstream.v2_url())
+    }
+}
+
 fn wait_for_cursor(server: &Server, time_us: i64) {
     let started = Instant::now();
     while server.cursor() != Some(time_us) {
@@ -338,12 +373,8 @@ fn selected(changes: &[Expected], wants: impl Fn(&LinkKey) -> bool) -> Vec<Expec
 #[test]
 fn every_filter_kind_gets_what_the_reference_says_changed() {
     let (lines, reference) = generate(3_000, 5);
-    let runtime = runtime();
-    let pace = Faults { pause_every: Some((50, Duration::from_millis(5))), ..Faults::default() };
-    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), pace));
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "");
-    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
+    let live = Live::paced(&lines, 50, 5);
+    let (runtime, server) = (&live.runtime, live.serve());
     let (hot_post, hot_did) = (post(7), did(7));
     let filters: Vec<(String, Wants)> = vec![
         (String::new(), Box::new(|_: &LinkKey| true)),
@@ -411,18 +442,14 @@ fn push_lines(metrics: &str) -> String {
 #[test]
 fn reconnecting_with_the_last_cursor_loses_and_repeats_nothing_across_a_restart() {
     let (lines, reference) = generate(4_000, 11);
-    let runtime = runtime();
-    let pace = Faults { pause_every: Some((20, Duration::from_millis(5))), ..Faults::default() };
-    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), pace));
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "");
-    let data_dir = dir.path().join("data");
+    let live = Live::paced(&lines, 20, 5);
+    let runtime = &live.runtime;
     let everything = selected(&reference.changes, |_| true);
     let mut got: Vec<Value> = vec![];
     let mut cursor = 0;
     // Three connections: cut by the client, then by a SIGKILL of the server, then to the end.
     for round in 0..3 {
-        let server = Server::start_live(&data_dir, &config, &jetstream.v2_url());
+        let server = live.serve();
         let (frames, last_cursor) = runtime.block_on(async {
             let mut socket = connect(&server.addr, &format!("{SUBSCRIBE}?cursor={cursor}")).await;
             let info = next_frame(&mut socket, Duration::from_secs(60)).await.unwrap();
@@ -461,15 +488,12 @@ fn reconnecting_with_the_last_cursor_loses_and_repeats_nothing_across_a_restart(
 #[test]
 fn a_subscriber_that_does_not_read_is_cut_off_and_ingest_keeps_up() {
     let (lines, reference) = generate(60_000, 23);
-    let runtime = runtime();
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "push_buffer_events = 16\n");
     // The stream waits for the subscriber; then some 20 MB of frames, far more than the socket
     // buffers hold.
     let go = Arc::new(AtomicBool::new(false));
     let held = Faults { hold_until: Some(go.clone()), ..Faults::default() };
-    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), held));
-    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
+    let live = Live::new(&lines, held, "push_buffer_events = 16\n");
+    let (runtime, server) = (&live.runtime, live.serve());
     runtime.block_on(async {
         // A small receive buffer, so the server's sends back up soon.
         let socket = tokio::net::TcpSocket::new_v4().unwrap();
@@ -508,12 +532,8 @@ fn a_subscriber_that_does_not_read_is_cut_off_and_ingest_keeps_up() {
 #[test]
 fn spacedust_clients_get_its_shape_and_filter_updates_apply() {
     let (lines, reference) = generate(1_500, 31);
-    let runtime = runtime();
-    let pace = Faults { pause_every: Some((10, Duration::from_millis(20))), ..Faults::default() };
-    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), pace));
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "");
-    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
+    let live = Live::paced(&lines, 10, 20);
+    let (runtime, server) = (&live.runtime, live.serve());
     runtime.block_on(async {
         let mut spacedust =
             connect(&server.addr, "/subscribe?instant=true&wantedSources=app.bsky.feed.like:subject.uri").await;
@@ -565,11 +585,8 @@ fn a_server_without_ingest_says_push_is_not_here() {
 #[test]
 fn the_explorer_follows_a_target_live_in_a_browser() {
     let (lines, reference) = generate(3_000, 41);
-    let runtime = runtime();
-    let jetstream = runtime.block_on(JetstreamServer::start(lines.clone(), Faults::default()));
-    let dir = tempfile::tempdir().unwrap();
-    let config = write_config(dir.path(), "");
-    let server = Server::start_live(&dir.path().join("data"), &config, &jetstream.v2_url());
+    let live = Live::new(&lines, Faults::default(), "");
+    let server = live.serve();
     wait_for_cursor(&server, last_time_us(&lines));
     // The page follows the busiest post from the log's start (`since=0`), so what it shows
     // does not depend on when the browser gets there.
