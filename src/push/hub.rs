@@ -372,3 +372,89 @@ fn follow_log(hub: Weak<Hub>, from: i64) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::push::entry::{Change, Link};
+    use crate::push::log::{ChangeLog, LogOptions};
+
+    fn filter(pairs: &[(&str, &str)]) -> Filter {
+        Filter::from_pairs(pairs.iter().copied()).unwrap()
+    }
+
+    fn like(cursor: i64, target: &str) -> Entry {
+        let created = vec![Link { target: target.into(), location: "$.subject".into() }];
+        let source = format!("at://did:plc:liker/app.bsky.feed.like/{cursor}");
+        let change = Change::Links { source, rev: None, deleted: vec![], created, kept: vec![] };
+        Entry { first_cursor: cursor, time_us: cursor, identity: cursor as u64, change }
+    }
+
+    const POST: &str = "at://did:plc:bob/app.bsky.feed.post/3k";
+    const OTHER: &str = "at://did:plc:eve/app.bsky.feed.post/3j";
+
+    #[test]
+    fn routes_find_exactly_the_members_a_target_may_concern() {
+        let mut routes = Routes::default();
+        routes.add(1, &filter(&[("target", POST)]));
+        routes.add(2, &filter(&[("targetDid", "did:plc:bob")]));
+        routes.add(3, &filter(&[("targetPrefix", "at://did:plc:bob/app.bsky.feed.")]));
+        routes.add(4, &filter(&[("collection", "app.bsky.feed.like")]));
+        routes.add(5, &filter(&[("targetPrefix", "at://did:plc:eve/"), ("target", POST)]));
+        assert_eq!(routes.candidates(POST), [1, 2, 3, 4, 5]);
+        assert_eq!(routes.candidates(OTHER), [4, 5]);
+        assert_eq!(routes.candidates("did:plc:bob"), [2, 4]);
+        routes.remove(5, &filter(&[("targetPrefix", "at://did:plc:eve/"), ("target", POST)]));
+        routes.remove(3, &filter(&[("targetPrefix", "at://did:plc:bob/app.bsky.feed.")]));
+        assert_eq!(routes.candidates(POST), [1, 2, 4]);
+        assert_eq!(routes.candidates(OTHER), [4]);
+        assert!(routes.prefix_lengths.is_empty() && routes.by_prefix.is_empty(), "nothing left behind");
+    }
+
+    #[test]
+    fn a_member_gets_what_comes_after_its_cursor_and_a_full_queue_cuts_it_off() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX };
+        let mut log = ChangeLog::open(dir.path(), options).unwrap();
+        let counters = Arc::new(PushCounters::default());
+        let hub =
+            Hub::start(log.shared().clone(), HubOptions { max_subscribers: 2, buffer_events: 2 }, counters.clone());
+        let (first, second) = (hub.admit().unwrap(), hub.admit().unwrap());
+        assert!(hub.admit().is_none(), "two at most");
+        assert_eq!(counters.refused.load(Ordering::Relaxed), 1);
+        drop((first, second));
+        let Join::Joined(mut post) = hub.join(filter(&[("target", POST)]), 0) else { panic!("joins at the start") };
+        let Join::Joined(slow) = hub.join(filter(&[]), 0) else { panic!("joins at the start") };
+        for (cursor, target) in [(1, POST), (2, OTHER), (3, POST)] {
+            log.append(&like(cursor, target)).unwrap();
+        }
+        log.publish().unwrap();
+        let wait = |n: i64| {
+            while hub.position() < n {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        wait(3);
+        let cursors: Vec<i64> = std::iter::from_fn(|| post.queue.try_recv().ok()).map(|d| d.event().cursor()).collect();
+        assert_eq!(cursors, [1, 3], "only its target's events, in order");
+        assert_eq!(slow.cut.reason(), Some("too_slow"), "three events for a queue of two");
+        assert_eq!(counters.cut_too_slow.load(Ordering::Relaxed), 1, "counted once");
+        assert!(matches!(hub.join(filter(&[]), 2), Join::Behind), "events past 2 were handed out");
+        let Join::Joined(mut late) = hub.join(filter(&[]), 3) else { panic!("caught up") };
+        log.append(&like(4, OTHER)).unwrap();
+        log.publish().unwrap();
+        wait(4);
+        assert_eq!(late.queue.try_recv().unwrap().event().cursor(), 4);
+        assert!(post.queue.try_recv().is_err(), "not its target");
+        // A replay that read the log past the hub joins with its own cursor: nothing twice.
+        let Join::Joined(mut ahead) = hub.join(filter(&[]), 5) else { panic!("ahead of the hub") };
+        for cursor in [5, 6] {
+            log.append(&like(cursor, OTHER)).unwrap();
+        }
+        log.publish().unwrap();
+        wait(6);
+        assert_eq!(ahead.queue.try_recv().unwrap().event().cursor(), 6);
+        assert!(ahead.queue.try_recv().is_err());
+        hub.stop();
+    }
+}
