@@ -86,6 +86,13 @@ impl Serve {
         ticks as f64 / 100.0
     }
 
+    /// SIGTERM, and wait for the clean stop.
+    fn terminate(&mut self) {
+        let pid = self.child.id().to_string();
+        assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+        assert!(self.child.wait().unwrap().success(), "serve stops cleanly");
+    }
+
     fn rss_kib(&self) -> u64 {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
         let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
@@ -165,7 +172,7 @@ fn run(
     let faults = Faults { hold_until: Some(go.clone()), pause_every, ..Faults::default() };
     let jetstream = runtime.block_on(JetstreamServer::start(lines.to_vec(), faults));
     let dir = tempfile::tempdir().unwrap();
-    let serve = Serve::start(dir.path(), &jetstream.v2_url(), subscribers.is_some());
+    let mut serve = Serve::start(dir.path(), &jetstream.v2_url(), subscribers.is_some());
     let subscribers = subscribers.unwrap_or(0);
     std::thread::sleep(Duration::from_secs(1));
     let before = serve.rss_kib();
@@ -217,17 +224,23 @@ fn run(
         serve.rss_kib()
     );
     let rate = events_per_second;
-    let log_bytes: u64 = std::fs::read_dir(dir.path().join("data/push/log"))
-        .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
-        .unwrap_or(0);
+    let bytes_in = |path: &str| -> u64 {
+        std::fs::read_dir(dir.path().join(path))
+            .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
+            .unwrap_or(0)
+    };
     let metrics = serve.get("/metrics");
+    // A clean stop flushes, which commits recent.db: then its size means something.
+    serve.terminate();
+    let (log_bytes, recent_bytes) = (bytes_in("data/push/log"), bytes_in("data/push"));
     let figure =
         |name: &str| metrics.lines().find_map(|l| l.strip_prefix(name)?.trim().parse::<f64>().ok()).unwrap_or(0.0);
     let (entries, logged) = (figure("backlinks_push_log_entries_total"), figure("backlinks_push_log_events_total"));
     println!(
-        "change log: {log_bytes} bytes, {entries} entries, {logged} events: {:.0} bytes per event, {:.2} events per ingested event",
+        "change log: {log_bytes} bytes, {entries} entries, {logged} events: {:.0} bytes per event, {:.2} events per ingested event; recent.db and its WAL {recent_bytes} bytes ({:.0} per entry)",
         log_bytes as f64 / logged.max(1.0),
-        logged / lines.len() as f64
+        logged / lines.len() as f64,
+        recent_bytes as f64 / entries.max(1.0)
     );
     if subscribers > 0 {
         for line in metrics.lines().filter(|l| l.starts_with("backlinks_push") && !l.starts_with("# ")) {
