@@ -282,9 +282,6 @@ fn endpoint_docs() -> String {
     html
 }
 
-/// The result page of the query form: the count, the totals by collection and location, the page
-/// of sources (each with its time and a link to its own backlinks), and links to the first and
-/// next pages. `paged` says whether this page came from a cursor.
 /// The explorer's live follow: a websocket to subscribeBacklinks for the section's
 /// `data-target`, each event a row on top (at most 200), sources as explorer links. The page's
 /// `follow=1` starts it at once, and `since=CURSOR` replays from a cursor first.
@@ -336,6 +333,10 @@ fn live_section(target: &str) -> String {
     )
 }
 
+/// The result page of the query form: the count, the totals by collection and location, the page
+/// of sources (each with its time and a link to its own backlinks), and links to the first and
+/// next pages. `paged` says whether this page came from a cursor; `live` whether this server
+/// pushes (then the page can follow the target live).
 pub fn render_results(
     target: &str,
     limit: usize,

@@ -9,7 +9,8 @@ CREATE TABLE recent (
 CREATE INDEX recent_by_did ON recent (did);
 CREATE INDEX recent_by_position ON recent (position);
 
--- The feed's own facts: `observed_through`, the Jetstream time of the newest event it took.
+-- The feed's own facts: `observed_through`, the Jetstream time of the newest event it took, and
+-- `log_through`, the newest change-log cursor the rows reflect.
 CREATE TABLE facts (
     name TEXT PRIMARY KEY,
     value INTEGER NOT NULL

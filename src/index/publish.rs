@@ -129,6 +129,14 @@ impl Index {
 
     /// The catalog's position, tables and hidden accounts, every table uploaded. When an upload
     /// fails because a merge retired its table meanwhile, looks at the catalog again.
+    /// Whether a merge retired any of `tables` (a catalog that cannot say is logged: no retry).
+    fn retired_during_upload(&self, tables: &[TableRecord]) -> bool {
+        self.any_retired(tables).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "cannot tell whether a merge retired tables during the upload");
+            false
+        })
+    }
+
     async fn upload_current_tables(&self) -> Result<CatalogLook, IndexError> {
         let mut attempt = 1;
         loop {
@@ -137,7 +145,7 @@ impl Index {
             let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
             match self.upload_tables(&not_uploaded).await {
                 Ok(()) => return Ok((position, tables, hidden)),
-                Err(e) if attempt < PUBLISH_ATTEMPTS && self.any_retired(&not_uploaded).unwrap_or(false) => {
+                Err(e) if attempt < PUBLISH_ATTEMPTS && self.retired_during_upload(&not_uploaded) => {
                     tracing::debug!(error = %e, attempt, "a merge retired tables during the upload; looking again");
                     self.counters.publish_rescans.fetch_add(1, Ordering::Relaxed);
                     attempt += 1;

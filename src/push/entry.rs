@@ -53,6 +53,11 @@ pub struct Entry {
     pub change: Change,
 }
 
+/// The collection of an at:// record URI (a source).
+pub fn collection_of_source(source: &str) -> &str {
+    source.strip_prefix("at://").and_then(|rest| rest.split('/').nth(1)).unwrap_or("")
+}
+
 /// Whether a link appeared or went away.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LinkOp {
@@ -127,7 +132,7 @@ impl PushEvent<'_> {
     /// for (account events). `path` is the constellation path of the link's location.
     pub fn to_spacedust_json(&self, path: &str) -> Option<String> {
         let PushEvent::Link { op, link, source, rev, .. } = *self else { return None };
-        let collection = source.trim_start_matches("at://").split('/').nth(1).unwrap_or("");
+        let collection = collection_of_source(source);
         let value = serde_json::json!({
             "kind": "link",
             "origin": "live",

@@ -1,5 +1,6 @@
 //! The feed: what each ingested event changed, as change-log entries. Live ingest hands it every
-//! event after the index took it; the hub and the subscribers read the log.
+//! event as it hands it to the index, and ends each batch once the index holds the batch; the hub
+//! and the subscribers read the log.
 //!
 //! - A create or update becomes the links that went away and the links that appeared (the record's
 //!   links before come from `recent`; an update of a record older than the log's window only
@@ -27,6 +28,7 @@
 //!   recent-links rows committed, after `sync`.
 
 use super::entry::{Change, Entry, Link};
+use super::filter::did_of_target;
 use super::log::{ChangeLog, LogOptions, LogReader, LogShared, Position};
 use super::recent::RecentLinks;
 use super::{PushCounters, PushError};
@@ -74,6 +76,8 @@ pub struct Feed {
     resumed_through: i64,
     /// The newest event time observed.
     observed_through: i64,
+    /// The caller's last step failed (its next failure is not logged again).
+    failing: bool,
 }
 
 const OBSERVED_THROUGH: &str = "observed_through";
@@ -122,24 +126,14 @@ impl Feed {
             forgotten_before: 0,
             resumed_through: observed_through,
             observed_through,
+            failing: false,
         };
-        feed.remember_the_tail()?;
-        feed.catch_up_with_the_log()?;
+        feed.read_the_tail()?;
         Ok(feed)
     }
 
     pub fn log(&self) -> Arc<LogShared> {
         self.log.shared().clone()
-    }
-
-    fn remember_the_tail(&mut self) -> Result<(), PushError> {
-        let since = self.log.last_cursor().saturating_sub(self.options.remember_us.saturating_mul(2));
-        let (mut reader, _) = LogReader::after(self.log.shared().clone(), since);
-        while let Some(entry) = reader.next_entry()? {
-            self.remembered.insert(entry.identity, entry.time_us, &self.options);
-            self.resumed_through = self.resumed_through.max(entry.time_us);
-        }
-        Ok(())
     }
 
     /// Records what one event changed. `time_us` is its Jetstream time; `rev` its commit's.
@@ -206,9 +200,16 @@ impl Feed {
         self.recent.commit()
     }
 
-    /// Counts a failure of this feed's caller's step (for the metrics).
-    pub fn count_error(&self) {
+    /// Counts a failure of this feed's caller's step (for the metrics); true for the first one
+    /// since a step last succeeded.
+    pub fn count_error(&mut self) -> bool {
         self.counters.errors.fetch_add(1, Ordering::Relaxed);
+        !std::mem::replace(&mut self.failing, true)
+    }
+
+    /// A step succeeded: the next failure is logged again.
+    pub fn clear_failure(&mut self) {
+        self.failing = false;
     }
 
     /// A record now has `links` (none: deleted). False when its links before are unknown.
@@ -294,18 +295,22 @@ impl Feed {
         if created.is_empty() && kept.is_empty() {
             return self.recent.remove(source);
         }
-        let did = source.strip_prefix("at://").and_then(|rest| rest.split('/').next()).unwrap_or("");
-        self.recent.set(source, did, position)
+        self.recent.set(source, did_of_target(source).unwrap_or(""), position)
     }
 
-    /// Brings the recent-links table up to the log (entries written after its last commit) and
-    /// learns how far the stream was seen.
-    fn catch_up_with_the_log(&mut self) -> Result<(), PushError> {
+    /// Reads the log's tail once: remembers the identities of the last `2 * remember_us` (for a
+    /// resume on another instance), brings the recent-links table up to the log (entries written
+    /// after its last commit), and learns how far the stream was seen.
+    fn read_the_tail(&mut self) -> Result<(), PushError> {
+        let remember_since = self.log.last_cursor().saturating_sub(self.options.remember_us.saturating_mul(2));
         let through = self.recent.fact(LOG_THROUGH)?.unwrap_or(0);
-        let (mut reader, _) = LogReader::after(self.log.shared().clone(), through);
+        let mut reader = LogReader::after(self.log.shared().clone(), remember_since.min(through));
         let mut caught_up = 0;
         while let Some((position, entry)) = reader.next_with_position()? {
             self.resumed_through = self.resumed_through.max(entry.time_us);
+            if entry.last_cursor() > remember_since {
+                self.remembered.insert(entry.identity, entry.time_us, &self.options);
+            }
             if entry.first_cursor > through {
                 self.reflect(&entry, position)?;
                 caught_up += 1;

@@ -9,9 +9,10 @@
 //! Invariants:
 //! - A filter never holds more than its caps (`MAX_TARGETS`, `MAX_TARGET_DIDS`,
 //!   `MAX_TARGET_PREFIXES`, `MAX_SOURCES` for each source filter); a request over them is refused.
-//! - Every value is validated before it is kept (targets as link targets, DIDs, NSIDs, locations).
+//! - Every value is validated before it is kept (targets as link targets, then spelled as the log
+//!   spells them; DIDs; NSIDs); locations start with `$`, prefixes are 1 to 2 KiB.
 
-use super::entry::PushEvent;
+use super::entry::{PushEvent, collection_of_source};
 use crate::model::syntax::{parse_target, validate_did, validate_nsid};
 use std::collections::HashSet;
 
@@ -42,11 +43,6 @@ pub fn did_of_target(target: &str) -> Option<&str> {
     }
     let authority = target.strip_prefix("at://")?.split('/').next()?;
     authority.starts_with("did:").then_some(authority)
-}
-
-/// The collection of an at:// record URI.
-pub fn collection_of_source(source: &str) -> &str {
-    source.strip_prefix("at://").and_then(|rest| rest.split('/').nth(1)).unwrap_or("")
 }
 
 impl Filter {
@@ -97,8 +93,9 @@ impl Filter {
         for (name, value) in pairs {
             match name {
                 "target" => {
-                    parse_target(value).map_err(|e| format!("invalid target {value:?}: {e}"))?;
-                    filter.targets.insert(value.to_string());
+                    // As the log spells it (`at://did:...` with no path is the DID itself).
+                    let target = parse_target(value).map_err(|e| format!("invalid target {value:?}: {e}"))?;
+                    filter.targets.insert(target.to_string());
                 }
                 "targetPrefix" => {
                     if value.is_empty() || value.len() > MAX_PREFIX_BYTES {
@@ -176,6 +173,11 @@ mod tests {
         assert!(filter(&[("target", post)]).matches(&event(&link, like)));
         assert!(!filter(&[("target", "did:plc:bob")]).matches(&event(&link, like)));
         assert!(filter(&[("targetDid", "did:plc:bob")]).matches(&event(&link, like)));
+        let account = Link { target: "did:plc:bob".into(), location: "$.subject".into() };
+        assert!(
+            filter(&[("target", "at://did:plc:bob")]).matches(&event(&account, like)),
+            "an account by its at:// URI"
+        );
         assert!(filter(&[("targetPrefix", "at://did:plc:bob/app.bsky.feed.")]).matches(&event(&link, like)));
         assert!(filter(&[("targetDid", "did:plc:eve"), ("target", post)]).matches(&event(&link, like)));
         let likes_only = filter(&[("target", post), ("collection", "app.bsky.feed.like")]);

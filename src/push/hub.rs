@@ -345,7 +345,7 @@ impl Hub {
 /// The hub's thread: reads each new entry once and dispatches it.
 fn follow_log(hub: Weak<Hub>, from: i64) {
     let Some(log) = hub.upgrade().map(|hub| hub.log.clone()) else { return };
-    let (mut reader, _) = LogReader::after(log.clone(), from);
+    let mut reader = LogReader::after(log.clone(), from);
     let mut last = from;
     loop {
         let Some(hub) = hub.upgrade() else { return };
@@ -366,7 +366,7 @@ fn follow_log(hub: Weak<Hub>, from: i64) {
                 hub.cut_everyone(if matches!(error, PushError::Behind) { "behind" } else { "log_error" });
                 let end = log.end().last_cursor;
                 hub.lock().position = end;
-                (reader, _) = LogReader::after(log.clone(), end);
+                reader = LogReader::after(log.clone(), end);
                 last = end;
             }
         }

@@ -20,6 +20,7 @@
 
 use super::PushError;
 use super::entry::{Entry, MAX_ENTRY_BYTES};
+use crate::base::durable::sync_dir;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -106,18 +107,14 @@ impl LogShared {
         let first = self.segments.lock().expect("segments lock poisoned").first().copied()?;
         let file = File::open(self.path_of(first)).ok()?;
         let length = file.metadata().ok()?.len();
-        match ChunkReader::new(file, length).frame_at(0) {
-            Ok(Some(Ok((entry, _)))) => Some(entry.first_cursor),
+        match exact_frame_at(&file, 0, length) {
+            Ok(Some(Ok(entry))) => Some(entry.first_cursor),
             _ => None,
         }
     }
 
     pub fn oldest_segment(&self) -> u32 {
         self.segments.lock().expect("segments lock poisoned").first().map_or(0, |s| s.number)
-    }
-
-    pub fn bytes(&self) -> u64 {
-        self.segments.lock().expect("segments lock poisoned").iter().map(|s| s.bytes).sum()
     }
 
     fn path_of(&self, segment: Segment) -> PathBuf {
@@ -295,7 +292,7 @@ impl ChangeLog {
         let path = self.shared.path_of(next);
         self.file =
             OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(|e| PushError::io(&path, e))?;
-        sync_dir(&self.shared.dir)?;
+        sync_dir(&self.shared.dir).map_err(|e| PushError::io(&self.shared.dir, e))?;
         self.shared.segments.lock().expect("segments lock poisoned").push(next);
         self.current = next;
         self.written = 0;
@@ -350,14 +347,16 @@ pub struct ReadStart {
 
 impl LogReader {
     /// A reader of the events after `cursor`.
-    pub fn after(shared: Arc<LogShared>, cursor: i64) -> (Self, ReadStart) {
+    pub fn after(shared: Arc<LogShared>, cursor: i64) -> Self {
+        let segment = shared.segment_for(cursor);
+        LogReader { shared, segment, reader: None, offset: 0, after: cursor }
+    }
+
+    /// Where a reader after `cursor` starts, as a subscriber is told.
+    pub fn start_of(shared: &LogShared, cursor: i64) -> ReadStart {
         let oldest_cursor = shared.oldest_cursor();
         let from_log_start = oldest_cursor.is_some_and(|oldest| cursor.saturating_add(1) < oldest);
-        let segment = shared.segment_for(cursor);
-        (
-            LogReader { shared, segment, reader: None, offset: 0, after: cursor },
-            ReadStart { oldest_cursor, from_log_start },
-        )
+        ReadStart { oldest_cursor, from_log_start }
     }
 
     /// The next entry with an event after the reader's cursor, or `None` at the published end.
@@ -561,8 +560,4 @@ fn list_segments(dir: &Path) -> Result<Vec<Segment>, PushError> {
 fn parse_segment_name(name: &str) -> Option<(u32, i64)> {
     let (number, cursor) = name.strip_suffix(".log")?.split_once('-')?;
     Some((number.parse().ok()?, cursor.parse().ok()?))
-}
-
-fn sync_dir(dir: &Path) -> Result<(), PushError> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| PushError::io(dir, e))
 }

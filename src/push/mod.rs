@@ -8,8 +8,9 @@
 //! - `filter`: what a subscriber wants;
 //! - `hub`: follows the log and hands events to subscribers through bounded queues.
 //!
-//! The push path sits beside the index, not in it: live ingest hands each event to the index and
-//! then to the feed; the hub and the subscribers only read the log. Backfill snapshots and
+//! The push path sits beside the index, not in it: live ingest hands each event to the feed and
+//! to the index, and ends each batch with the feed's `end_batch`, so subscribers see a batch once
+//! the index holds all of it; the hub and the subscribers only read the log. Backfill snapshots and
 //! `import` are history, not live changes, and make no events.
 //!
 //! Invariants:
@@ -37,7 +38,7 @@ pub enum PushError {
     Corrupt(String),
     #[error("the change log no longer holds the events after this cursor")]
     Behind,
-    #[error("push.db: {0}")]
+    #[error("recent.db: {0}")]
     Sqlite(#[from] rusqlite::Error),
 }
 

@@ -1,5 +1,5 @@
 //! Recent records' links: for each record created or updated within the change log's window,
-//! the position of its newest entry, whose `created` links are the record's links now. A delete
+//! the position of its newest entry, whose `created` and `kept` links are the record's links now. A delete
 //! or an update looks its record up here to tell subscribers which links went away; an account
 //! deletion finds its records by DID.
 //!
@@ -42,7 +42,7 @@ impl RecentLinks {
         // A flush's worth of rows stays in memory until its commit (negative: KiB).
         db.pragma_update(None, "cache_size", -(CACHE_KIB as i64))?;
         db.pragma_update_and_check(None, "locking_mode", "EXCLUSIVE", |_| Ok(()))?;
-        migrations().to_latest(&mut db).map_err(|e| PushError::Corrupt(format!("push.db migrations: {e}")))?;
+        migrations().to_latest(&mut db).map_err(|e| PushError::Corrupt(format!("recent.db migrations: {e}")))?;
         Ok(RecentLinks { db, in_transaction: false })
     }
 
@@ -108,13 +108,5 @@ impl RecentLinks {
         let mut statement = self.db.prepare_cached("INSERT OR REPLACE INTO facts (name, value) VALUES (?1, ?2)")?;
         statement.execute(params![name, value])?;
         Ok(())
-    }
-
-    pub fn len(&self) -> Result<u64, PushError> {
-        Ok(self.db.query_row("SELECT count(*) FROM recent", [], |row| row.get::<_, i64>(0))? as u64)
-    }
-
-    pub fn is_empty(&self) -> Result<bool, PushError> {
-        Ok(self.len()? == 0)
     }
 }

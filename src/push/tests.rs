@@ -25,7 +25,7 @@ fn show(cursor: i64) -> Entry {
 }
 
 fn read_all(log: &ChangeLog, after: i64) -> Vec<i64> {
-    let (mut reader, _) = LogReader::after(log.shared().clone(), after);
+    let mut reader = LogReader::after(log.shared().clone(), after);
     let mut cursors = vec![];
     while let Some(entry) = reader.next_entry().unwrap() {
         cursors.extend(entry.events().map(|e| e.cursor()).filter(|c| *c > after));
@@ -81,7 +81,7 @@ fn a_torn_tail_is_cut_on_open_and_a_bad_frame_is_never_read() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0x40;
     std::fs::write(&segment, &bytes).unwrap();
-    let (mut reader, _) = LogReader::after(log.shared().clone(), 2);
+    let mut reader = LogReader::after(log.shared().clone(), 2);
     let error = reader.next_entry().unwrap_err().to_string();
     assert!(error.contains("checksum"), "{error}");
 }
@@ -97,10 +97,10 @@ fn old_segments_go_and_a_reader_from_before_them_starts_at_the_log_start() {
     }
     let oldest = log.shared().oldest_cursor().unwrap();
     assert!(oldest >= 1000 - 100 - 200, "old segments retired, oldest {oldest}");
-    let (_, start) = LogReader::after(log.shared().clone(), 5);
+    let start = LogReader::start_of(log.shared(), 5);
     assert!(start.from_log_start);
     assert_eq!(read_all(&log, 5).first(), Some(&oldest));
-    let (_, start) = LogReader::after(log.shared().clone(), oldest);
+    let start = LogReader::start_of(log.shared(), oldest);
     assert!(!start.from_log_start);
 }
 
@@ -274,7 +274,7 @@ proptest! {
         prop_assert_eq!(counters.entries.load(std::sync::atomic::Ordering::Relaxed), logged);
 
         let mut rebuilt = Rebuilt::default();
-        let (mut reader, _) = LogReader::after(feed.log(), 0);
+        let mut reader = LogReader::after(feed.log(), 0);
         let mut last = 0;
         while let Some(entry) = reader.next_entry().unwrap() {
             for event in entry.events() {
@@ -317,7 +317,7 @@ fn an_entry_for_a_link_names_its_location() {
     let record_ref = RecordRef { did: did(1).into(), collection: "app.bsky.feed.like".into(), rkey: "3kabc".into() };
     feed.observe(&Operation::Create(RecordOp { record_ref, record: like }), 5, None).unwrap();
     feed.end_batch().unwrap();
-    let (mut reader, _) = LogReader::after(feed.log(), 0);
+    let mut reader = LogReader::after(feed.log(), 0);
     let entry = reader.next_entry().unwrap().unwrap();
     let expected = Link { target: target(1), location: "$.subject".into() };
     match entry.change {

@@ -1,8 +1,8 @@
 //! Live push over websockets: `subscribeBacklinks` (our events, with a cursor) and spacedust's
 //! `/subscribe` (its parameters and event shape).
 //!
-//! A connection is admitted under `push_max_subscribers` (else a 503 before the upgrade), parses
-//! its filter (else a 400 before the upgrade), then: with a `cursor`, an `info` frame and a
+//! A connection parses its filter (else a 400 before the upgrade), is admitted under
+//! `push_max_subscribers` (else a 503 before the upgrade), then: with a `cursor`, an `info` frame and a
 //! replay read from the change log in batches, until it has caught up with the hub and joins
 //! it; without one, it joins the hub at once. Live, it sends what the hub queues for it, answers
 //! filter updates (`{"type": "options_update", "payload": {...}}`), and pings often enough that
@@ -19,11 +19,12 @@
 use super::{AppState, XrpcError, query_pairs};
 use crate::constellation::parse_source;
 use crate::constellation::rest::constellation_path;
-use crate::push::PushCounters;
+use crate::model::syntax::{LinkTarget, parse_target};
 use crate::push::entry::{LinkOp, PushEvent};
 use crate::push::filter::{Filter, update_pairs};
 use crate::push::hub::{Admission, Delivery, Hub, Join, Subscription};
 use crate::push::log::LogReader;
+use crate::push::{PushCounters, PushError};
 use axum::extract::Request;
 use axum::http::header::{CONNECTION, SEC_WEBSOCKET_ACCEPT, SEC_WEBSOCKET_KEY, SEC_WEBSOCKET_VERSION, UPGRADE};
 use axum::http::{HeaderValue, StatusCode};
@@ -50,7 +51,8 @@ const MAX_CLIENT_MESSAGE: usize = 10 << 20;
 const SOCKET_BUFFER_BYTES: usize = 8 << 10;
 /// The most a subscriber's socket may hold unwritten (one replay batch fits).
 const MAX_WRITE_BUFFER_BYTES: usize = 4 << 20;
-/// Events a replay reads from the log before it sends them and looks at the client again.
+/// Entries a replay reads from the log before it sends what matched and looks at the client
+/// again (reads happen on the connection's thread, so a narrow filter must not read on and on).
 const REPLAY_BATCH: usize = 512;
 /// Events one live wake-up sends before flushing.
 const LIVE_BATCH: usize = 256;
@@ -272,7 +274,8 @@ impl Connection {
     fn replay_from(&mut self, cursor: i64) -> Phase {
         // A cursor past the log's end means now.
         let cursor = cursor.min(self.hub.log().end().last_cursor);
-        let (reader, start) = LogReader::after(self.hub.log().clone(), cursor);
+        let start = LogReader::start_of(self.hub.log(), cursor);
+        let reader = LogReader::after(self.hub.log().clone(), cursor);
         let info = serde_json::json!({
             "op": "info",
             "name": if start.from_log_start { "OutdatedCursor" } else { "Replay" },
@@ -321,7 +324,7 @@ impl Connection {
     async fn replay_step(&mut self, mut reader: LogReader, mut last: i64) -> Result<Phase, &'static str> {
         let mut frames = vec![];
         let mut at_end = false;
-        while frames.len() < REPLAY_BATCH {
+        for _ in 0..REPLAY_BATCH {
             let entry = match reader.next_entry() {
                 Ok(Some(entry)) => entry,
                 Ok(None) => {
@@ -329,7 +332,11 @@ impl Connection {
                     break;
                 }
                 Err(error) => {
-                    self.counters().cut_behind.fetch_add(1, Ordering::Relaxed);
+                    let counter = match error {
+                        PushError::Behind => &self.counters().cut_behind,
+                        _ => &self.counters().cut_error,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
                     tracing::warn!(%error, "a replay cannot go on");
                     return Err(self.close_with_error("ReplayFailed", &error.to_string()).await);
                 }
@@ -373,9 +380,11 @@ impl Connection {
         tokio::select! {
             biased;
             _ = subscription.cut.wait() => {
-                let reason = subscription.cut.reason().unwrap_or("cut");
-                let message = format!("this subscriber was cut off ({reason}): it did not read its events fast enough; reconnect with the last cursor");
-                return Err(self.close_with_error("ConsumerTooSlow", &message).await);
+                let (error, message) = match subscription.cut.reason() {
+                    Some("too_slow") => ("ConsumerTooSlow", "this subscriber did not read its events fast enough; reconnect with the last cursor"),
+                    _ => ("ReplayFailed", "the server could not follow its change log; reconnect with the last cursor"),
+                };
+                return Err(self.close_with_error(error, message).await);
             }
             delivery = subscription.queue.recv() => {
                 let Some(delivery) = delivery else { return Err("hub gone") };
@@ -443,6 +452,10 @@ impl Connection {
             Flavor::Backlinks => self.feed_frame(delivery.frame.clone()).await,
             Flavor::Spacedust { delayed: true } => {
                 self.hold_or_unhold(&delivery.event());
+                if self.held.len() > MAX_HELD {
+                    // Too many held: the oldest go out early rather than grow the queue.
+                    self.release_due().await?;
+                }
                 Ok(())
             }
             Flavor::Spacedust { delayed: false } => match self.render(&delivery.event()) {
@@ -485,7 +498,7 @@ impl Connection {
             (Flavor::Backlinks, _) => Some(event.to_json()),
             // Spacedust sends creates only (its deletes never reach clients).
             (Flavor::Spacedust { .. }, PushEvent::Link { op: LinkOp::Create, link, .. }) => {
-                let target_is_record = link.target.starts_with("at://") && link.target.matches('/').count() >= 4;
+                let target_is_record = matches!(parse_target(&link.target), Ok(LinkTarget::Record { .. }));
                 let path = constellation_path(&link.location, target_is_record).unwrap_or_default();
                 event.to_spacedust_json(&path)
             }

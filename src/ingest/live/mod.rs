@@ -89,7 +89,7 @@ pub struct LiveOptions {
     /// Told the DID of every `#identity` event (its key or PDS may have changed): the resolver
     /// backfill uses forgets what it knew.
     pub on_identity: Option<IdentityHook>,
-    /// Told every event after the index, for live push.
+    /// Told every event (before the index; subscribers see a batch at its end), for live push.
     pub push: Option<PushFeed>,
 }
 
@@ -108,9 +108,11 @@ impl std::fmt::Debug for PushFeed {
 impl PushFeed {
     fn run(&self, what: &str, step: impl FnOnce(&mut Feed) -> Result<(), PushError>) {
         let mut feed = self.0.lock().expect("push feed lock poisoned");
-        if let Err(error) = step(&mut feed) {
-            feed.count_error();
-            tracing::warn!(%error, what, "live push failed; indexing goes on");
+        match step(&mut feed) {
+            Ok(()) => feed.clear_failure(),
+            // The first failure in a row is logged, the rest counted (a full disk fails them all).
+            Err(error) if feed.count_error() => tracing::warn!(%error, what, "live push failed; indexing goes on"),
+            Err(_) => {}
         }
     }
 
