@@ -213,11 +213,13 @@ impl Live {
         Live { runtime, jetstream, dir, config }
     }
 
+    /// The stream paced, and subscribers' queues long enough that a reader slowed by a loaded
+    /// machine is never cut off (cut-offs have their own test).
     fn paced(lines: &[String], every: u64, pause_ms: u64) -> Live {
         Live::new(
             lines,
             Faults { pause_every: Some((every, Duration::from_millis(pause_ms))), ..Faults::default() },
-            "",
+            "push_buffer_events = 1048576\n",
         )
     }
 
