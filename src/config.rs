@@ -90,6 +90,8 @@ pub struct FileConfig {
     pub push_max_subscribers: Option<usize>,
     /// Events queued for one subscriber before it is cut off as too slow (serve, default 1024).
     pub push_buffer_events: Option<usize>,
+    /// Size of the recent-links table that routes deletes and updates (serve, default 2 GiB).
+    pub push_recent_bytes: Option<u64>,
     /// S3 endpoint URL (default: `AWS_ENDPOINT_URL_S3`, `AWS_ENDPOINT_URL`, else AWS itself).
     pub s3_endpoint: Option<String>,
     /// S3 region (default: `AWS_REGION`, `AWS_DEFAULT_REGION`, else us-east-1).
@@ -246,6 +248,9 @@ impl FileConfig {
         if let Some(n) = self.push_buffer_events {
             settings.buffer_events = bounded("push_buffer_events", n, 16, 1 << 20)?;
         }
+        if let Some(bytes) = self.push_recent_bytes {
+            settings.recent_bytes = bounded("push_recent_bytes", bytes, 1 << 20, 1 << 40)?;
+        }
         settings.enabled = self.no_push != Some(true);
         Ok(settings)
     }
@@ -375,6 +380,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("push_log_max_bytes", EnvKind::Scalar),
     ("push_max_subscribers", EnvKind::Scalar),
     ("push_buffer_events", EnvKind::Scalar),
+    ("push_recent_bytes", EnvKind::Scalar),
     ("s3_endpoint", EnvKind::Text),
     ("s3_region", EnvKind::Text),
     ("s3_access_key_id", EnvKind::Text),
@@ -515,6 +521,7 @@ pub struct PushSettings {
     pub log_max_bytes: u64,
     pub max_subscribers: usize,
     pub buffer_events: usize,
+    pub recent_bytes: u64,
 }
 
 impl Default for PushSettings {
@@ -525,6 +532,7 @@ impl Default for PushSettings {
             log_max_bytes: 64 << 30,
             max_subscribers: 1000,
             buffer_events: 1024,
+            recent_bytes: 2 << 30,
         }
     }
 }

@@ -13,6 +13,7 @@ use backlinks::ingest::read_ahead::ReadAhead;
 use backlinks::metrics::{MeteredStore, Metrics};
 use backlinks::push::PushCounters;
 use backlinks::push::feed::{Feed, FeedOptions};
+use backlinks::push::hub::delivery_runtime;
 use backlinks::push::hub::{Hub, HubOptions};
 use backlinks::query::list_backlinks;
 use backlinks::server::systemd::{Notifier, feed_watchdog, watchdog_interval};
@@ -317,7 +318,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None if read_only => IngestMode::ReadOnly,
         None => IngestMode::ImportOnly,
     };
-    let push = push.map(PushHandle);
+    // Subscribers' connections run on their own runtime, below ingest (see `push::hub`); it stops
+    // without waiting for them when this function returns.
+    let delivery = push.as_ref().map(|_| delivery_runtime()).transpose().context("starting push delivery")?;
+    let delivery = Background(delivery);
+    let push = push.zip(delivery.handle()).map(|(hub, delivery)| PushHandle { hub, delivery });
     let options = ServerOptions { ingest, push, ..ServerOptions::from_config(&config)? };
     let notifier = Notifier::new(std::env::var_os("NOTIFY_SOCKET").as_deref()).context("NOTIFY_SOCKET")?.map(Arc::new);
     let listen = config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_string());
@@ -353,6 +358,24 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     served
 }
 
+/// A runtime that is shut down without waiting for its tasks when dropped (a runtime may not be
+/// dropped the usual way inside another's task).
+struct Background(Option<tokio::runtime::Runtime>);
+
+impl Background {
+    fn handle(&self) -> Option<tokio::runtime::Handle> {
+        self.0.as_ref().map(|runtime| runtime.handle().clone())
+    }
+}
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.0.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
 /// Follows the configured Jetstream instances (default: the public ones, v2 first) from the
 /// index's durable cursor, writing through `writer`. Returns the ingest and the preferred
 /// instance's URL.
@@ -385,7 +408,8 @@ fn start_push(data_dir: &Path, config: &FileConfig, index: &Index) -> anyhow::Re
         return Ok(None);
     }
     let retain_us = settings.retain_hours as i64 * 3_600_000_000;
-    let options = FeedOptions::new(retain_us, settings.log_max_bytes, index.extract_limits().clone());
+    let extract = index.extract_limits().clone();
+    let options = FeedOptions::new(retain_us, settings.log_max_bytes, settings.recent_bytes, extract);
     let counters = Arc::new(PushCounters::default());
     let feed = Feed::open(&data_dir.join("push"), options, counters.clone()).context("opening the push log")?;
     let hub_options = HubOptions { max_subscribers: settings.max_subscribers, buffer_events: settings.buffer_events };
@@ -455,6 +479,7 @@ fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
     set("push_log_max_bytes", (push.log_max_bytes as i64).into());
     set("push_max_subscribers", (push.max_subscribers as i64).into());
     set("push_buffer_events", (push.buffer_events as i64).into());
+    set("push_recent_bytes", (push.recent_bytes as i64).into());
     let writer = config.writer_options();
     set("gc_grace_secs", ((writer.gc_grace_ms / 1_000) as i64).into());
     backlinks::config::redact_secrets(&mut table);

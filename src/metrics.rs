@@ -389,7 +389,12 @@ fn register_push(registry: &mut Registry, counters: &PushCounters) {
             "Deletes of records older than the log's window (not pushed)",
             &counters.unrouted_deletes,
         ),
-        ("push_bad_lookups", "Recent-links rows that led nowhere", &counters.bad_lookups),
+        ("push_bad_lookups", "Recent-links slots that led nowhere", &counters.bad_lookups),
+        (
+            "push_recent_displaced",
+            "Recent-links slots given up to newer records in a full table",
+            &counters.recent_displaced,
+        ),
         ("push_errors", "Failed feed steps (indexing went on)", &counters.errors),
         ("push_filter_updates", "Filter updates from subscribers", &counters.filter_updates),
     ] {

@@ -8,7 +8,8 @@
 //! - `drop_flag`: a flag that a scope raises unless it ends well;
 //! - `positions`: an open-addressing hash index of positions into a caller's vector;
 //! - `corruption`: how a reader that met a failed checksum logs and counts it;
-//! - `redact`: credentials inside URLs, hidden wherever a URL is shown.
+//! - `redact`: credentials inside URLs, hidden wherever a URL is shown;
+//! - `priority`: threads that yield the CPU to ingest.
 
 pub mod clock;
 pub mod corruption;
@@ -16,5 +17,6 @@ pub mod dates;
 pub mod drop_flag;
 pub mod durable;
 pub mod positions;
+pub mod priority;
 pub mod redact;
 pub mod rng;

@@ -5,7 +5,7 @@
 //! shown. Its events take consecutive cursors from `first_cursor`, deletes first.
 //!
 //! Encoding (little-endian): `first_cursor i64, time_us i64, identity u64, kind u8`, then for
-//! `KIND_LINKS`: `source str, rev u64 (0: none), deleted count u32, (target str, location str)...,
+//! `KIND_LINKS`: `source str, rev u64 (0: none), account_before u64 (u64::MAX: none), deleted count u32, (target str, location str)...,
 //! created count u32, (target str, location str)...`; for `KIND_HIDE`: `did str, status str`; for
 //! `KIND_SHOW`: `did str`. A `str` is a u32 length and UTF-8 bytes.
 //!
@@ -24,6 +24,8 @@ pub const MAX_ENTRY_BYTES: usize = 16 << 20;
 const KIND_LINKS: u8 = 0;
 const KIND_HIDE: u8 = 1;
 const KIND_SHOW: u8 = 2;
+/// `account_before` when there is none.
+const NO_POSITION: u64 = u64::MAX;
 
 /// A link of a record: what it points at and where in the record.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -36,7 +38,16 @@ pub struct Link {
 pub enum Change {
     /// A record's links removed, then added (`source` is its at:// URI); `kept` are links the
     /// record had before and still has (no events: `kept` and `created` are its links now).
-    Links { source: String, rev: Option<u64>, deleted: Vec<Link>, created: Vec<Link>, kept: Vec<Link> },
+    /// `account_before` is where the log held the previous entry of a record of the same account
+    /// when this one was written (a packed log position), so an account's entries chain back.
+    Links {
+        source: String,
+        rev: Option<u64>,
+        account_before: Option<u64>,
+        deleted: Vec<Link>,
+        created: Vec<Link>,
+        kept: Vec<Link>,
+    },
     /// An account hidden: deactivated, suspended, taken down, or deleted (`status`).
     Hide { did: String, status: String },
     /// An account shown again.
@@ -195,10 +206,12 @@ impl Entry {
         out.extend_from_slice(&self.time_us.to_le_bytes());
         out.extend_from_slice(&self.identity.to_le_bytes());
         match &self.change {
-            Change::Links { source, rev, deleted, created, kept } => {
+            Change::Links { source, rev, account_before, deleted, created, kept } => {
                 out.push(KIND_LINKS);
                 put_str(out, source);
                 out.extend_from_slice(&rev.unwrap_or(0).to_le_bytes());
+                assert_ne!(*account_before, Some(NO_POSITION), "a position is below u64::MAX");
+                out.extend_from_slice(&account_before.unwrap_or(NO_POSITION).to_le_bytes());
                 put_links(out, deleted);
                 put_links(out, created);
                 put_links(out, kept);
@@ -226,8 +239,9 @@ impl Entry {
             KIND_LINKS => {
                 let source = reader.string()?;
                 let rev = Some(reader.u64()?).filter(|rev| *rev != 0);
+                let account_before = Some(reader.u64()?).filter(|at| *at != NO_POSITION);
                 let (deleted, created, kept) = (reader.links()?, reader.links()?, reader.links()?);
-                Change::Links { source, rev, deleted, created, kept }
+                Change::Links { source, rev, account_before, deleted, created, kept }
             }
             KIND_HIDE => Change::Hide { did: reader.string()?, status: reader.string()? },
             KIND_SHOW => Change::Show { did: reader.string()? },
@@ -321,13 +335,15 @@ mod tests {
             (
                 "at://[a-z:/.]{0,60}",
                 proptest::option::of(1u64..),
+                proptest::option::of(0..NO_POSITION),
                 proptest::collection::vec(link_strategy(), 0..5),
                 proptest::collection::vec(link_strategy(), 1..5),
                 proptest::collection::vec(link_strategy(), 0..3)
             )
-                .prop_map(|(source, rev, deleted, created, kept)| Change::Links {
+                .prop_map(|(source, rev, account_before, deleted, created, kept)| Change::Links {
                     source,
                     rev,
+                    account_before,
                     deleted,
                     created,
                     kept
@@ -370,6 +386,7 @@ mod tests {
             change: Change::Links {
                 source: "at://did:plc:a/app.bsky.feed.like/3k".into(),
                 rev: Some(1),
+                account_before: None,
                 deleted: vec![link("at://did:plc:b/app.bsky.feed.post/1")],
                 created: vec![link("at://did:plc:b/app.bsky.feed.post/2")],
                 kept: vec![link("at://did:plc:b/app.bsky.feed.post/3")],

@@ -8,8 +8,9 @@
 //! - A delete becomes the removal of the record's links, if the record was created or updated
 //!   within the window; a delete of an older record makes no event (counted as unrouted).
 //! - An account shown again becomes `show`; hidden, `hide` with its status; deleted, the removal
-//!   of its recent records' links and then `hide` with status `deleted`, which tells a subscriber
-//!   to drop the account's older links too.
+//!   of its recent records' links (found by walking its entries back through `account_before`,
+//!   at most `MAX_ACCOUNT_WALK` of them) and then `hide` with status `deleted`, which tells a
+//!   subscriber to drop the account's older links too.
 //!
 //! Invariants:
 //! - Cursors are `max(previous + 1, time_us)`: strictly increasing, and close to the event's
@@ -17,20 +18,19 @@
 //! - An event the stream replays (live ingest resumes a little before its cursor after a restart
 //!   or an instance switch) makes no second entry: events are remembered by identity (repository,
 //!   record, operation and revision) for `remember_us` of stream time; after a restart, events up
-//!   to the newest time the feed had committed (`observed_through`, kept with the recent-links rows)
-//!   are skipped (the feed saw them all, in order), and the identities of the log's tail are
-//!   remembered again for a resume on another instance, whose times differ a little.
-//! - The recent-links table follows from the log alone (`reflect`); on open, entries written
-//!   after its last commit are reflected again, so a crash between the two loses nothing. (What such
-//!   a resume can still get wrong: a delete of a record it never knew, replayed after the record
-//!   was created again within the rewind, unlinks the new links.)
-//! - Readers see a batch's entries only after `end_batch`; entries are on disk, and the
-//!   recent-links rows committed, after `sync`.
+//!   to the newest time the feed had synced (`observed_through`, in the recent-links table's
+//!   header) are skipped (the feed saw them all, in order), and the identities of the log's tail
+//!   are remembered again for a resume on another instance, whose times differ a little.
+//! - The recent-links table follows from the log alone (`reflect`); on open, entries past its
+//!   `log_through` are reflected again (all of them after a machine crash), so a crash between the
+//!   two loses nothing. (What such a resume can still get wrong: a delete of a record it never
+//!   knew, replayed after the record was created again within the rewind, unlinks the new links.)
+//! - Readers see a batch's entries only after `end_batch`; entries are on disk after `sync`.
 
 use super::entry::{Change, Entry, Link};
 use super::filter::did_of_target;
 use super::log::{ChangeLog, LogOptions, LogReader, LogShared, Position};
-use super::recent::RecentLinks;
+use super::recent::{Facts, Fresh, RecentLinks};
 use super::{PushCounters, PushError};
 use crate::extract::{ExtractLimits, extract_links};
 use crate::model::operation::{Operation, RecordRef};
@@ -48,6 +48,10 @@ pub struct FeedOptions {
     pub remember_us: i64,
     /// The most events remembered at once.
     pub max_remembered: usize,
+    /// The recent-links table's size on disk.
+    pub recent_bytes: u64,
+    /// This boot of the machine (`recent::current_boot`): tells a restart from a reboot.
+    pub boot: u64,
 }
 
 /// Segments of the change log start past this size.
@@ -56,12 +60,17 @@ pub const SEGMENT_BYTES: u64 = 64 << 20;
 pub const REMEMBER_US: i64 = 60_000_000;
 /// At most this many events remembered (a minute at 8,000 events/s).
 pub const MAX_REMEMBERED: usize = 500_000;
+/// An account deletion reaches at most this many of the account's newest entries; its `hide`
+/// covers the rest.
+pub const MAX_ACCOUNT_WALK: usize = 100_000;
 
 impl FeedOptions {
-    /// A log keeping `retain_us` of history within `max_bytes`, and the default memory.
-    pub fn new(retain_us: i64, max_bytes: u64, extract: ExtractLimits) -> Self {
+    /// A log keeping `retain_us` of history within `max_bytes`, a recent-links table of
+    /// `recent_bytes`, and the default memory.
+    pub fn new(retain_us: i64, max_bytes: u64, recent_bytes: u64, extract: ExtractLimits) -> Self {
         let log = LogOptions { segment_bytes: SEGMENT_BYTES, retain_us, max_bytes };
-        FeedOptions { log, extract, remember_us: REMEMBER_US, max_remembered: MAX_REMEMBERED }
+        let boot = super::recent::current_boot();
+        FeedOptions { log, extract, remember_us: REMEMBER_US, max_remembered: MAX_REMEMBERED, recent_bytes, boot }
     }
 }
 
@@ -71,7 +80,6 @@ pub struct Feed {
     remembered: Remembered,
     options: FeedOptions,
     counters: Arc<PushCounters>,
-    forgotten_before: u32,
     /// The newest event time committed when the feed opened: every event up to it was seen.
     resumed_through: i64,
     /// The newest event time observed.
@@ -80,9 +88,9 @@ pub struct Feed {
     failing: bool,
 }
 
-const OBSERVED_THROUGH: &str = "observed_through";
-/// The newest log cursor whose entry the recent-links table reflects.
-const LOG_THROUGH: &str = "log_through";
+/// What an older binary kept where the recent-links table is now: its change log has entries
+/// without `account_before`, so both go.
+const OBSOLETE_RECENT_FILES: [&str; 3] = ["recent.db", "recent.db-wal", "recent.db-shm"];
 
 /// The identities of the newest events, oldest first.
 #[derive(Default)]
@@ -113,17 +121,20 @@ impl Remembered {
 impl Feed {
     /// Opens the log and the recent-links table under `dir`.
     pub fn open(dir: &Path, options: FeedOptions, counters: Arc<PushCounters>) -> Result<Self, PushError> {
+        forget_an_older_format(dir)?;
         let log = ChangeLog::open(&dir.join("log"), options.log.clone())?;
-        let recent = RecentLinks::open(&dir.join("recent.db"))?;
+        let (recent, fresh) = RecentLinks::open(&dir.join("recent.table"), options.recent_bytes, options.boot)?;
+        if fresh == Fresh::MachineCrash {
+            tracing::warn!("the machine stopped with the recent-links table open: rebuilding it from the change log");
+        }
         let remembered = Remembered::default();
-        let observed_through = recent.fact(OBSERVED_THROUGH)?.unwrap_or(i64::MIN);
+        let observed_through = recent.facts().observed_through;
         let mut feed = Feed {
             log,
             recent,
             remembered,
             options,
             counters,
-            forgotten_before: 0,
             resumed_through: observed_through,
             observed_through,
             failing: false,
@@ -189,15 +200,9 @@ impl Feed {
     pub fn sync(&mut self) -> Result<(), PushError> {
         self.log.publish()?;
         self.log.sync()?;
-        let oldest = self.log.shared().oldest_segment();
-        if oldest > self.forgotten_before {
-            let forgotten = self.recent.forget_before(oldest)?;
-            tracing::debug!(forgotten, oldest, "recent links of retired log segments forgotten");
-            self.forgotten_before = oldest;
-        }
-        self.recent.set_fact(OBSERVED_THROUGH, self.observed_through)?;
-        self.recent.set_fact(LOG_THROUGH, self.log.last_cursor())?;
-        self.recent.commit()
+        self.recent.forget_before(self.log.shared().oldest_segment());
+        self.recent.set_facts(Facts { log_through: self.log.last_cursor(), observed_through: self.observed_through });
+        Ok(())
     }
 
     /// Counts a failure of this feed's caller's step (for the metrics); true for the first one
@@ -228,20 +233,19 @@ impl Feed {
         let created: Vec<Link> = links.difference(&before).cloned().collect();
         let kept: Vec<Link> = links.intersection(&before).cloned().collect();
         if !deleted.is_empty() || !created.is_empty() {
-            self.append(Change::Links { source, rev, deleted, created, kept }, stamp)?;
+            self.append(Change::Links { source, rev, account_before: None, deleted, created, kept }, stamp)?;
         }
         Ok(known)
     }
 
     /// The links the record has now, if it changed within the window.
     fn current_links(&mut self, source: &str) -> Result<Option<BTreeSet<Link>>, PushError> {
-        let Some(position) = self.recent.position_of(source)? else { return Ok(None) };
-        Ok(self.record_at(position, |entry_source| entry_source == source).map(|(_, links)| links))
+        let Some(position) = self.recent.position_of(source) else { return Ok(None) };
+        Ok(self.record_at(position, |entry_source| entry_source == source).map(|record| record.links))
     }
 
-    /// The source and links of the entry at `position`, if it is there and its source passes
-    /// `belongs`.
-    fn record_at(&mut self, position: Position, belongs: impl Fn(&str) -> bool) -> Option<(String, BTreeSet<Link>)> {
+    /// The record of the entry at `position`, if it is there and its source passes `belongs`.
+    fn record_at(&mut self, position: Position, belongs: impl Fn(&str) -> bool) -> Option<Recorded> {
         let entry = match self.log.read_at(position) {
             Ok(entry) => entry?,
             Err(e) => {
@@ -252,58 +256,94 @@ impl Feed {
             }
         };
         match entry.change {
-            Change::Links { source, created, kept, .. } if belongs(&source) => {
-                Some((source, created.into_iter().chain(kept).collect()))
-            }
+            Change::Links { source, account_before, created, kept, .. } if belongs(&source) => Some(Recorded {
+                source,
+                account_before: account_before.map(|at| Position::unpacked(at as i64)),
+                links: created.into_iter().chain(kept).collect(),
+            }),
             _ => None,
         }
     }
 
+    /// Removes the links of the account's records changed within the window, oldest first.
     fn remove_recent_records_of(&mut self, did: &str, stamp: Stamp) -> Result<(), PushError> {
-        let prefix = format!("at://{did}/");
-        for position in self.recent.of_did(did)? {
-            let Some((source, links)) = self.record_at(position, |source| source.starts_with(&prefix)) else {
-                continue;
-            };
-            let change = Change::Links {
-                source,
-                rev: None,
-                deleted: links.into_iter().collect(),
-                created: vec![],
-                kept: vec![],
-            };
+        let mut removals = vec![];
+        for record in self.recent_records_of(did) {
+            let deleted: Vec<Link> = record.links.into_iter().collect();
+            if !deleted.is_empty() {
+                removals.push(Change::Links {
+                    source: record.source,
+                    rev: None,
+                    account_before: None,
+                    deleted,
+                    created: vec![],
+                    kept: vec![],
+                });
+            }
+        }
+        for change in removals.into_iter().rev() {
             self.append(change, stamp)?;
         }
         Ok(())
     }
 
-    fn append(&mut self, change: Change, stamp: Stamp) -> Result<Position, PushError> {
+    /// The account's records changed within the window as they are now, newest first: the first
+    /// entry of a record met walking the account's entries back is its newest.
+    fn recent_records_of(&mut self, did: &str) -> Vec<Recorded> {
+        let prefix = format!("at://{did}/");
+        let oldest_segment = self.log.shared().oldest_segment();
+        let mut next = self.recent.account_position(did);
+        let (mut seen, mut records) = (HashSet::new(), vec![]);
+        for _ in 0..MAX_ACCOUNT_WALK {
+            let Some(position) = next.filter(|at| at.segment >= oldest_segment) else { break };
+            // A chain that does not lead back to the account's own entries ends (a collision,
+            // or a slot ahead of a log a crash cut short).
+            let Some(record) = self.record_at(position, |source| source.starts_with(&prefix)) else { break };
+            next = record.account_before.filter(|before| *before < position);
+            if seen.insert(record.source.clone()) {
+                records.push(record);
+            }
+        }
+        records
+    }
+
+    fn append(&mut self, mut change: Change, stamp: Stamp) -> Result<Position, PushError> {
+        if let Change::Links { source, account_before, .. } = &mut change {
+            let did = did_of_target(source).unwrap_or("");
+            *account_before = self.recent.account_position(did).map(|at| at.packed() as u64);
+        }
         let first_cursor = stamp.time_us.max(self.log.last_cursor() + 1);
         let entry = Entry { first_cursor, time_us: stamp.time_us, identity: stamp.identity, change };
         let position = self.log.append(&entry)?;
-        self.reflect(&entry, position)?;
+        self.reflect(&entry, position);
         self.counters.entries.fetch_add(1, Ordering::Relaxed);
         self.counters.events_logged.fetch_add(entry.event_count() as u64, Ordering::Relaxed);
         Ok(position)
     }
 
     /// What an entry at `position` means for the recent-links table: the record's links are now
-    /// its `created` and `kept` (none: it has no row). Every change to the table goes through
-    /// here, so replaying the log past `LOG_THROUGH` rebuilds what a crash lost.
-    fn reflect(&mut self, entry: &Entry, position: Position) -> Result<(), PushError> {
-        let Change::Links { source, created, kept, .. } = &entry.change else { return Ok(()) };
-        if created.is_empty() && kept.is_empty() {
-            return self.recent.remove(source);
-        }
-        self.recent.set(source, did_of_target(source).unwrap_or(""), position)
+    /// its `created` and `kept` (none: it has no slot), and it is its account's newest entry.
+    /// Every change to the table goes through here, so reflecting the log past `log_through`
+    /// rebuilds what a crash lost.
+    fn reflect(&mut self, entry: &Entry, position: Position) {
+        let Change::Links { source, created, kept, .. } = &entry.change else { return };
+        let kept_all = if created.is_empty() && kept.is_empty() {
+            self.recent.remove(source);
+            true
+        } else {
+            self.recent.set(source, position)
+        };
+        let account_kept = self.recent.set_account(did_of_target(source).unwrap_or(""), position);
+        let displaced = !kept_all as u64 + !account_kept as u64;
+        self.counters.recent_displaced.fetch_add(displaced, Ordering::Relaxed);
     }
 
     /// Reads the log's tail once: remembers the identities of the last `2 * remember_us` (for a
-    /// resume on another instance), brings the recent-links table up to the log (entries written
-    /// after its last commit), and learns how far the stream was seen.
+    /// resume on another instance), brings the recent-links table up to the log (entries past
+    /// its `log_through`), and learns how far the stream was seen.
     fn read_the_tail(&mut self) -> Result<(), PushError> {
         let remember_since = self.log.last_cursor().saturating_sub(self.options.remember_us.saturating_mul(2));
-        let through = self.recent.fact(LOG_THROUGH)?.unwrap_or(0);
+        let through = self.recent.facts().log_through;
         let mut reader = LogReader::after(self.log.shared().clone(), remember_since.min(through));
         let mut caught_up = 0;
         while let Some((position, entry)) = reader.next_with_position()? {
@@ -312,16 +352,44 @@ impl Feed {
                 self.remembered.insert(entry.identity, entry.time_us, &self.options);
             }
             if entry.first_cursor > through {
-                self.reflect(&entry, position)?;
+                self.reflect(&entry, position);
                 caught_up += 1;
             }
         }
         if caught_up > 0 {
-            tracing::info!(caught_up, "recent links rebuilt from the change log's tail");
+            tracing::info!(caught_up, "recent links rebuilt from the change log");
         }
-        self.recent.set_fact(LOG_THROUGH, self.log.last_cursor())?;
-        self.recent.commit()
+        let facts = Facts { log_through: self.log.last_cursor(), observed_through: self.observed_through };
+        self.recent.set_facts(facts);
+        Ok(())
     }
+}
+
+/// A record as its newest entry left it.
+struct Recorded {
+    source: String,
+    account_before: Option<Position>,
+    links: BTreeSet<Link>,
+}
+
+/// Removes the push state of an older binary (a change log without account chains): losing it
+/// loses only the replay of past events.
+fn forget_an_older_format(dir: &Path) -> Result<(), PushError> {
+    if !dir.join(OBSOLETE_RECENT_FILES[0]).exists() {
+        return Ok(());
+    }
+    tracing::warn!(dir = %dir.display(), "the change log is of an older format: starting it afresh");
+    let log = dir.join("log");
+    if log.exists() {
+        std::fs::remove_dir_all(&log).map_err(|e| PushError::io(&log, e))?;
+    }
+    for name in OBSOLETE_RECENT_FILES {
+        let path = dir.join(name);
+        if path.exists() {
+            std::fs::remove_file(&path).map_err(|e| PushError::io(&path, e))?;
+        }
+    }
+    Ok(())
 }
 
 #[derive(Clone, Copy)]

@@ -13,11 +13,16 @@
 //!   `position` (the newest cursor handed out) only moves under the state lock, and `join`
 //!   admits a subscriber only once it has read the log up to `position` itself.
 //! - At most `max_subscribers` subscriptions exist at once (`admit`).
+//! - Delivery yields to ingest: the hub's thread and the subscribers' connections (on
+//!   `delivery_runtime`) run at `DELIVERY_NICE`, so when the cores are busy (a catch-up at full
+//!   speed) ingest goes first and delivery lags behind the log, to catch up once ingest is at the
+//!   stream's pace; when they are not, delivery has all it needs.
 
 use super::entry::{Entry, PushEvent};
 use super::filter::{Filter, did_of_target};
 use super::log::{LogReader, LogShared};
 use super::{PushCounters, PushError};
+use crate::base::priority::lower_this_thread;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
@@ -27,6 +32,21 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 /// How long the hub waits for the log before looking whether it should stop.
 const HUB_WAIT: Duration = Duration::from_millis(200);
+/// Scheduling priority of delivery's threads (Linux nice: 10 weighs about a tenth of the usual 0).
+pub const DELIVERY_NICE: i32 = 10;
+/// Most threads the delivery runtime runs (one per core below that).
+const MAX_DELIVERY_THREADS: usize = 4;
+
+/// The runtime subscribers' connections run on, its threads at `DELIVERY_NICE`.
+pub fn delivery_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cores.min(MAX_DELIVERY_THREADS))
+        .thread_name("push-delivery")
+        .on_thread_start(|| lower_this_thread(DELIVERY_NICE))
+        .enable_all()
+        .build()
+}
 
 #[derive(Debug, Clone, Copy)]
 pub struct HubOptions {
@@ -344,6 +364,7 @@ impl Hub {
 
 /// The hub's thread: reads each new entry once and dispatches it.
 fn follow_log(hub: Weak<Hub>, from: i64) {
+    lower_this_thread(DELIVERY_NICE);
     let Some(log) = hub.upgrade().map(|hub| hub.log.clone()) else { return };
     let mut reader = LogReader::after(log.clone(), from);
     let mut last = from;
@@ -386,7 +407,7 @@ mod tests {
     fn like(cursor: i64, target: &str) -> Entry {
         let created = vec![Link { target: target.into(), location: "$.subject".into() }];
         let source = format!("at://did:plc:liker/app.bsky.feed.like/{cursor}");
-        let change = Change::Links { source, rev: None, deleted: vec![], created, kept: vec![] };
+        let change = Change::Links { source, rev: None, account_before: None, deleted: vec![], created, kept: vec![] };
         Entry { first_cursor: cursor, time_us: cursor, identity: cursor as u64, change }
     }
 

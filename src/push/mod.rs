@@ -38,8 +38,6 @@ pub enum PushError {
     Corrupt(String),
     #[error("the change log no longer holds the events after this cursor")]
     Behind,
-    #[error("recent.db: {0}")]
-    Sqlite(#[from] rusqlite::Error),
 }
 
 impl PushError {
@@ -58,8 +56,11 @@ pub struct PushCounters {
     pub replays_skipped: AtomicU64,
     /// Deletes of records the window does not hold (older, or never linking).
     pub unrouted_deletes: AtomicU64,
-    /// Recent-links rows that led to no entry of theirs.
+    /// Recent-links slots that led to no entry of theirs.
     pub bad_lookups: AtomicU64,
+    /// Recent-links slots given up for newer ones in a full table (those records left the
+    /// window early).
+    pub recent_displaced: AtomicU64,
     /// Feed steps that failed (logged; indexing went on).
     pub errors: AtomicU64,
     /// Subscribers connected now.

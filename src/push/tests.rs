@@ -194,6 +194,25 @@ fn feed_options() -> FeedOptions {
         extract: ExtractLimits::default(),
         remember_us: 1_000_000,
         max_remembered: 100_000,
+        recent_bytes: 64 << 10,
+        boot: 1,
+    }
+}
+
+/// How a feed stops before it is opened again.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// After a sync, closed.
+    Clean,
+    /// The process dies: nothing is closed, the pages it wrote stay.
+    ProcessCrash,
+    /// The machine stops: as a process crash, and the machine boots again.
+    MachineCrash,
+}
+
+impl Stop {
+    fn of(i: usize) -> Stop {
+        [Stop::Clean, Stop::ProcessCrash, Stop::MachineCrash][i % 3]
     }
 }
 
@@ -241,20 +260,26 @@ proptest! {
         // A restart resumes the stream a little before the last sync (the index's flush, whose
         // cursor is the durable one), so what a crash left uncommitted comes again.
         let mut resumed_at = 0;
+        let mut options = feed_options();
         for i in 0..stream.len() {
             if i == reopen_at {
-                let synced_at = match reopen_at % 2 {
-                    0 => {
+                let stop = Stop::of(i);
+                let synced_at = match stop {
+                    Stop::Clean => {
                         feed.sync().unwrap();
+                        drop(feed);
                         i
                     }
-                    _ => {
+                    Stop::ProcessCrash | Stop::MachineCrash => {
                         feed.end_batch().unwrap();
+                        std::mem::forget(feed);
                         0
                     }
                 };
-                drop(feed);
-                feed = Feed::open(dir.path(), feed_options(), counters.clone()).unwrap();
+                if let Stop::MachineCrash = stop {
+                    options.boot += 1;
+                }
+                feed = Feed::open(dir.path(), options.clone(), counters.clone()).unwrap();
                 resumed_at = synced_at.saturating_sub(2);
                 for (operation, time_us, rev) in &stream[resumed_at..i] {
                     feed.observe(operation, *time_us, *rev).unwrap();

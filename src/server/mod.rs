@@ -142,9 +142,12 @@ pub struct ServerOptions {
     pub push: Option<PushHandle>,
 }
 
-/// The hub subscribers join (see `push`).
+/// The hub subscribers join, and the runtime their connections run on (see `push::hub`).
 #[derive(Clone)]
-pub struct PushHandle(pub Arc<Hub>);
+pub struct PushHandle {
+    pub hub: Arc<Hub>,
+    pub delivery: tokio::runtime::Handle,
+}
 
 impl std::fmt::Debug for PushHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -91,7 +91,7 @@ pub async fn spacedust_subscribe_handler(state: axum::extract::State<AppState>, 
 }
 
 async fn subscribe(state: AppState, mut request: Request, flavor: Flavor) -> Response {
-    let Some(hub) = state.options.push.as_ref().map(|push| push.0.clone()) else {
+    let Some(push) = state.options.push.clone() else {
         return XrpcError {
             status: StatusCode::NOT_IMPLEMENTED,
             error: "MethodNotImplemented",
@@ -107,11 +107,12 @@ async fn subscribe(state: AppState, mut request: Request, flavor: Flavor) -> Res
         Ok(key) => derive_accept_key(key.as_bytes()),
         Err(message) => return XrpcError::invalid_request(message).into_response(),
     };
-    let Some(admission) = hub.admit() else {
+    let Some(admission) = push.hub.admit() else {
         return XrpcError::service_unavailable("too many subscribers; retry later").into_response();
     };
     let upgrade = hyper::upgrade::on(&mut request);
-    tokio::spawn(async move {
+    let hub = push.hub;
+    push.delivery.spawn(async move {
         match upgrade.await {
             Ok(upgraded) => {
                 let config = WebSocketConfig::default()
