@@ -254,6 +254,25 @@ pub const ENDPOINTS: [Endpoint; 15] = [
     ("/lexicons", "The lexicon of every XRPC method (each at <code>/lexicons/NSID.json</code>).", &[]),
 ];
 
+/// The websockets live push serves (where live ingest runs): path, what it sends, and the query
+/// of its example (shown for a websocket client, not as a link: a browser cannot follow one).
+pub const WEBSOCKETS: [Endpoint; 2] = [
+    (
+        "/xrpc/blue.cerulea.backlinks.subscribeBacklinks",
+        "Live push: every link created or deleted toward the filter's targets, and accounts hidden \
+         or shown, one JSON frame each; <code>target</code>, <code>targetPrefix</code>, \
+         <code>targetDid</code>, <code>collection</code>, <code>location</code>, and \
+         <code>cursor</code> to replay from the local change log first.",
+        &[("target", EXAMPLE_POST)],
+    ),
+    (
+        "/subscribe",
+        "Spacedust's: new links for <code>wantedSubjects</code>, <code>wantedSubjectDids</code>, \
+         <code>wantedSources</code>, held 21 s unless <code>instant=true</code>.",
+        &[("wantedSubjects", EXAMPLE_POST), ("instant", "true")],
+    ),
+];
+
 /// A link to `path` with `pairs` as its query string.
 fn href(path: &str, pairs: &[(&str, &str)]) -> String {
     if pairs.is_empty() {
@@ -276,6 +295,18 @@ fn endpoint_docs() -> String {
         let _ = write!(
             html,
             "<tr><td><code>{path}</code></td><td>{what}</td><td><a class=\"example\" href=\"{example}\">{example}</a></td></tr>"
+        );
+    }
+    html.push_str(
+        "</tbody></table><h3>Websockets</h3><p>Where this server follows a stream; connect with a \
+         websocket client (the explorer's result page has <em>Follow live</em>).</p>\
+         <table id=\"websockets\"><thead><tr><th>endpoint</th><th>sends</th><th>example</th></tr></thead><tbody>",
+    );
+    for (path, what, pairs) in WEBSOCKETS {
+        let example = escape(&href(path, pairs));
+        let _ = write!(
+            html,
+            "<tr><td><code>{path}</code></td><td>{what}</td><td><code class=\"websocket-example\">ws://HOST{example}</code></td></tr>"
         );
     }
     html.push_str("</tbody></table>");
@@ -471,7 +502,7 @@ mod tests {
             assert!(html.contains(expected), "missing {expected} in {html}");
         }
         assert!(!html.contains("<script"), "no script on the page");
-        for (path, _, _) in ENDPOINTS {
+        for (path, _, _) in ENDPOINTS.iter().chain(&WEBSOCKETS) {
             assert!(html.contains(&format!("<tr><td><code>{path}</code></td>")), "{path} documented");
         }
         let example = "href=\"/links?target=at%3A%2F%2Fdid%3Aplc%3Avfnmgxg2yscfliemmcxzyfyh%2Fapp.bsky.feed.post%2F3mmoodizfwc2j&amp;collection=app.bsky.feed.like&amp;path=.subject.uri\"";

@@ -11,7 +11,9 @@
 //! The push path sits beside the index, not in it: live ingest hands each event to the feed and
 //! to the index, and ends each batch with the feed's `end_batch`, so subscribers see a batch once
 //! the index holds all of it; the hub and the subscribers only read the log. Backfill snapshots and
-//! `import` are history, not live changes, and make no events.
+//! `import` are history, not live changes, and make no events. (An event backfill's gate holds
+//! for a repository being read is pushed at once and reaches the index with the snapshot; one
+//! the gate skips, as older than a snapshot, is pushed all the same: the change did happen.)
 //!
 //! Invariants:
 //! - Applying a subscription's events in cursor order to the answer it had gives the answer now,
