@@ -290,27 +290,25 @@ fn endpoint_docs() -> String {
          Jetstream capture in the project's <code>tests/data/jetstream</code>.</p>\
          <table id=\"endpoints\"><thead><tr><th>endpoint</th><th>answers</th><th>example</th></tr></thead><tbody>",
     );
-    for (path, what, pairs) in ENDPOINTS {
-        let example = escape(&href(path, pairs));
-        let _ = write!(
-            html,
-            "<tr><td><code>{path}</code></td><td>{what}</td><td><a class=\"example\" href=\"{example}\">{example}</a></td></tr>"
-        );
-    }
+    endpoint_rows(&mut html, &ENDPOINTS, |example| format!("<a class=\"example\" href=\"{example}\">{example}</a>"));
     html.push_str(
         "</tbody></table><h3>Websockets</h3><p>Where this server follows a stream; connect with a \
          websocket client (the explorer's result page has <em>Follow live</em>).</p>\
          <table id=\"websockets\"><thead><tr><th>endpoint</th><th>sends</th><th>example</th></tr></thead><tbody>",
     );
-    for (path, what, pairs) in WEBSOCKETS {
-        let example = escape(&href(path, pairs));
-        let _ = write!(
-            html,
-            "<tr><td><code>{path}</code></td><td>{what}</td><td><code class=\"websocket-example\">ws://HOST{example}</code></td></tr>"
-        );
-    }
+    endpoint_rows(&mut html, &WEBSOCKETS, |example| {
+        format!("<code class=\"websocket-example\">ws://HOST{example}</code>")
+    });
     html.push_str("</tbody></table>");
     html
+}
+
+/// A table row per endpoint; `example` shows its escaped example URL.
+fn endpoint_rows(html: &mut String, endpoints: &[Endpoint], example: impl Fn(&str) -> String) {
+    for (path, what, pairs) in endpoints {
+        let shown = example(&escape(&href(path, pairs)));
+        let _ = write!(html, "<tr><td><code>{path}</code></td><td>{what}</td><td>{shown}</td></tr>");
+    }
 }
 
 /// The explorer's live follow: a websocket to subscribeBacklinks for the section's
