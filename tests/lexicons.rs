@@ -1,9 +1,12 @@
 //! The lexicons in `lexicons/` against the server's real answers: a small validator for the part
-//! of the lexicon schema language they use (object, array, string with formats, integer, boolean,
-//! ref, unknown; required and nullable) checks every endpoint's JSON output, including estimates
-//! and last pages. The validator is strict where lexicons are lenient: a field the schema does not
-//! declare is an error, so the lexicons must document everything the server says. It is tested on
-//! bad values too, so a lax validator cannot pass by accident.
+//! of the lexicon schema language they use (`support/lexicon.rs`, shared with the live push tests)
+//! checks every endpoint's JSON output, including estimates and last pages. The validator is
+//! strict where lexicons are lenient: a field the schema does not declare is an error, so the
+//! lexicons must document everything the server says. It is tested on bad values too, so a lax
+//! validator cannot pass by accident.
+
+#[path = "support/lexicon.rs"]
+mod lexicon;
 
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
@@ -11,134 +14,13 @@ use backlinks::count::CountOptions;
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::metrics::Metrics;
-use backlinks::model::syntax::{parse_target, validate_did, validate_nsid, validate_record_key};
 use backlinks::server::{LEXICONS, SUBSCRIPTION_LEXICONS, ServerOptions, app};
 use backlinks::store::dir::DirStore;
-use serde_json::{Map, Value, json};
+use lexicon::Lexicons;
+use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::Arc;
 use tower::ServiceExt;
-
-/// Deepest schema nesting the validator follows (refs included), so a cyclic ref cannot loop.
-const MAX_DEPTH: usize = 32;
-
-struct Lexicons {
-    by_id: HashMap<String, Value>,
-}
-
-impl Lexicons {
-    fn load() -> Self {
-        let by_id = LEXICONS.iter().map(|(id, text)| (id.to_string(), serde_json::from_str(text).unwrap())).collect();
-        Lexicons { by_id }
-    }
-
-    fn output_schema(&self, id: &str) -> &Value {
-        &self.by_id[id]["defs"]["main"]["output"]["schema"]
-    }
-
-    /// Resolves `#name` (in `current`), `nsid#name` or `nsid` (its main).
-    fn resolve(&self, current: &str, reference: &str) -> Result<(String, &Value), String> {
-        let (id, name) = match reference.split_once('#') {
-            Some(("", name)) => (current, name),
-            Some((id, name)) => (id, name),
-            None => (reference, "main"),
-        };
-        let def = self.by_id.get(id).map(|lexicon| &lexicon["defs"][name]).filter(|d| !d.is_null());
-        def.map(|d| (id.to_string(), d)).ok_or_else(|| format!("unresolved ref {reference:?}"))
-    }
-
-    /// Checks `value` against `schema`; `path` names the place in errors.
-    fn validate(&self, current: &str, schema: &Value, value: &Value, path: &str, depth: usize) -> Result<(), String> {
-        if depth > MAX_DEPTH {
-            return Err(format!("{path}: schema nesting deeper than {MAX_DEPTH}"));
-        }
-        let fail = |what: String| Err(format!("{path}: {what}"));
-        match schema["type"].as_str().unwrap_or("") {
-            "object" => self.validate_object(current, schema, value, path, depth),
-            "array" => {
-                let Some(items) = value.as_array() else { return fail(format!("expected an array, got {value}")) };
-                check_length(schema, items.len(), path)?;
-                for (i, item) in items.iter().enumerate() {
-                    self.validate(current, &schema["items"], item, &format!("{path}[{i}]"), depth + 1)?;
-                }
-                Ok(())
-            }
-            "string" => {
-                let Some(text) = value.as_str() else { return fail(format!("expected a string, got {value}")) };
-                check_length(schema, text.len(), path)?;
-                check_format(schema["format"].as_str(), text).map_err(|e| format!("{path}: {e}"))
-            }
-            "integer" => {
-                let Some(n) = value.as_i64() else { return fail(format!("expected an integer, got {value}")) };
-                let below = schema["minimum"].as_i64().is_some_and(|min| n < min);
-                let above = schema["maximum"].as_i64().is_some_and(|max| n > max);
-                if below || above { fail(format!("{n} is out of range")) } else { Ok(()) }
-            }
-            "boolean" if value.is_boolean() => Ok(()),
-            "boolean" => fail(format!("expected a boolean, got {value}")),
-            "unknown" if value.is_object() => Ok(()),
-            "unknown" => fail(format!("unknown must be an object, got {value}")),
-            "ref" => {
-                let reference = schema["ref"].as_str().ok_or_else(|| format!("{path}: ref without a target"))?;
-                let (id, def) = self.resolve(current, reference)?;
-                self.validate(&id, def, value, path, depth + 1)
-            }
-            other => fail(format!("unsupported schema type {other:?}")),
-        }
-    }
-
-    fn validate_object(
-        &self,
-        current: &str,
-        schema: &Value,
-        value: &Value,
-        path: &str,
-        depth: usize,
-    ) -> Result<(), String> {
-        let Some(object) = value.as_object() else { return Err(format!("{path}: expected an object, got {value}")) };
-        let names = |key: &str| -> Vec<&str> {
-            schema[key].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
-        };
-        let (required, nullable) = (names("required"), names("nullable"));
-        let properties = schema["properties"].as_object().cloned().unwrap_or_else(Map::new);
-        for name in &required {
-            if !object.contains_key(*name) {
-                return Err(format!("{path}: missing required field {name:?}"));
-            }
-        }
-        for (name, field) in object {
-            let field_path = format!("{path}.{name}");
-            let Some(field_schema) = properties.get(name) else {
-                return Err(format!("{field_path}: field not declared in the lexicon"));
-            };
-            if field.is_null() {
-                if !nullable.contains(&name.as_str()) {
-                    return Err(format!("{field_path}: null but not nullable"));
-                }
-                continue;
-            }
-            self.validate(current, field_schema, field, &field_path, depth + 1)?;
-        }
-        Ok(())
-    }
-}
-
-fn check_length(schema: &Value, len: usize, path: &str) -> Result<(), String> {
-    let too_short = schema["minLength"].as_u64().is_some_and(|min| (len as u64) < min);
-    let too_long = schema["maxLength"].as_u64().is_some_and(|max| (len as u64) > max);
-    if too_short || too_long { Err(format!("{path}: length {len} out of bounds")) } else { Ok(()) }
-}
-
-fn check_format(format: Option<&str>, text: &str) -> Result<(), String> {
-    match format {
-        None => Ok(()),
-        Some("did") => validate_did(text).map_err(|e| format!("not a did: {e}")),
-        Some("nsid") => validate_nsid(text).map_err(|e| format!("not an nsid: {e}")),
-        Some("record-key") => validate_record_key(text).map_err(|e| format!("not a record key: {e}")),
-        Some("at-uri") => parse_target(text).map(|_| ()).map_err(|e| format!("not an at-uri: {e}")),
-        Some(other) => Err(format!("unsupported format {other:?}")),
-    }
-}
 
 #[test]
 fn every_lexicon_is_well_formed_and_where_its_id_says() {

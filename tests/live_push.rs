@@ -2,18 +2,22 @@
 //! real websocket clients subscribe to it. What each subscriber receives must equal what a
 //! reference fed the same events says changed for its filter; a subscriber applying its events
 //! holds the model's answer; reconnecting with the last cursor (also across a restart) loses and
-//! repeats nothing; a subscriber that does not read is cut off while ingest keeps up.
+//! repeats nothing; a subscriber that does not read is cut off while ingest keeps up. Every frame
+//! of `subscribeBacklinks` is checked against its lexicon by the strict validator.
 
+#[path = "support/lexicon.rs"]
+mod lexicon;
 mod support;
 
 use backlinks::base::rng::splitmix64;
 use backlinks::model::tid::format_tid;
 use futures::{SinkExt, StreamExt};
+use lexicon::Lexicons;
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 use support::Server;
 use support::jetstream_server::{Faults, JetstreamServer};
@@ -248,10 +252,12 @@ async fn connect(addr: &str, path_and_query: &str) -> Socket {
     socket
 }
 
-/// The next JSON frame, or `None` after `quiet` without one (or at the close).
-async fn next_frame(socket: &mut Socket, quiet: Duration) -> Option<Value> {
+/// The next JSON frame, or `None` after `quiet` without one (or at the close). The server's pings
+/// do not count: they come more often than `quiet` may be.
+async fn next_json(socket: &mut Socket, quiet: Duration) -> Option<Value> {
+    let deadline = tokio::time::Instant::now() + quiet;
     loop {
-        match tokio::time::timeout(quiet, socket.next()).await {
+        match tokio::time::timeout_at(deadline, socket.next()).await {
             Ok(Some(Ok(Message::Text(text)))) => return Some(serde_json::from_str(&text).unwrap()),
             Ok(Some(Ok(Message::Close(_)))) | Ok(None) | Err(_) => return None,
             Ok(Some(Ok(_))) => continue,
@@ -260,11 +266,33 @@ async fn next_frame(socket: &mut Socket, quiet: Duration) -> Option<Value> {
     }
 }
 
-/// Reads frames until `done` says so, or until `quiet` passes without a frame.
-async fn read_until(socket: &mut Socket, quiet: Duration, mut done: impl FnMut(&[Value]) -> bool) -> Vec<Value> {
+/// The next frame of a `subscribeBacklinks` subscription, checked against its lexicon.
+async fn next_frame(socket: &mut Socket, quiet: Duration) -> Option<Value> {
+    let frame = next_json(socket, quiet).await;
+    frame.inspect(check_frame)
+}
+
+/// Reads `subscribeBacklinks` frames (checked) until `done` says so, or until `quiet` passes
+/// without a frame.
+async fn read_until(socket: &mut Socket, quiet: Duration, done: impl FnMut(&[Value]) -> bool) -> Vec<Value> {
+    read_frames(socket, quiet, true, done).await
+}
+
+/// `read_until` for spacedust's `/subscribe` (its own shape, no lexicon).
+async fn read_spacedust_until(socket: &mut Socket, quiet: Duration, done: impl FnMut(&[Value]) -> bool) -> Vec<Value> {
+    read_frames(socket, quiet, false, done).await
+}
+
+async fn read_frames(
+    socket: &mut Socket,
+    quiet: Duration,
+    checked: bool,
+    mut done: impl FnMut(&[Value]) -> bool,
+) -> Vec<Value> {
     let mut frames = vec![];
     while !done(&frames) {
-        match next_frame(socket, quiet).await {
+        let frame = if checked { next_frame(socket, quiet).await } else { next_json(socket, quiet).await };
+        match frame {
             Some(frame) => frames.push(frame),
             None => break,
         }
@@ -272,38 +300,91 @@ async fn read_until(socket: &mut Socket, quiet: Duration, mut done: impl FnMut(&
     frames
 }
 
-/// Checks a frame against the subscription lexicon's def for its `op`: every required field,
-/// nothing undeclared, strings and integers where it says.
-fn check_against_lexicon(frame: &Value) {
-    let (_, text) = backlinks::server::SUBSCRIPTION_LEXICONS[0];
-    let lexicon: Value = serde_json::from_str(text).unwrap();
-    let def = match frame["op"].as_str().unwrap_or_default() {
-        "create" | "delete" => "link",
-        "hide" | "show" => "account",
-        other => other,
-    };
-    let schema = &lexicon["defs"][def];
-    assert_eq!(schema["type"], "object", "a def for {frame}");
-    let fields = frame.as_object().unwrap();
-    for required in schema["required"].as_array().unwrap() {
-        assert!(fields.contains_key(required.as_str().unwrap()), "{frame} lacks {required}");
-    }
-    let nullable: Vec<&str> = schema["nullable"].as_array().into_iter().flatten().filter_map(|n| n.as_str()).collect();
-    for (name, value) in fields {
-        let declared = &schema["properties"][name];
-        let fits = match declared["type"].as_str() {
-            Some("string") => value.is_string(),
-            Some("integer") => value.is_i64(),
-            _ => panic!("{frame}: {name} is not declared in #{def}"),
-        };
-        assert!(
-            fits || (value.is_null() && nullable.contains(&name.as_str())),
-            "{frame}: {name} does not fit {declared}"
-        );
-        if let Some(known) = declared["knownValues"].as_array() {
-            assert!(known.contains(value), "{frame}: {name} is not one of {known:?}");
+/// Waits until the server has joined this subscriber to the live flow: a connection reads its
+/// socket only once it has joined the hub, so the pong to our ping says it has. Returns the JSON
+/// frames that came before the pong (unchecked).
+async fn joined(socket: &mut Socket) -> Vec<Value> {
+    socket.send(Message::Ping(b"joined".to_vec().into())).await.unwrap();
+    let (mut frames, deadline) = (vec![], tokio::time::Instant::now() + Duration::from_secs(60));
+    loop {
+        match tokio::time::timeout_at(deadline, socket.next()).await {
+            Ok(Some(Ok(Message::Pong(payload)))) if payload[..] == b"joined"[..] => return frames,
+            Ok(Some(Ok(Message::Text(text)))) => frames.push(serde_json::from_str(&text).unwrap()),
+            Ok(Some(Ok(_))) => continue,
+            other => panic!("no pong from the server: {other:?}"),
         }
     }
+}
+
+const SUBSCRIPTION: &str = "blue.cerulea.backlinks.subscribeBacklinks";
+static SUBSCRIPTION_LEXICON: LazyLock<Lexicons> =
+    LazyLock::new(|| Lexicons::of(&backlinks::server::SUBSCRIPTION_LEXICONS));
+
+/// Checks a frame against the subscription lexicon with the strict validator: it is exactly one
+/// of the message union's defs, the one its `op` names, with every required field, nothing
+/// undeclared, and each field of its type, format and known values.
+fn check_frame(frame: &Value) {
+    let def = match frame["op"].as_str() {
+        Some("create" | "delete") => "#link",
+        Some("hide" | "show") => "#account",
+        Some("info") => "#info",
+        Some("error") => "#error",
+        _ => panic!("a frame without a known op: {frame}"),
+    };
+    let matched = SUBSCRIPTION_LEXICON.validate_message(SUBSCRIPTION, frame);
+    assert_eq!(matched.as_deref(), Ok(def), "{frame}");
+}
+
+#[test]
+fn the_strict_validator_refuses_frames_the_subscription_lexicon_forbids() {
+    let check = |frame: Value| SUBSCRIPTION_LEXICON.validate_message(SUBSCRIPTION, &frame);
+    let link = json!({"op": "create", "target": post(1), "source": format!("at://{}/app.bsky.feed.like/3krec0000001", did(2)), "location": "$.subject", "time_us": 5, "cursor": 6});
+    let account = json!({"op": "hide", "did": did(3), "status": "deactivated", "time_us": 5, "cursor": 6});
+    let info = json!({"op": "info", "name": "Replay", "message": "m", "cursor": 0, "oldest_cursor": null});
+    let error = json!({"op": "error", "error": "ConsumerTooSlow", "message": "m"});
+    for (frame, def) in [(&link, "#link"), (&account, "#account"), (&info, "#info"), (&error, "#error")] {
+        assert_eq!(check(frame.clone()).as_deref(), Ok(def), "{frame}");
+    }
+    let with = |frame: &Value, name: &str, value: Value| {
+        let mut frame = frame.clone();
+        frame[name] = value;
+        frame
+    };
+    let without = |frame: &Value, name: &str| {
+        let mut frame = frame.clone();
+        frame.as_object_mut().unwrap().remove(name);
+        frame
+    };
+    let bad = [
+        (with(&link, "op", json!("hide")), "\"hide\" is not one of the known values"),
+        (without(&link, "cursor"), "missing required field \"cursor\""),
+        (with(&link, "extra", json!(1)), "$.extra: field not declared"),
+        (with(&link, "source", json!("https://example.com")), "not an at-uri"),
+        (with(&link, "source", json!(did(2))), "not an at-uri"),
+        (with(&link, "time_us", json!("5")), "expected an integer"),
+        (with(&account, "did", json!("bob")), "not a did"),
+        (with(&info, "cursor", Value::Null), "null but not nullable"),
+        (with(&error, "error", json!("Oops")), "\"Oops\" is not one of the known values"),
+        (json!({}), "matches none of the union's refs"),
+        (json!([link]), "expected an object"),
+    ];
+    for (frame, expected) in bad {
+        let refused = check(frame.clone()).expect_err(&format!("accepted {frame}"));
+        assert!(refused.contains(expected), "{frame}: {refused}");
+    }
+    // A value two refs accept is ambiguous; a query is no subscription.
+    let lexicon = json!({"lexicon": 1, "id": "com.example.sub", "defs": {
+        "main": {"type": "subscription", "message": {"schema": {"type": "union", "refs": ["#a", "#b"]}}},
+        "a": {"type": "object", "properties": {"x": {"type": "integer"}}},
+        "b": {"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "string"}}},
+    }})
+    .to_string();
+    let lexicons = Lexicons::of(&[("com.example.sub", &lexicon), backlinks::server::LEXICONS[0]]);
+    assert_eq!(lexicons.validate_message("com.example.sub", &json!({"y": "b only"})).as_deref(), Ok("#b"));
+    let both = lexicons.validate_message("com.example.sub", &json!({"x": 1})).unwrap_err();
+    assert!(both.contains("matches more than one of the union's refs (#a, #b)"), "{both}");
+    let query = lexicons.validate_message(backlinks::server::LEXICONS[0].0, &json!({})).unwrap_err();
+    assert!(query.contains("is not a subscription"), "{query}");
 }
 
 fn as_expected(frame: &Value) -> Option<Expected> {
@@ -375,7 +456,15 @@ fn selected(changes: &[Expected], wants: impl Fn(&LinkKey) -> bool) -> Vec<Expec
 #[test]
 fn every_filter_kind_gets_what_the_reference_says_changed() {
     let (lines, reference) = generate(3_000, 5);
-    let live = Live::paced(&lines, 50, 5);
+    // The stream stops halfway until the live-only subscriber has joined.
+    const HALF: usize = 1_500;
+    let go = Arc::new(AtomicBool::new(false));
+    let faults = Faults {
+        pause_every: Some((50, Duration::from_millis(5))),
+        hold_at: Some((HALF as u64, go.clone())),
+        ..Faults::default()
+    };
+    let live = Live::new(&lines, faults, "push_buffer_events = 1048576\n");
     let (runtime, server) = (&live.runtime, live.serve());
     let (hot_post, hot_did) = (post(7), did(7));
     let filters: Vec<(String, Wants)> = vec![
@@ -408,17 +497,25 @@ fn every_filter_kind_gets_what_the_reference_says_changed() {
             let query = format!("?cursor=0{separator}{}", query.replace('$', "%24"));
             sockets.push(connect(&server.addr, &format!("{SUBSCRIBE}{query}")).await);
         }
+        // Half the stream in, one joins live; the rest comes after it joined.
+        wait_for_cursor(&server, last_time_us(&lines[..HALF]));
         let mut live_only = connect(&server.addr, SUBSCRIBE).await;
+        let early = joined(&mut live_only).await;
+        early.iter().for_each(check_frame);
+        go.store(true, Ordering::Relaxed);
+        // The cursor of the stream's last event, as the subscriber to everything gets it.
+        let mut last_cursor = Value::Null;
         for (socket, (query, wants)) in sockets.iter_mut().zip(&filters) {
             let expected = selected(&reference.changes, wants);
             let info = next_frame(socket, Duration::from_secs(60)).await.unwrap();
             assert_eq!(info["op"], "info", "{info}");
             let frames = read_until(socket, Duration::from_secs(60), |f| f.len() >= expected.len()).await;
             cursors_increase(&frames);
-            check_against_lexicon(&info);
-            frames.iter().for_each(check_against_lexicon);
             let got: Vec<Expected> = frames.iter().filter_map(as_expected).collect();
             assert_same_events(&got, &expected, &format!("filter {query:?}"));
+            if query.is_empty() {
+                last_cursor = frames.last().unwrap()["cursor"].clone();
+            }
             assert!(expected.iter().any(|e| matches!(e, Expected::Link(..))), "filter {query:?} selects some links");
             let extra = next_frame(socket, Duration::from_millis(300)).await;
             assert!(extra.is_none(), "filter {query:?}: nothing more, got {extra:?}");
@@ -427,10 +524,21 @@ fn every_filter_kind_gets_what_the_reference_says_changed() {
         // The whole stream rebuilds the model's answer.
         let everything = selected(&reference.changes, |_| true);
         assert_eq!(applied(&everything), reference.answer());
-        // The live-only subscriber got a suffix of the stream: what came after it joined.
-        let frames = read_until(&mut live_only, Duration::from_millis(500), |_| false).await;
+        // The live-only subscriber gets a suffix of the stream: what came after it joined (all
+        // of the second half, and what of the first the hub had not handed out yet).
+        let after_join = everything.len() - generate(HALF, 5).1.changes.len();
+        let at_end = |f: &[Value]| f.last().is_some_and(|f| f["cursor"] == last_cursor);
+        let mut frames = early;
+        frames.extend(read_until(&mut live_only, Duration::from_secs(60), at_end).await);
         let got: Vec<Expected> = frames.iter().filter_map(as_expected).collect();
+        assert!(
+            after_join > 0 && got.len() >= after_join,
+            "the live-only subscriber gets every event after it joined: {} of {after_join}",
+            got.len()
+        );
         assert!(everything.ends_with(&got), "a live subscriber gets a suffix of the stream");
+        let extra = next_frame(&mut live_only, Duration::from_millis(300)).await;
+        assert!(extra.is_none(), "live-only: nothing more, got {extra:?}");
         let (status, metrics) = server.get_text("/metrics");
         assert_eq!(status, 200);
         assert!(metrics.contains("backlinks_push_subscribers 8"), "{}", push_lines(&metrics));
@@ -519,7 +627,6 @@ fn a_subscriber_that_does_not_read_is_cut_off_and_ingest_keeps_up() {
         let mut frames =
             read_until(&mut slow, Duration::from_secs(10), |f| f.last().is_some_and(|l| l["op"] == "error")).await;
         let error = frames.pop().unwrap();
-        check_against_lexicon(&error);
         assert_eq!(error["op"], "error", "{error}");
         assert_eq!(error["error"], "ConsumerTooSlow");
         let all = reference.changes.len();
@@ -542,7 +649,7 @@ fn spacedust_clients_get_its_shape_and_filter_updates_apply() {
         let mut ours = connect(&server.addr, &format!("{SUBSCRIBE}?target=did:plc:nobody")).await;
         let update = json!({"type": "options_update", "payload": {"collection": ["app.bsky.feed.like"]}});
         ours.send(Message::Text(update.to_string().into())).await.unwrap();
-        let frames = read_until(&mut spacedust, Duration::from_secs(30), |f| f.len() >= 20).await;
+        let frames = read_spacedust_until(&mut spacedust, Duration::from_secs(30), |f| f.len() >= 20).await;
         assert_eq!(frames.len(), 20);
         for frame in &frames {
             assert_eq!(frame["kind"], "link", "{frame}");
@@ -573,6 +680,63 @@ fn spacedust_clients_get_its_shape_and_filter_updates_apply() {
     assert_eq!(body["error"], "InvalidRequest");
     let (status, body) = server.get(SUBSCRIBE);
     assert_eq!(status, 400, "a plain GET is not a websocket: {body}");
+}
+
+/// How long spacedust's default (delayed) mode holds a link: `SPACEDUST_DELAY` in
+/// `src/server/subscribe.rs`.
+const SPACEDUST_HOLD: Duration = Duration::from_secs(21);
+
+/// A like of `subject` by account `d` (its record `rkey`), or its deletion when `subject` is
+/// `None`, as a Jetstream line.
+fn like(d: usize, rkey: usize, subject: Option<&str>, time_us: i64) -> String {
+    let mut commit = json!({
+        "rev": format_tid((1 << 50) + (time_us - FIRST_TIME_US) as u64),
+        "operation": if subject.is_some() { "create" } else { "delete" },
+        "collection": "app.bsky.feed.like",
+        "rkey": format!("3krec{rkey:07}"),
+    });
+    if let Some(subject) = subject {
+        let cid = "bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em";
+        commit["record"] = json!({"$type": "app.bsky.feed.like", "subject": {"uri": subject, "cid": cid}});
+    }
+    json!({"did": did(d), "time_us": time_us, "kind": "commit", "commit": commit}).to_string()
+}
+
+#[test]
+fn spacedust_delayed_mode_never_sends_a_link_deleted_while_held() {
+    // A like created then deleted at once, and one that stays.
+    let (gone, kept) = (post(1), post(2));
+    let t = FIRST_TIME_US;
+    let lines = vec![like(1, 1, Some(&gone), t + 1), like(2, 2, Some(&kept), t + 2), like(1, 1, None, t + 3)];
+    let go = Arc::new(AtomicBool::new(false));
+    let live = Live::new(&lines, Faults { hold_until: Some(go.clone()), ..Faults::default() }, "");
+    let (runtime, server) = (&live.runtime, live.serve());
+    runtime.block_on(async {
+        let likes = "wantedSources=app.bsky.feed.like:subject.uri";
+        let mut delayed = connect(&server.addr, &format!("/subscribe?{likes}")).await;
+        let mut instant = connect(&server.addr, &format!("/subscribe?instant=true&{likes}")).await;
+        assert!(joined(&mut delayed).await.is_empty() && joined(&mut instant).await.is_empty());
+        let released = Instant::now();
+        go.store(true, Ordering::Relaxed);
+        // Without the delay, both creates go out (spacedust sends no deletes).
+        let frames = read_spacedust_until(&mut instant, Duration::from_secs(30), |f| f.len() >= 2).await;
+        let subjects: Vec<&Value> = frames.iter().map(|f| &f["link"]["subject"]).collect();
+        assert_eq!(subjects, [&json!(gone), &json!(kept)], "{frames:?}");
+        assert!(frames.iter().all(|f| f["kind"] == "link" && f["link"]["operation"] == "create"), "{frames:?}");
+        // With it, only the like that stays, once held: the deleted one, due first, never comes.
+        let frames =
+            read_spacedust_until(&mut delayed, SPACEDUST_HOLD + Duration::from_secs(30), |f| !f.is_empty()).await;
+        let waited = released.elapsed();
+        let subjects: Vec<&Value> = frames.iter().map(|f| &f["link"]["subject"]).collect();
+        assert_eq!(subjects, [&json!(kept)], "{frames:?}");
+        assert!(waited >= SPACEDUST_HOLD, "sent after the hold, not after {waited:?}");
+        assert_eq!(frames[0]["kind"], "link");
+        assert_eq!(frames[0]["link"]["operation"], "create");
+        let extra = next_json(&mut delayed, Duration::from_secs(1)).await;
+        assert!(extra.is_none(), "nothing more, got {extra:?}");
+        let extra = next_json(&mut instant, Duration::from_millis(100)).await;
+        assert!(extra.is_none(), "nothing more without the delay, got {extra:?}");
+    });
 }
 
 #[test]

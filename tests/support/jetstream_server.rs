@@ -47,6 +47,8 @@ pub struct Faults {
     pub pause_every: Option<(u64, std::time::Duration)>,
     /// Hold every stream until this flag is raised (a client connects, then waits).
     pub hold_until: Option<Arc<std::sync::atomic::AtomicBool>>,
+    /// Stop every stream once it has sent this many events, until the flag is raised.
+    pub hold_at: Option<(u64, Arc<std::sync::atomic::AtomicBool>)>,
 }
 
 #[derive(Debug, Default)]
@@ -221,14 +223,19 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: tokio::net::TcpStream
         let dictionary = if subscription.v2 { served_dictionary(accepted) } else { LEGACY_DICTIONARY.to_vec() };
         zstd::bulk::Compressor::with_dictionary(3, &dictionary).expect("a zstd compressor")
     });
-    let (pause_every, hold) = {
+    let (pause_every, hold, hold_at) = {
         let faults = shared.faults.lock().unwrap();
-        (faults.pause_every, faults.hold_until.clone())
+        (faults.pause_every, faults.hold_until.clone(), faults.hold_at.clone())
     };
-    while hold.as_ref().is_some_and(|flag| !flag.load(Ordering::Relaxed)) {
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    if let Some(flag) = &hold {
+        wait_for_flag(flag).await;
     }
     for (count, index) in (subscription.start..shared.lines.len()).enumerate() {
+        if let Some((at, flag)) = &hold_at
+            && count as u64 == *at
+        {
+            wait_for_flag(flag).await;
+        }
         if let Some((every, pause)) = pause_every
             && (count as u64).is_multiple_of(every.max(1))
         {
@@ -261,6 +268,12 @@ async fn serve_connection(shared: Arc<Shared>, mut stream: tokio::net::TcpStream
     }
     // Idle like a quiet live stream; answer pings until the client leaves.
     while let Some(Ok(_)) = socket.next().await {}
+}
+
+async fn wait_for_flag(flag: &std::sync::atomic::AtomicBool) {
+    while !flag.load(Ordering::Relaxed) {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
 }
 
 /// True (once) when `sent` reaches one of the listed thresholds.
