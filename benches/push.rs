@@ -31,10 +31,7 @@ const SUBSCRIBE: &str = "/xrpc/blue.cerulea.backlinks.subscribeBacklinks";
 
 /// Makes the calling thread yield the CPU to every other (Linux's per-thread nice 19).
 fn lowest_priority() {
-    // SAFETY: gettid and setpriority only read and set the calling thread's scheduling value.
-    unsafe {
-        libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
-    }
+    backlinks::base::priority::lower_this_thread(19);
 }
 
 fn setting(name: &str, default: usize) -> usize {
