@@ -168,6 +168,8 @@ impl RecentLinks {
         // SAFETY: the file is the push directory's own, opened by this process alone (the data
         // directory's lock keeps other processes out), and never truncated while mapped.
         let map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
+        // Keys land all over the file: a fault reads its own page, not the pages around it.
+        map.advise(memmap2::Advice::Random).map_err(io)?;
         let mut table = RecentLinks { path: path.to_owned(), map, bucket_mask: buckets - 1, oldest_segment: 0, boot };
         // Marked open before any slot changes: a machine crash from here on is seen.
         table.write_header(facts, false)?;
