@@ -123,7 +123,8 @@ impl Feed {
     pub fn open(dir: &Path, options: FeedOptions, counters: Arc<PushCounters>) -> Result<Self, PushError> {
         forget_an_older_format(dir)?;
         let log = ChangeLog::open(&dir.join("log"), options.log.clone())?;
-        let (recent, fresh) = RecentLinks::open(&dir.join("recent.table"), options.recent_bytes, options.boot)?;
+        let (mut recent, fresh) = RecentLinks::open(&dir.join("recent.table"), options.recent_bytes, options.boot)?;
+        recent.forget_before(log.shared().oldest_segment());
         if fresh == Fresh::MachineCrash {
             tracing::warn!("the machine stopped with the recent-links table open: rebuilding it from the change log");
         }

@@ -350,3 +350,26 @@ fn an_entry_for_a_link_names_its_location() {
         other => panic!("{other:?}"),
     }
 }
+
+/// After a restart, a delete of a record whose entry is in a segment the log let go is unrouted,
+/// and no lookup counts as bad (the slot is stale from the start).
+#[test]
+fn a_reopened_feed_knows_which_segments_are_gone() {
+    let dir = tempfile::tempdir().unwrap();
+    let counters = Arc::new(PushCounters::default());
+    let mut options = feed_options();
+    options.log.retain_us = 10_000;
+    let mut feed = Feed::open(dir.path(), options.clone(), counters.clone()).unwrap();
+    for i in 0..200u8 {
+        let put = Op::Put { did: i % 4, rkey: i, targets: vec![i % 5] };
+        feed.observe(&operation(&put, false), 1_000 * (i as i64 + 1), Some(i as u64 + 1)).unwrap();
+        feed.sync().unwrap();
+    }
+    assert!(feed.log().oldest_segment() > 0, "old segments were let go");
+    drop(feed);
+    let mut feed = Feed::open(dir.path(), options, counters.clone()).unwrap();
+    let delete = Op::Delete { did: 0, rkey: 0 };
+    feed.observe(&operation(&delete, false), 1_000_000, Some(1_000)).unwrap();
+    let count = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
+    assert_eq!((count(&counters.bad_lookups), count(&counters.unrouted_deletes)), (0, 1));
+}
