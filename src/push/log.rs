@@ -199,7 +199,11 @@ impl ChangeLog {
     /// Adds an entry (readers see it after `publish`); returns where it is.
     pub fn append(&mut self, entry: &Entry) -> Result<Position, PushError> {
         assert!(entry.first_cursor > self.last_cursor, "cursors increase through the log");
-        if self.written + self.pending.len() as u64 >= self.options.segment_bytes {
+        // A new segment starts only after a publish, that is between the feed's events (starting
+        // one writes what is pending): a crash can then never keep some of one event's entries
+        // and lose the others. Unless the segment would near the limit of its offsets.
+        let size = self.written + self.pending.len() as u64;
+        if size >= self.options.segment_bytes && (self.pending.is_empty() || size >= MAX_SEGMENT_BYTES / 2) {
             self.start_segment(entry.first_cursor)?;
         }
         let offset = self.written + self.pending.len() as u64;
@@ -240,7 +244,9 @@ impl ChangeLog {
     pub fn read_at(&mut self, position: Position) -> Result<Option<Entry>, PushError> {
         if position.segment == self.current.number && position.offset as u64 >= self.written {
             let start = (position.offset as u64 - self.written) as usize;
-            let (body, _) = frame_in(&self.pending[start..]).map_err(|reason| self.corrupt(position, reason))?;
+            // Past the end: a position from before a crash whose entry was never written out.
+            let Some(pending) = self.pending.get(start..).filter(|rest| !rest.is_empty()) else { return Ok(None) };
+            let (body, _) = frame_in(pending).map_err(|reason| self.corrupt(position, reason))?;
             return Entry::decode(body).map(Some).map_err(|reason| self.corrupt(position, reason));
         }
         let Some(segment) = self.shared.segment(position.segment) else { return Ok(None) };
