@@ -4,7 +4,9 @@
 //! The log is a directory of segment files `NNNNNNNNNN-CURSOR.log` (a sequence number and the
 //! first cursor the segment holds), each a run of frames `len u32, xxh3-64 of the body u64,
 //! body` (an `Entry`). One writer appends (the ingest engine's feed); any number of readers follow.
-//! A new segment starts when the current one reaches `segment_bytes`; the oldest segments are
+//! A new segment starts at the first entry after a publish once the current one reaches
+//! `segment_bytes` (never within a batch, so a crash keeps all of an event's entries or none;
+//! within a batch only near `MAX_SEGMENT_BYTES`); the oldest segments are
 //! deleted once a newer one starts more than `retain_us` before the newest cursor, or the log is
 //! over `max_bytes`.
 //!

@@ -17,8 +17,10 @@
 //!   account's DID) before it is believed: hashes collide, and a crash can leave a slot ahead of
 //!   the log.
 //! - The table follows from the log alone (`feed`'s `reflect`), and the header's `log_through`
-//!   says how far it had when it was last set. A crash of the process loses nothing mapped (the
-//!   pages are the kernel's): the feed reflects the entries past `log_through` again. A crash of
+//!   says how far it had when it was last set. Slots are written only for entries the log has
+//!   written out (the feed holds a batch's in memory until then), so none leads to an entry a
+//!   crash of the process loses. Such a crash loses nothing mapped (the pages are the kernel's):
+//!   the feed reflects the entries past `log_through` again. A crash of
 //!   the machine can lose any pages in any order: the header's boot id and clean flag tell, and the
 //!   table is emptied and rebuilt from the whole log.
 //! - Nothing is written out while running (an fsync would write every page the window's records
