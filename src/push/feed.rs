@@ -34,7 +34,7 @@ use super::recent::{Facts, Fresh, RecentLinks};
 use super::{PushCounters, PushError};
 use crate::extract::{ExtractLimits, extract_links};
 use crate::model::operation::{Operation, RecordRef};
-use std::collections::{BTreeSet, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeSet, HashSet, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -77,7 +77,6 @@ impl FeedOptions {
 pub struct Feed {
     log: ChangeLog,
     recent: RecentLinks,
-    unpublished: Unpublished,
     remembered: Remembered,
     options: FeedOptions,
     counters: Arc<PushCounters>,
@@ -134,7 +133,6 @@ impl Feed {
         let mut feed = Feed {
             log,
             recent,
-            unpublished: Unpublished::default(),
             remembered,
             options,
             counters,
@@ -245,7 +243,7 @@ impl Feed {
 
     /// The links the record has now, if it changed within the window.
     fn current_links(&mut self, source: &str) -> Result<Option<BTreeSet<Link>>, PushError> {
-        let Some(position) = self.record_position(source) else { return Ok(None) };
+        let Some(position) = self.recent.position_of(source) else { return Ok(None) };
         Ok(self.record_at(position, |entry_source| entry_source == source).map(|record| record.links))
     }
 
@@ -297,7 +295,7 @@ impl Feed {
     fn recent_records_of(&mut self, did: &str) -> Vec<Recorded> {
         let prefix = format!("at://{did}/");
         let oldest_segment = self.log.shared().oldest_segment();
-        let mut next = self.account_position(did);
+        let mut next = self.recent.account_position(did);
         let (mut seen, mut records) = (HashSet::new(), vec![]);
         for _ in 0..MAX_ACCOUNT_WALK {
             let Some(position) = next.filter(|at| at.segment >= oldest_segment) else { break };
@@ -315,7 +313,7 @@ impl Feed {
     fn append(&mut self, mut change: Change, stamp: Stamp) -> Result<Position, PushError> {
         if let Change::Links { source, account_before, .. } = &mut change {
             let did = did_of_target(source).unwrap_or("");
-            *account_before = self.account_position(did).map(|at| at.packed() as u64);
+            *account_before = self.recent.account_position(did).map(|at| at.packed() as u64);
         }
         let first_cursor = stamp.time_us.max(self.log.last_cursor() + 1);
         let entry = Entry { first_cursor, time_us: stamp.time_us, identity: stamp.identity, change };
@@ -329,41 +327,22 @@ impl Feed {
     /// What an entry at `position` means for the recent-links table: the record's links are now
     /// its `created` and `kept` (none: it has no slot), and it is its account's newest entry.
     /// Every change to the table goes through here, so reflecting the log past `log_through`
-    /// rebuilds what a crash lost. It waits in `unpublished` until the entry is written out
+    /// rebuilds what a crash lost. The table stages it until the entry is written out
     /// (`end_batch`): a slot never leads to an entry a crash of the process can lose.
     fn reflect(&mut self, entry: &Entry, position: Position) {
         let Change::Links { source, created, kept, .. } = &entry.change else { return };
-        let now = (!created.is_empty() || !kept.is_empty()).then_some(position);
-        self.unpublished.records.insert(source.clone(), now);
-        self.unpublished.accounts.insert(did_of_target(source).unwrap_or("").to_string(), position);
+        if created.is_empty() && kept.is_empty() {
+            self.recent.remove(source);
+        } else {
+            self.recent.set(source, position);
+        }
+        self.recent.set_account(did_of_target(source).unwrap_or(""), position);
     }
 
     /// Writes what the published entries mean into the recent-links table.
     fn apply_unpublished(&mut self) {
-        let mut displaced = 0;
-        for (source, position) in self.unpublished.records.drain() {
-            match position {
-                Some(position) => displaced += !self.recent.set(&source, position) as u64,
-                None => self.recent.remove(&source),
-            }
-        }
-        for (did, position) in self.unpublished.accounts.drain() {
-            displaced += !self.recent.set_account(&did, position) as u64;
-        }
+        let displaced = self.recent.write_staged();
         self.counters.recent_displaced.fetch_add(displaced, Ordering::Relaxed);
-    }
-
-    /// Where the record's newest entry is, written out or not.
-    fn record_position(&self, source: &str) -> Option<Position> {
-        match self.unpublished.records.get(source) {
-            Some(position) => *position,
-            None => self.recent.position_of(source),
-        }
-    }
-
-    /// Where the account's newest entry is, written out or not.
-    fn account_position(&self, did: &str) -> Option<Position> {
-        self.unpublished.accounts.get(did).copied().or_else(|| self.recent.account_position(did))
     }
 
     /// Reads the log's tail once: remembers the identities of the last `2 * remember_us` (for a
@@ -392,13 +371,6 @@ impl Feed {
         self.recent.set_facts(facts);
         Ok(())
     }
-}
-
-/// The recent-links table's changes for entries not yet written out (`None`: no links now).
-#[derive(Default)]
-struct Unpublished {
-    records: HashMap<String, Option<Position>>,
-    accounts: HashMap<String, Position>,
 }
 
 /// A record as its newest entry left it.

@@ -23,12 +23,16 @@
 //!   the feed reflects the entries past `log_through` again. A crash of
 //!   the machine can lose any pages in any order: the header's boot id and clean flag tell, and the
 //!   table is emptied and rebuilt from the whole log.
+//! - Changes are staged in memory (`set`, `remove`, `set_account`; lookups see them) and written
+//!   into the mapped file by `write_staged`, which the feed calls once the entries they lead to are
+//!   written to the log: no slot in the file leads to an entry a crash of the process loses.
 //! - Nothing is written out while running (an fsync would write every page the window's records
 //!   touched since the last one); a clean close writes every page, then marks the header clean.
 
 use super::PushError;
 use super::log::Position;
 use memmap2::MmapMut;
+use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
@@ -70,6 +74,8 @@ pub enum Fresh {
 
 pub struct RecentLinks {
     path: PathBuf,
+    /// Changes not yet in the file, by key (`None`: removed).
+    staged: HashMap<u64, Option<Position>>,
     map: MmapMut,
     bucket_mask: u64,
     /// Slots into segments before this one are stale.
@@ -172,7 +178,9 @@ impl RecentLinks {
         let map = unsafe { MmapMut::map_mut(&file) }.map_err(io)?;
         // Keys land all over the file: a fault reads its own page, not the pages around it.
         map.advise(memmap2::Advice::Random).map_err(io)?;
-        let mut table = RecentLinks { path: path.to_owned(), map, bucket_mask: buckets - 1, oldest_segment: 0, boot };
+        let staged = HashMap::new();
+        let mut table =
+            RecentLinks { path: path.to_owned(), staged, map, bucket_mask: buckets - 1, oldest_segment: 0, boot };
         // Marked open before any slot changes: a machine crash from here on is seen.
         table.write_header(facts, false)?;
         Ok((table, fresh))
@@ -184,14 +192,18 @@ impl RecentLinks {
 
     /// Sets how far the table reflects the log (in memory: see the invariants).
     pub fn set_facts(&mut self, facts: Facts) {
-        let header = Header { buckets: self.bucket_mask + 1, facts, boot: self.boot, clean: false };
-        self.map[..HEADER_USED].copy_from_slice(&header.encode());
+        self.put_header(facts, false);
     }
 
+    /// Sets the header and writes its page out.
     fn write_header(&mut self, facts: Facts, clean: bool) -> Result<(), PushError> {
+        self.put_header(facts, clean);
+        self.map.flush_range(0, HEADER_USED).map_err(|e| PushError::io(&self.path, e))
+    }
+
+    fn put_header(&mut self, facts: Facts, clean: bool) {
         let header = Header { buckets: self.bucket_mask + 1, facts, boot: self.boot, clean };
         self.map[..HEADER_USED].copy_from_slice(&header.encode());
-        self.map.flush_range(0, HEADER_USED).map_err(|e| PushError::io(&self.path, e))
     }
 
     /// The position of the newest entry of the record `source`, if the table holds one.
@@ -199,16 +211,14 @@ impl RecentLinks {
         self.find(record_key(source))
     }
 
-    /// The record `source`'s newest entry is at `position`. False if an older record gave way.
-    pub fn set(&mut self, source: &str, position: Position) -> bool {
-        self.put(record_key(source), position)
+    /// The record `source`'s newest entry is at `position` (staged).
+    pub fn set(&mut self, source: &str, position: Position) {
+        self.staged.insert(record_key(source), Some(position));
     }
 
-    /// The record `source` has no links now.
+    /// The record `source` has no links now (staged).
     pub fn remove(&mut self, source: &str) {
-        if let Some((bucket, slot)) = self.slot_of(record_key(source)) {
-            self.write_slot(bucket, slot, 0, 0);
-        }
+        self.staged.insert(record_key(source), None);
     }
 
     /// The position of the newest entry of a record of the account `did`.
@@ -216,9 +226,25 @@ impl RecentLinks {
         self.find(account_key(did))
     }
 
-    /// The account `did`'s newest entry is at `position`. False if an older record gave way.
-    pub fn set_account(&mut self, did: &str, position: Position) -> bool {
-        self.put(account_key(did), position)
+    /// The account `did`'s newest entry is at `position` (staged).
+    pub fn set_account(&mut self, did: &str, position: Position) {
+        self.staged.insert(account_key(did), Some(position));
+    }
+
+    /// Writes the staged changes into the file; returns how many older slots gave way.
+    pub fn write_staged(&mut self) -> u64 {
+        let mut displaced = 0;
+        for (key, position) in std::mem::take(&mut self.staged) {
+            match position {
+                Some(position) => displaced += !self.put(key, position) as u64,
+                None => {
+                    if let Some((bucket, slot)) = self.slot_of(key) {
+                        self.write_slot(bucket, slot, 0, 0);
+                    }
+                }
+            }
+        }
+        displaced
     }
 
     /// The log let go of the segments before `segment`: slots into them are stale.
@@ -263,6 +289,9 @@ impl RecentLinks {
     }
 
     fn find(&self, key: u64) -> Option<Position> {
+        if let Some(staged) = self.staged.get(&key) {
+            return *staged;
+        }
         let (bucket, slot) = self.slot_of(key)?;
         let (_, position) = self.read_slot(bucket, slot);
         self.live(key, position).then_some(position)
@@ -347,14 +376,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut table, fresh) = open(&dir.path().join("t"), BOOT);
         assert_eq!(fresh, Fresh::New);
-        assert!(table.set("at://a/c/1", at(0, 0)));
-        assert!(table.set_account("a", at(0, 0)));
+        table.set("at://a/c/1", at(0, 0));
+        table.set_account("a", at(0, 0));
+        assert_eq!(table.write_staged(), 0);
         assert_eq!(table.position_of("at://a/c/1"), Some(at(0, 0)));
         assert_eq!(table.account_position("a"), Some(at(0, 0)));
         assert_eq!(table.position_of("a"), None, "accounts and records are keyed apart");
         table.set("at://a/c/1", at(3, 40));
+        assert_eq!(table.position_of("at://a/c/1"), Some(at(3, 40)), "staged changes are seen");
+        table.write_staged();
         assert_eq!(table.position_of("at://a/c/1"), Some(at(3, 40)));
         table.remove("at://a/c/1");
+        table.write_staged();
         assert_eq!(table.position_of("at://a/c/1"), None);
         assert_eq!(table.account_position("a"), Some(at(0, 0)));
     }
@@ -366,12 +399,14 @@ mod tests {
         // 64 buckets of four slots: 256 slots, filled with old positions.
         for i in 0..1024 {
             table.set(&format!("at://a/c/{i}"), at(1, i));
+            table.write_staged();
         }
         table.forget_before(2);
         assert_eq!(table.position_of("at://a/c/1023"), None);
         // Half as many new records as slots: two choices of bucket place them all.
         for i in 0..128 {
-            assert!(table.set(&format!("at://b/c/{i}"), at(2, i)), "stale slots are free");
+            table.set(&format!("at://b/c/{i}"), at(2, i));
+            assert_eq!(table.write_staged(), 0, "stale slots are free");
         }
         let held = (0..128).filter(|i| table.position_of(&format!("at://b/c/{i}")).is_some()).count();
         assert_eq!(held, 128);
@@ -383,7 +418,8 @@ mod tests {
         let (mut table, _) = open(&dir.path().join("t"), BOOT);
         let mut displaced = 0;
         for i in 0..800u32 {
-            displaced += !table.set(&format!("at://a/c/{i}"), at(0, i)) as usize;
+            table.set(&format!("at://a/c/{i}"), at(0, i));
+            displaced += table.write_staged() as usize;
         }
         assert!(displaced >= 800 - 256, "{displaced}");
         let held: Vec<u32> = (0..800).filter(|i| table.position_of(&format!("at://a/c/{i}")).is_some()).collect();
@@ -400,6 +436,7 @@ mod tests {
         {
             let (mut table, _) = open(&path, BOOT);
             table.set("at://a/c/1", at(0, 9));
+            table.write_staged();
             table.set_facts(facts);
         }
         // A clean close is kept on any boot.
