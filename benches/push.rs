@@ -4,7 +4,9 @@
 //! target prefixes, collections), and reports:
 //! - ingest events/s without and with the subscribers (the goal: within 10 %);
 //! - events delivered per second over all subscribers, and cut-offs;
-//! - the server's memory per subscriber (RSS with them connected and idle, minus without).
+//! - the server's memory per subscriber (RSS with them connected and idle, minus without);
+//! - the CPU seconds each thread (by name) of the server and of this process used while ingest
+//!   ran: where the subscribers' cost goes.
 //!
 //! `cargo bench --bench push` (EVENTS=N SUBSCRIBERS=N to change the size; RATE=N to pace the
 //! stream at N events/s instead of full speed, which reports how far ingest ends behind the
@@ -114,6 +116,32 @@ impl Serve {
     }
 }
 
+/// CPU seconds used so far by a process's threads, summed by thread name (digits cut off).
+fn cpu_by_thread(pid: u32) -> std::collections::BTreeMap<String, f64> {
+    let mut by_name = std::collections::BTreeMap::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().filter_map(Result::ok) {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
+        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit() || c == '-');
+        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+        *by_name.entry(name.to_string()).or_insert(0.0) += ticks as f64 / 100.0;
+    }
+    by_name
+}
+
+/// What each thread name used between two readings, as "name seconds, ...".
+fn cpu_used(
+    before: &std::collections::BTreeMap<String, f64>,
+    after: std::collections::BTreeMap<String, f64>,
+) -> String {
+    let used = after.into_iter().map(|(name, seconds)| (seconds - before.get(&name).copied().unwrap_or(0.0), name));
+    used.filter(|(seconds, _)| *seconds > 0.0)
+        .map(|(seconds, name)| format!("{name} {seconds:.2}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// A random filter, shaped like notification clients: half follow a few records (one to five
 /// targets), a third an account (`targetDid`), the rest a prefix, likes of one record, or, one in
 /// a hundred, a whole collection or location (a firehose of its kind).
@@ -155,9 +183,15 @@ fn main() {
     // here, elsewhere in practice. The clients run at the lowest priority, so that the figures
     // are the server's cost.
     let runtimes = Runtimes {
-        stream: tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap(),
+        stream: tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("test-jetstream")
+            .enable_all()
+            .build()
+            .unwrap(),
         clients: tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
+            .thread_name("bench-client")
             .on_thread_start(lowest_priority)
             .enable_all()
             .build()
@@ -228,9 +262,12 @@ fn run(
     };
     let started = Instant::now();
     let cpu_before = serve.cpu_seconds();
+    let (server_before, bench_before) = (cpu_by_thread(serve.child.id()), cpu_by_thread(std::process::id()));
     go.store(true, Ordering::Relaxed);
     let seconds = serve.wait_for(last, started);
     let cpu = serve.cpu_seconds() - cpu_before;
+    let server_threads = cpu_used(&server_before, cpu_by_thread(serve.child.id()));
+    let bench_threads = cpu_used(&bench_before, cpu_by_thread(std::process::id()));
     std::thread::sleep(Duration::from_millis(500));
     let events_per_second = lines.len() as f64 / seconds;
     let sent = delivered.load(Ordering::Relaxed);
@@ -245,6 +282,7 @@ fn run(
         cut.load(Ordering::Relaxed),
         serve.rss_kib()
     );
+    println!("  CPU seconds while ingesting, server: {server_threads}; bench: {bench_threads}");
     let rate = events_per_second;
     let bytes_in = |path: &str| -> u64 {
         std::fs::read_dir(dir.path().join(path))

@@ -299,16 +299,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 tokio::spawn(backfill_beside_live(backfill.clone(), sources));
             }
             let push = start_push(&setup.data_dir, &config, &index)?;
-            Some((start_live_ingest(writer, &config, &backfill, push.as_ref().map(|(feed, _)| feed.clone()))?, push))
+            Some((start_live_ingest(writer, &config, &backfill, push.as_ref().map(|push| push.feed.clone()))?, push))
         }
         None => None,
     };
     let (live, push) = match live {
-        Some((live, push)) => (Some(live), push.map(|(_, hub)| hub)),
+        Some((live, push)) => (Some(live), push),
         None => (None, None),
     };
-    if let Some(hub) = &push {
-        metrics.attach_push(hub.counters().clone());
+    if let Some(push) = &push {
+        metrics.attach_push(push.hub.counters().clone());
     }
     if let Some((live, _)) = &live {
         metrics.attach_ingest(live.status.clone());
@@ -318,11 +318,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         None if read_only => IngestMode::ReadOnly,
         None => IngestMode::ImportOnly,
     };
-    // Subscribers' connections run on their own runtime, below ingest (see `push::hub`); it stops
-    // without waiting for them when this function returns.
-    let delivery = push.as_ref().map(|_| delivery_runtime()).transpose().context("starting push delivery")?;
-    let delivery = Background(delivery);
-    let push = push.zip(delivery.handle()).map(|(hub, delivery)| PushHandle { hub, delivery });
+    // The hub and the subscribers' connections run on their own runtime, below ingest (see
+    // `push::hub`); it stops without waiting for them when this function returns.
+    let (push, _delivery) = match push {
+        Some(Push { hub, delivery, .. }) => {
+            let handle = delivery.handle().expect("push's runtime runs");
+            (Some(PushHandle { hub, delivery: handle }), delivery)
+        }
+        None => (None, Background(None)),
+    };
     let options = ServerOptions { ingest, push, ..ServerOptions::from_config(&config)? };
     let notifier = Notifier::new(std::env::var_os("NOTIFY_SOCKET").as_deref()).context("NOTIFY_SOCKET")?.map(Arc::new);
     let listen = config.listen.clone().unwrap_or_else(|| DEFAULT_LISTEN.to_string());
@@ -401,8 +405,17 @@ fn start_live_ingest(
     Ok((live, source))
 }
 
+/// Live push: the feed ingest writes, the hub that follows it, and the runtime the hub and the
+/// subscribers' connections run on.
+struct Push {
+    feed: PushFeed,
+    hub: Arc<Hub>,
+    /// In `Background` from the start: dropped on any path out of `serve`, it never blocks.
+    delivery: Background,
+}
+
 /// Live push's feed (in `push/` under the data directory) and its hub, unless push is off.
-fn start_push(data_dir: &Path, config: &FileConfig, index: &Index) -> anyhow::Result<Option<(PushFeed, Arc<Hub>)>> {
+fn start_push(data_dir: &Path, config: &FileConfig, index: &Index) -> anyhow::Result<Option<Push>> {
     let settings = config.push_settings()?;
     if !settings.enabled {
         return Ok(None);
@@ -413,8 +426,10 @@ fn start_push(data_dir: &Path, config: &FileConfig, index: &Index) -> anyhow::Re
     let counters = Arc::new(PushCounters::default());
     let feed = Feed::open(&data_dir.join("push"), options, counters.clone()).context("opening the push log")?;
     let hub_options = HubOptions { max_subscribers: settings.max_subscribers, buffer_events: settings.buffer_events };
-    let hub = Hub::start(feed.log(), hub_options, counters);
-    Ok(Some((PushFeed(Arc::new(std::sync::Mutex::new(feed))), hub)))
+    let delivery = delivery_runtime().context("starting push delivery")?;
+    let hub = Hub::start(feed.log(), hub_options, counters, delivery.handle());
+    let delivery = Background(Some(delivery));
+    Ok(Some(Push { feed: PushFeed(Arc::new(std::sync::Mutex::new(feed))), hub, delivery }))
 }
 
 /// The config file's keys with the serve flags and `BACKLINKS_*` variables applied (flags win).

@@ -1,4 +1,4 @@
-//! The hub: one thread follows the change log and hands each event to the subscribers whose
+//! The hub: one task follows the change log and hands each event to the subscribers whose
 //! filter it matches, through a bounded queue per subscriber.
 //!
 //! Routing goes through an index of the filters (exact targets, target DIDs, target prefixes by
@@ -6,17 +6,21 @@
 //! concern, not all of them; `Filter::matches` has the last word.
 //!
 //! Invariants:
-//! - Ingest never waits for a subscriber, nor for the hub: the hub reads the log on its own
-//!   thread, and a subscriber whose queue is full is cut off (`Cut`, reason `too_slow`), never
+//! - Ingest never waits for a subscriber, nor for the hub: the hub reads the log on delivery's
+//!   runtime, and a subscriber whose queue is full is cut off (`Cut`, reason `too_slow`), never
 //!   waited for.
 //! - A member gets the events with cursors above its `after`, in cursor order, each once:
 //!   `position` (the newest cursor handed out) only moves under the state lock, and `join`
 //!   admits a subscriber only once it has read the log up to `position` itself.
 //! - At most `max_subscribers` subscriptions exist at once (`admit`).
-//! - Delivery yields to ingest: the hub's thread and the subscribers' connections (on
-//!   `delivery_runtime`) run at `DELIVERY_NICE`, so when the cores are busy (a catch-up at full
-//!   speed) ingest goes first and delivery lags behind the log, to catch up once ingest is at the
-//!   stream's pace; when they are not, delivery has all it needs.
+//! - Delivery yields to ingest: the hub's task and the subscribers' connections run on
+//!   `delivery_runtime`, whose threads run at `DELIVERY_NICE`, the lowest priority that still
+//!   guarantees them a share (Linux's idle class starved them outright on a loaded machine).
+//!   When the cores are busy (a catch-up at full speed) ingest goes first and delivery
+//!   lags behind the log, to catch up once ingest is at the stream's pace; when they are not,
+//!   delivery has all it needs. The hub runs among the connections and yields to them after each
+//!   round, so a lag starves them all alike and cuts nobody off; only a connection slower than its
+//!   peers fills its queue.
 
 use super::entry::{Entry, PushEvent};
 use super::filter::{Filter, did_of_target};
@@ -24,7 +28,7 @@ use super::log::{LogReader, LogShared};
 use super::{PushCounters, PushError};
 use crate::base::priority::lower_this_thread;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
@@ -32,12 +36,19 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 /// How long the hub waits for the log before looking whether it should stop.
 const HUB_WAIT: Duration = Duration::from_millis(200);
-/// Scheduling priority of delivery's threads (Linux nice: 10 weighs about a tenth of the usual 0).
-pub const DELIVERY_NICE: i32 = 10;
+/// Once caught up, how long the hub lets the log gather more after it moves, so that a round
+/// carries many events and each connection wakes and writes once for all of them (at the
+/// network's rate this took 39 % of delivery's CPU off; events wait at most this long more).
+const HUB_LINGER: Duration = Duration::from_millis(50);
+/// Most log entries the hub dispatches in one round (then it lets the connections run).
+const MAX_DISPATCH_ENTRIES: usize = 1_024;
 /// Most threads the delivery runtime runs (one per core below that).
 const MAX_DELIVERY_THREADS: usize = 4;
 
-/// The runtime subscribers' connections run on, its threads at `DELIVERY_NICE`.
+/// Scheduling priority of delivery's threads (Linux nice 19 weighs 15 against the usual 1,024).
+pub const DELIVERY_NICE: i32 = 19;
+
+/// The runtime the hub and subscribers' connections run on, its threads at `DELIVERY_NICE`.
 pub fn delivery_runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     tokio::runtime::Builder::new_multi_thread()
@@ -102,7 +113,9 @@ impl Cut {
 struct Member {
     filter: Filter,
     after: i64,
-    queue: mpsc::Sender<Delivery>,
+    queue: mpsc::UnboundedSender<Vec<Delivery>>,
+    /// Events sent and not yet taken by the connection: never more than `buffer_events`.
+    queued: Arc<AtomicUsize>,
     cut: Arc<Cut>,
 }
 
@@ -212,11 +225,30 @@ pub enum Join {
 pub struct Subscription {
     hub: Arc<Hub>,
     id: u64,
-    pub queue: mpsc::Receiver<Delivery>,
+    queue: mpsc::UnboundedReceiver<Vec<Delivery>>,
+    queued: Arc<AtomicUsize>,
     pub cut: Arc<Cut>,
 }
 
 impl Subscription {
+    /// The next events the hub queued, in cursor order (a batch of one or more); None once the
+    /// hub is gone.
+    pub async fn next_batch(&mut self) -> Option<Vec<Delivery>> {
+        let batch = self.queue.recv().await?;
+        self.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+        Some(batch)
+    }
+
+    /// The events queued now, without waiting.
+    pub fn queued_now(&mut self) -> Vec<Delivery> {
+        let mut events = vec![];
+        while let Ok(batch) = self.queue.try_recv() {
+            self.queued.fetch_sub(batch.len(), Ordering::Relaxed);
+            events.extend(batch);
+        }
+        events
+    }
+
     pub fn update(&self, filter: Filter) {
         let mut state = self.hub.lock();
         let HubState { members, routes, .. } = &mut *state;
@@ -235,17 +267,19 @@ impl Drop for Subscription {
 }
 
 impl Hub {
-    /// Starts the hub's thread, following the log from its end.
-    pub fn start(log: Arc<LogShared>, options: HubOptions, counters: Arc<PushCounters>) -> Arc<Hub> {
+    /// Starts the hub's task on `delivery` (the subscribers' runtime), following the log from
+    /// its end.
+    pub fn start(
+        log: Arc<LogShared>,
+        options: HubOptions,
+        counters: Arc<PushCounters>,
+        delivery: &tokio::runtime::Handle,
+    ) -> Arc<Hub> {
         assert!(options.buffer_events > 0 && options.max_subscribers > 0);
         let position = log.end().last_cursor;
         let state = HubState { position, members: HashMap::new(), routes: Routes::default(), next_id: 0 };
         let hub = Arc::new(Hub { log, options, state: Mutex::new(state), counters, stopped: AtomicBool::new(false) });
-        let weak = Arc::downgrade(&hub);
-        std::thread::Builder::new()
-            .name("push-hub".into())
-            .spawn(move || follow_log(weak, position))
-            .expect("spawning the push hub thread");
+        delivery.spawn(follow_log(Arc::downgrade(&hub), position));
         hub
     }
 
@@ -262,7 +296,7 @@ impl Hub {
         self.lock().position
     }
 
-    /// Stops the hub's thread (it also stops when the hub is dropped).
+    /// Stops the hub's task (it also stops when the hub is dropped).
     pub fn stop(&self) {
         self.stopped.store(true, Ordering::Relaxed);
     }
@@ -292,13 +326,13 @@ impl Hub {
         if state.position > after {
             return Join::Behind;
         }
-        let (queue, receiver) = mpsc::channel(self.options.buffer_events);
-        let cut = Arc::new(Cut::default());
+        let (queue, receiver) = mpsc::unbounded_channel();
+        let (cut, queued) = (Arc::new(Cut::default()), Arc::new(AtomicUsize::new(0)));
         let id = state.next_id;
         state.next_id += 1;
         state.routes.add(id, &filter);
-        state.members.insert(id, Member { filter, after, queue, cut: cut.clone() });
-        Join::Joined(Subscription { hub: self.clone(), id, queue: receiver, cut })
+        state.members.insert(id, Member { filter, after, queue, queued: queued.clone(), cut: cut.clone() });
+        Join::Joined(Subscription { hub: self.clone(), id, queue: receiver, queued, cut })
     }
 
     /// Joins the live flow from now on.
@@ -318,36 +352,31 @@ impl Hub {
         }
     }
 
-    /// Hands the entry's events to the members they concern.
-    fn dispatch(&self, entry: Entry) {
-        let entry = Arc::new(entry);
+    /// Hands the entries' events to the members they concern: one batch per member, so that a
+    /// connection wakes and writes once for all it got (the more the hub lags, the larger the
+    /// batches and the cheaper each event).
+    fn dispatch(&self, entries: Vec<Entry>) {
         let mut state = self.lock();
-        let mut slow = vec![];
-        for (index, event) in entry.events().enumerate() {
-            let candidates = match event {
-                PushEvent::Link { link, .. } => state.routes.candidates(&link.target),
-                PushEvent::Hide { .. } | PushEvent::Show { .. } => state.members.keys().copied().collect(),
-            };
-            let mut frame: Option<Utf8Bytes> = None;
-            for id in candidates {
-                let Some(member) = state.members.get(&id) else { continue };
-                if event.cursor() <= member.after || !member.filter.matches(&event) || member.cut.reason().is_some() {
-                    continue;
-                }
-                let frame = frame.get_or_insert_with(|| event.to_json().into()).clone();
-                match member.queue.try_send(Delivery { entry: entry.clone(), index, frame }) {
-                    Ok(()) => {}
-                    Err(mpsc::error::TrySendError::Full(_)) => slow.push(id),
-                    Err(mpsc::error::TrySendError::Closed(_)) => {}
-                }
-            }
+        let mut batches: HashMap<u64, Vec<Delivery>> = HashMap::new();
+        for entry in entries {
+            let entry = Arc::new(entry);
+            route_entry(&state, &entry, &mut batches);
+            state.position = state.position.max(entry.last_cursor());
         }
-        for id in slow {
-            if state.members.get(&id).is_some_and(|member| member.cut.cut("too_slow")) {
-                self.counters.cut_too_slow.fetch_add(1, Ordering::Relaxed);
+        for (id, batch) in batches {
+            let Some(member) = state.members.get(&id) else { continue };
+            // An empty queue takes any batch (one entry may hold more events than a queue).
+            let queued = member.queued.load(Ordering::Relaxed);
+            if queued > 0 && queued + batch.len() > self.options.buffer_events {
+                if member.cut.cut("too_slow") {
+                    self.counters.cut_too_slow.fetch_add(1, Ordering::Relaxed);
+                }
+                continue;
             }
+            member.queued.fetch_add(batch.len(), Ordering::Relaxed);
+            // A closed queue is a connection on its way out: it leaves by itself.
+            let _ = member.queue.send(batch);
         }
-        state.position = state.position.max(entry.last_cursor());
     }
 
     /// Cuts every member off: the hub could not follow the log.
@@ -362,9 +391,48 @@ impl Hub {
     }
 }
 
-/// The hub's thread: reads each new entry once and dispatches it.
-fn follow_log(hub: Weak<Hub>, from: i64) {
-    lower_this_thread(DELIVERY_NICE);
+/// Adds the entry's events to the batches of the members they concern (rendering each event's
+/// frame once, for all of them).
+fn route_entry(state: &HubState, entry: &Arc<Entry>, batches: &mut HashMap<u64, Vec<Delivery>>) {
+    for (index, event) in entry.events().enumerate() {
+        let candidates = match event {
+            PushEvent::Link { link, .. } => state.routes.candidates(&link.target),
+            PushEvent::Hide { .. } | PushEvent::Show { .. } => state.members.keys().copied().collect(),
+        };
+        let mut frame: Option<Utf8Bytes> = None;
+        for id in candidates {
+            let Some(member) = state.members.get(&id) else { continue };
+            if event.cursor() <= member.after || !member.filter.matches(&event) || member.cut.reason().is_some() {
+                continue;
+            }
+            let frame = frame.get_or_insert_with(|| event.to_json().into()).clone();
+            batches.entry(id).or_default().push(Delivery { entry: entry.clone(), index, frame });
+        }
+    }
+}
+
+/// The next entries published and not yet read: at most `MAX_DISPATCH_ENTRIES`, and no more
+/// events than `events` (unless the first entry alone has more).
+fn read_entries(reader: &mut LogReader, events: usize) -> Result<Vec<Entry>, PushError> {
+    let (mut entries, mut read_events) = (vec![], 0);
+    while entries.len() < MAX_DISPATCH_ENTRIES && read_events < events {
+        match reader.next_entry()? {
+            Some(entry) => {
+                read_events += entry.event_count();
+                entries.push(entry);
+            }
+            None => break,
+        }
+    }
+    Ok(entries)
+}
+
+/// The hub's task: reads each new entry once and dispatches it in rounds, yielding to the
+/// connections a round woke before the next, so that it never runs far ahead of delivery: when
+/// delivery is starved of CPU the hub is too, and subscribers lag together instead of being cut
+/// off as too slow. (Its reads are of the newest log bytes, in the page cache: they do not block
+/// the runtime.)
+async fn follow_log(hub: Weak<Hub>, from: i64) {
     let Some(log) = hub.upgrade().map(|hub| hub.log.clone()) else { return };
     let mut reader = LogReader::after(log.clone(), from);
     let mut last = from;
@@ -373,14 +441,20 @@ fn follow_log(hub: Weak<Hub>, from: i64) {
         if hub.stopped.load(Ordering::Relaxed) {
             return;
         }
-        match reader.next_entry() {
-            Ok(Some(entry)) => {
-                last = entry.last_cursor();
-                hub.dispatch(entry);
-            }
-            Ok(None) => {
+        // Half a queue a round: a member that reads what it got between rounds is never cut off.
+        match read_entries(&mut reader, hub.options.buffer_events / 2) {
+            Ok(entries) if !entries.is_empty() => {
+                last = entries.last().expect("not empty").last_cursor();
+                hub.dispatch(entries);
                 drop(hub);
-                log.wait_past(last, HUB_WAIT);
+                tokio::task::yield_now().await;
+            }
+            Ok(_) => {
+                drop(hub);
+                // Wakes now and then to see whether the hub was stopped.
+                if tokio::time::timeout(HUB_WAIT, log.published_past(last)).await.is_ok() {
+                    tokio::time::sleep(HUB_LINGER).await;
+                }
             }
             Err(error) => {
                 tracing::error!(%error, "the push hub cannot read the change log; subscribers are cut off");
@@ -438,8 +512,9 @@ mod tests {
         let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX };
         let mut log = ChangeLog::open(dir.path(), options).unwrap();
         let counters = Arc::new(PushCounters::default());
-        let hub =
-            Hub::start(log.shared().clone(), HubOptions { max_subscribers: 2, buffer_events: 2 }, counters.clone());
+        let delivery = tokio::runtime::Runtime::new().unwrap();
+        let options = HubOptions { max_subscribers: 2, buffer_events: 2 };
+        let hub = Hub::start(log.shared().clone(), options, counters.clone(), delivery.handle());
         let (first, second) = (hub.admit().unwrap(), hub.admit().unwrap());
         assert!(hub.admit().is_none(), "two at most");
         assert_eq!(counters.refused.load(Ordering::Relaxed), 1);
@@ -456,7 +531,7 @@ mod tests {
             }
         };
         wait(3);
-        let cursors: Vec<i64> = std::iter::from_fn(|| post.queue.try_recv().ok()).map(|d| d.event().cursor()).collect();
+        let cursors: Vec<i64> = post.queued_now().iter().map(|d| d.event().cursor()).collect();
         assert_eq!(cursors, [1, 3], "only its target's events, in order");
         assert_eq!(slow.cut.reason(), Some("too_slow"), "three events for a queue of two");
         assert_eq!(counters.cut_too_slow.load(Ordering::Relaxed), 1, "counted once");
@@ -465,8 +540,11 @@ mod tests {
         log.append(&like(4, OTHER)).unwrap();
         log.publish().unwrap();
         wait(4);
-        assert_eq!(late.queue.try_recv().unwrap().event().cursor(), 4);
-        assert!(post.queue.try_recv().is_err(), "not its target");
+        let cursors = |subscription: &mut Subscription| -> Vec<i64> {
+            subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
+        };
+        assert_eq!(cursors(&mut late), [4]);
+        assert_eq!(cursors(&mut post), [0i64; 0], "not its target");
         // A replay that read the log past the hub joins with its own cursor: nothing twice.
         let Join::Joined(mut ahead) = hub.join(filter(&[]), 5) else { panic!("ahead of the hub") };
         for cursor in [5, 6] {
@@ -474,8 +552,39 @@ mod tests {
         }
         log.publish().unwrap();
         wait(6);
-        assert_eq!(ahead.queue.try_recv().unwrap().event().cursor(), 6);
-        assert!(ahead.queue.try_recv().is_err());
+        assert_eq!(cursors(&mut ahead), [6]);
+        hub.stop();
+    }
+
+    #[test]
+    fn the_hub_lets_its_subscribers_read_before_it_dispatches_more() {
+        // On one thread the hub and a subscriber share the CPU as they would when delivery is
+        // starved: a burst of many times the queue's size must not cut the subscriber off.
+        let dir = tempfile::tempdir().unwrap();
+        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX };
+        let mut log = ChangeLog::open(dir.path(), options).unwrap();
+        let delivery = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let counters = Arc::new(PushCounters::default());
+        let options = HubOptions { max_subscribers: 1, buffer_events: 2 };
+        let hub = Hub::start(log.shared().clone(), options, counters.clone(), delivery.handle());
+        let Join::Joined(mut subscription) = hub.join(filter(&[]), 0) else { panic!("joins at the start") };
+        const BURST: i64 = 1_000;
+        for cursor in 1..=BURST {
+            log.append(&like(cursor, POST)).unwrap();
+        }
+        log.publish().unwrap();
+        let received = delivery.block_on(async {
+            let mut received = vec![];
+            while received.len() < BURST as usize && subscription.cut.reason().is_none() {
+                match tokio::time::timeout(Duration::from_secs(10), subscription.next_batch()).await {
+                    Ok(Some(batch)) => received.extend(batch.iter().map(|d| d.event().cursor())),
+                    _ => break,
+                }
+            }
+            received
+        });
+        assert_eq!(subscription.cut.reason(), None, "never cut off while it keeps reading");
+        assert_eq!(received, (1..=BURST).collect::<Vec<_>>());
         hub.stop();
     }
 }

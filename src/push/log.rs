@@ -27,8 +27,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 use xxhash_rust::xxh3::xxh3_64;
 
 const FRAME_HEADER: usize = 12;
@@ -85,7 +84,8 @@ struct Segment {
 pub struct LogShared {
     dir: PathBuf,
     end: Mutex<LogEnd>,
-    moved: Condvar,
+    /// The newest published cursor, for readers that wait for more.
+    published: tokio::sync::watch::Sender<i64>,
     segments: Mutex<Vec<Segment>>,
 }
 
@@ -94,14 +94,11 @@ impl LogShared {
         *self.end.lock().expect("log end lock poisoned")
     }
 
-    /// Waits until the log holds a cursor past `cursor`, or `timeout`; returns the end then.
-    pub fn wait_past(&self, cursor: i64, timeout: Duration) -> LogEnd {
-        let end = self.end.lock().expect("log end lock poisoned");
-        let (end, _) = self
-            .moved
-            .wait_timeout_while(end, timeout, |end| end.last_cursor <= cursor)
-            .expect("log end lock poisoned");
-        *end
+    /// Resolves once the log has published a cursor past `cursor` (at once if it has).
+    pub async fn published_past(&self, cursor: i64) {
+        let mut published = self.published.subscribe();
+        // The sender lives as long as `self`: waiting cannot end in an error.
+        let _ = published.wait_for(|last| *last > cursor).await;
     }
 
     /// The oldest cursor still in the log, if any (read from the oldest segment's first frame).
@@ -182,7 +179,7 @@ impl ChangeLog {
         let shared = Arc::new(LogShared {
             dir: shared_dir,
             end: Mutex::new(end),
-            moved: Condvar::new(),
+            published: tokio::sync::watch::Sender::new(last_cursor),
             segments: Mutex::new(segments),
         });
         let current = Segment { bytes: valid, ..current };
@@ -232,7 +229,8 @@ impl ChangeLog {
         self.set_segment_bytes(self.current.number, self.written);
         let mut end = self.shared.end.lock().expect("log end lock poisoned");
         *end = LogEnd { segment: self.current.number, offset: self.written, last_cursor: self.last_cursor };
-        self.shared.moved.notify_all();
+        drop(end);
+        self.shared.published.send_replace(self.last_cursor);
         Ok(())
     }
 

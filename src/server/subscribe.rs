@@ -13,7 +13,8 @@
 //!   joins the hub with, and the hub sends only what comes after it.
 //! - A subscriber cut off by the hub (its queue full) gets an `error` frame and a close, without
 //!   the events still queued; the hub never waits for it.
-//! - Memory per subscriber is bounded: its queue (`push_buffer_events` events), one replay batch,
+//! - Memory per subscriber is bounded: its queue (`push_buffer_events` events, or one log entry's
+//!   when that is more), the batch it is writing, one replay batch,
 //!   and for spacedust's delayed mode at most `MAX_HELD` held links.
 
 use super::{AppState, XrpcError, query_pairs};
@@ -54,8 +55,6 @@ const MAX_WRITE_BUFFER_BYTES: usize = 4 << 20;
 /// Entries a replay reads from the log before it sends what matched and looks at the client
 /// again (reads happen on the connection's thread, so a narrow filter must not read on and on).
 const REPLAY_BATCH: usize = 512;
-/// Events one live wake-up sends before flushing.
-const LIVE_BATCH: usize = 256;
 /// How long spacedust's default mode holds a link before sending it, to drop it if it is deleted.
 pub const SPACEDUST_DELAY: Duration = Duration::from_secs(21);
 /// Links spacedust's delayed mode holds for one subscriber; past it, the oldest go out early.
@@ -378,24 +377,18 @@ impl Connection {
                 None => std::future::pending().await,
             }
         };
+        let cut = subscription.cut.clone();
         tokio::select! {
             biased;
-            _ = subscription.cut.wait() => {
-                let (error, message) = match subscription.cut.reason() {
+            _ = cut.wait() => {
+                let (error, message) = match cut.reason() {
                     Some("too_slow") => ("ConsumerTooSlow", "this subscriber did not read its events fast enough; reconnect with the last cursor"),
                     _ => ("ReplayFailed", "the server could not follow its change log; reconnect with the last cursor"),
                 };
                 return Err(self.close_with_error(error, message).await);
             }
-            delivery = subscription.queue.recv() => {
-                let Some(delivery) = delivery else { return Err("hub gone") };
-                let mut deliveries = vec![delivery];
-                while deliveries.len() < LIVE_BATCH {
-                    match subscription.queue.try_recv() {
-                        Ok(more) => deliveries.push(more),
-                        Err(_) => break,
-                    }
-                }
+            deliveries = subscription.next_batch() => {
+                let Some(deliveries) = deliveries else { return Err("hub gone") };
                 for delivery in &deliveries {
                     self.deliver_live(delivery).await?;
                 }
