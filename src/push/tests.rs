@@ -354,14 +354,18 @@ fn an_entry_for_a_link_names_its_location() {
     }
 }
 
-/// After a restart, a delete of a record whose entry is in a segment the log let go is unrouted,
-/// and no lookup counts as bad (the slot is stale from the start).
+/// After a restart, the slots of records whose entries are in segments the log let go are stale
+/// from the start: a delete of such a record is unrouted (no lookup counts as bad), and new
+/// records take those slots instead of displacing live ones.
 #[test]
 fn a_reopened_feed_knows_which_segments_are_gone() {
     let dir = tempfile::tempdir().unwrap();
     let counters = Arc::new(PushCounters::default());
     let mut options = feed_options();
     options.log.retain_us = 10_000;
+    // 256 slots: the 204 keys of the first run and the 104 of the second fit only if the
+    // first run's retired ones are free.
+    options.recent_bytes = super::recent::MIN_TABLE_BYTES;
     let mut feed = Feed::open(dir.path(), options.clone(), counters.clone()).unwrap();
     for i in 0..200u8 {
         let put = Op::Put { did: i % 4, rkey: i, targets: vec![i % 5] };
@@ -375,6 +379,13 @@ fn a_reopened_feed_knows_which_segments_are_gone() {
     feed.observe(&operation(&delete, false), 1_000_000, Some(1_000)).unwrap();
     let count = |counter: &std::sync::atomic::AtomicU64| counter.load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!((count(&counters.bad_lookups), count(&counters.unrouted_deletes)), (0, 1));
+    // New records before any sync (which would forget the retired segments all the same).
+    for i in 0..100u8 {
+        let put = Op::Put { did: 4 + i % 4, rkey: i, targets: vec![i % 5] };
+        feed.observe(&operation(&put, false), 1_001_000 + i as i64, Some(2_000 + i as u64)).unwrap();
+        feed.end_batch().unwrap();
+    }
+    assert_eq!(count(&counters.recent_displaced), 0, "retired slots were free");
 }
 
 /// A process that dies with entries not yet written out leaves no slot leading to them: the
