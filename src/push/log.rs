@@ -83,22 +83,21 @@ struct Segment {
 /// What the writer and every reader share.
 pub struct LogShared {
     dir: PathBuf,
-    end: Mutex<LogEnd>,
-    /// The newest published cursor, for readers that wait for more.
-    published: tokio::sync::watch::Sender<i64>,
+    /// What readers may read; readers that want more wait for it to move.
+    end: tokio::sync::watch::Sender<LogEnd>,
     segments: Mutex<Vec<Segment>>,
 }
 
 impl LogShared {
     pub fn end(&self) -> LogEnd {
-        *self.end.lock().expect("log end lock poisoned")
+        *self.end.borrow()
     }
 
     /// Resolves once the log has published a cursor past `cursor` (at once if it has).
     pub async fn published_past(&self, cursor: i64) {
-        let mut published = self.published.subscribe();
+        let mut end = self.end.subscribe();
         // The sender lives as long as `self`: waiting cannot end in an error.
-        let _ = published.wait_for(|last| *last > cursor).await;
+        let _ = end.wait_for(|end| end.last_cursor > cursor).await;
     }
 
     /// The oldest cursor still in the log, if any (read from the oldest segment's first frame).
@@ -178,8 +177,7 @@ impl ChangeLog {
         let end = LogEnd { segment: current.number, offset: valid, last_cursor };
         let shared = Arc::new(LogShared {
             dir: shared_dir,
-            end: Mutex::new(end),
-            published: tokio::sync::watch::Sender::new(last_cursor),
+            end: tokio::sync::watch::Sender::new(end),
             segments: Mutex::new(segments),
         });
         let current = Segment { bytes: valid, ..current };
@@ -227,10 +225,11 @@ impl ChangeLog {
         self.pending.clear();
         self.current.bytes = self.written;
         self.set_segment_bytes(self.current.number, self.written);
-        let mut end = self.shared.end.lock().expect("log end lock poisoned");
-        *end = LogEnd { segment: self.current.number, offset: self.written, last_cursor: self.last_cursor };
-        drop(end);
-        self.shared.published.send_replace(self.last_cursor);
+        self.shared.end.send_replace(LogEnd {
+            segment: self.current.number,
+            offset: self.written,
+            last_cursor: self.last_cursor,
+        });
         Ok(())
     }
 
@@ -303,9 +302,7 @@ impl ChangeLog {
         self.current = next;
         self.written = 0;
         // Readers move to the new segment once the end does.
-        let mut end = self.shared.end.lock().expect("log end lock poisoned");
-        *end = LogEnd { segment: next.number, offset: 0, last_cursor: self.last_cursor };
-        drop(end);
+        self.shared.end.send_replace(LogEnd { segment: next.number, offset: 0, last_cursor: self.last_cursor });
         self.retire_old_segments()
     }
 
