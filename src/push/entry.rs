@@ -5,8 +5,9 @@
 //! shown. Its events take consecutive cursors from `first_cursor`, deletes first.
 //!
 //! Encoding (little-endian): `first_cursor i64, time_us i64, identity u64, kind u8`, then for
-//! `KIND_LINKS`: `source str, rev u64 (0: none), account_before u64 (u64::MAX: none), deleted count u32, (target str, location str)...,
-//! created count u32, (target str, location str)...`; for `KIND_HIDE`: `did str, status str`; for
+//! `KIND_LINKS`: `source str, rev u64 (0: none), account_before u64 (u64::MAX: none), deleted
+//! count u32, (target str, location str)..., created count u32, (target str, location str)...,
+//! kept count u32, (target str, location str)...`; for `KIND_HIDE`: `did str, status str`; for
 //! `KIND_SHOW`: `did str`. A `str` is a u32 length and UTF-8 bytes.
 //!
 //! Invariants:

@@ -8,21 +8,19 @@
 //! buckets of four 16-byte slots `(key u64, position u64)`, one cache line each. A key is the xxh3
 //! of a record's URI (of a DID under another seed), never 0 (an empty slot); it lives in one of
 //! two buckets its hash names within one page of the file, and a lookup reads both (one page
-//! touched a key: page faults and writeback are per page). A slot whose position lies in a segment the
-//! log let go is stale, as good as empty. When both buckets hold eight live slots, the oldest gives
-//! way: that record leaves the window early (counted by the feed).
+//! touched a key: page faults and writeback are per page). A slot whose position lies in a
+//! segment the log let go is stale, as good as empty. When both buckets hold eight live slots,
+//! the oldest gives way: that record leaves the window early (counted by the feed).
 //!
 //! Invariants:
 //! - A slot is only a hint: the entry it leads to is checked against the record's URI (or the
 //!   account's DID) before it is believed: hashes collide, and a crash can leave a slot ahead of
 //!   the log.
 //! - The table follows from the log alone (`feed`'s `reflect`), and the header's `log_through`
-//!   says how far it had when it was last set. Slots are written only for entries the log has
-//!   written out (the feed holds a batch's in memory until then), so none leads to an entry a
-//!   crash of the process loses. Such a crash loses nothing mapped (the pages are the kernel's):
-//!   the feed reflects the entries past `log_through` again. A crash of
-//!   the machine can lose any pages in any order: the header's boot id and clean flag tell, and the
-//!   table is emptied and rebuilt from the whole log.
+//!   says how far it had when it was last set. A crash of the process loses nothing mapped (the
+//!   pages are the kernel's): the feed reflects the entries past `log_through` again. A crash of
+//!   the machine can lose any pages in any order: the header's boot id and clean flag tell, and
+//!   the table is emptied and rebuilt from the whole log.
 //! - Changes are staged in memory (`set`, `remove`, `set_account`; lookups see them) and written
 //!   into the mapped file by `write_staged`, which the feed calls once the entries they lead to are
 //!   written to the log: no slot in the file leads to an entry a crash of the process loses.
@@ -148,8 +146,9 @@ impl Header {
 }
 
 impl RecentLinks {
-    /// Opens the table at `path` (buckets of at most `bytes`, and a header page) on the machine boot `boot`; says whether
-    /// it kept what it held (else it is empty and the whole log must be reflected again).
+    /// Opens the table at `path` (buckets of at most `bytes`, and a header page) on the machine
+    /// boot `boot`; says whether it kept what it held (else it is empty and the whole log must be
+    /// reflected again).
     pub fn open(path: &Path, bytes: u64, boot: u64) -> Result<(Self, Fresh), PushError> {
         let io = |e| PushError::io(path, e);
         let buckets = buckets_for(bytes);
@@ -238,7 +237,7 @@ impl RecentLinks {
             match position {
                 Some(position) => displaced += !self.put(key, position) as u64,
                 None => {
-                    if let Some((bucket, slot)) = self.slot_of(key) {
+                    if let Some((bucket, slot, _)) = self.slot_of(key) {
                         self.write_slot(bucket, slot, 0, 0);
                     }
                 }
@@ -279,27 +278,27 @@ impl RecentLinks {
         key != 0 && position.segment >= self.oldest_segment
     }
 
-    /// Where `key` sits, live or stale.
-    fn slot_of(&self, key: u64) -> Option<(u64, usize)> {
-        let buckets = self.buckets_of(key);
-        buckets
-            .into_iter()
-            .flat_map(|bucket| (0..SLOTS_PER_BUCKET).map(move |slot| (bucket, slot)))
-            .find(|&(bucket, slot)| self.read_slot(bucket, slot).0 == key)
+    /// Where `key` sits, live or stale, and the position it holds.
+    fn slot_of(&self, key: u64) -> Option<(u64, usize, Position)> {
+        self.buckets_of(key).into_iter().find_map(|bucket| {
+            (0..SLOTS_PER_BUCKET).find_map(|slot| {
+                let (held, position) = self.read_slot(bucket, slot);
+                (held == key).then_some((bucket, slot, position))
+            })
+        })
     }
 
     fn find(&self, key: u64) -> Option<Position> {
         if let Some(staged) = self.staged.get(&key) {
             return *staged;
         }
-        let (bucket, slot) = self.slot_of(key)?;
-        let (_, position) = self.read_slot(bucket, slot);
+        let (_, _, position) = self.slot_of(key)?;
         self.live(key, position).then_some(position)
     }
 
     fn put(&mut self, key: u64, position: Position) -> bool {
         let (bucket, slot, displaced) =
-            self.slot_of(key).map(|(b, s)| (b, s, false)).unwrap_or_else(|| self.free_slot(key));
+            self.slot_of(key).map(|(b, s, _)| (b, s, false)).unwrap_or_else(|| self.free_slot(key));
         self.write_slot(bucket, slot, key, position.packed());
         !displaced
     }
@@ -307,23 +306,28 @@ impl RecentLinks {
     /// A slot for a new key: a free one in the emptier of its two buckets, else the oldest live
     /// one (true: it is displaced).
     fn free_slot(&self, key: u64) -> (u64, usize, bool) {
-        let mut best: Option<(usize, u64, usize)> = None;
+        let mut emptiest: Option<(usize, u64, usize)> = None;
         let mut oldest: Option<(Position, u64, usize)> = None;
         for bucket in self.buckets_of(key) {
-            let mut free = (0, 0);
+            let (mut free, mut first_free) = (0, 0);
             for slot in 0..SLOTS_PER_BUCKET {
                 let (held, position) = self.read_slot(bucket, slot);
-                if !self.live(held, position) {
-                    free = (free.0 + 1, if free.0 == 0 { slot } else { free.1 });
-                } else if oldest.is_none_or(|(at, ..)| position < at) {
-                    oldest = Some((position, bucket, slot));
+                if self.live(held, position) {
+                    if oldest.is_none_or(|(at, ..)| position < at) {
+                        oldest = Some((position, bucket, slot));
+                    }
+                } else {
+                    if free == 0 {
+                        first_free = slot;
+                    }
+                    free += 1;
                 }
             }
-            if free.0 > 0 && best.is_none_or(|(count, ..)| free.0 > count) {
-                best = Some((free.0, bucket, free.1));
+            if free > 0 && emptiest.is_none_or(|(most, ..)| free > most) {
+                emptiest = Some((free, bucket, first_free));
             }
         }
-        match (best, oldest) {
+        match (emptiest, oldest) {
             (Some((_, bucket, slot)), _) => (bucket, slot, false),
             (None, Some((_, bucket, slot))) => (bucket, slot, true),
             (None, None) => unreachable!("eight slots are either free or live"),
