@@ -88,9 +88,7 @@ impl Serve {
     /// CPU seconds the server has used (user + system).
     fn cpu_seconds(&self) -> f64 {
         let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).unwrap();
-        let fields: Vec<&str> = stat.rsplit(')').next().unwrap().split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        ticks as f64 / 100.0
+        stat_cpu(&stat).1
     }
 
     /// SIGTERM, and wait for the clean stop.
@@ -121,13 +119,19 @@ fn cpu_by_thread(pid: u32) -> std::collections::BTreeMap<String, f64> {
     let mut by_name = std::collections::BTreeMap::new();
     for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap().filter_map(Result::ok) {
         let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else { continue };
-        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else { continue };
-        let name = stat[open + 1..close].trim_end_matches(|c: char| c.is_ascii_digit() || c == '-');
-        let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
-        let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
-        *by_name.entry(name.to_string()).or_insert(0.0) += ticks as f64 / 100.0;
+        let (name, seconds) = stat_cpu(&stat);
+        let name = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '-');
+        *by_name.entry(name.to_string()).or_insert(0.0) += seconds;
     }
     by_name
+}
+
+/// The name and the CPU seconds (user + system) in a `/proc` stat line of a process or thread.
+fn stat_cpu(stat: &str) -> (&str, f64) {
+    let (open, close) = (stat.find('(').unwrap(), stat.rfind(')').unwrap());
+    let fields: Vec<&str> = stat[close + 1..].split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    (&stat[open + 1..close], ticks as f64 / 100.0)
 }
 
 /// What each thread name used between two readings, as "name seconds, ...".

@@ -682,8 +682,8 @@ fn spacedust_clients_get_its_shape_and_filter_updates_apply() {
     assert_eq!(status, 400, "a plain GET is not a websocket: {body}");
 }
 
-/// How long spacedust's default (delayed) mode holds a link: `SPACEDUST_DELAY` in
-/// `src/server/subscribe.rs`.
+/// How long spacedust's default (delayed) mode holds a link, as spacedust does: restated here
+/// rather than taken from the server's `SPACEDUST_DELAY`, so that the test holds it to 21 s.
 const SPACEDUST_HOLD: Duration = Duration::from_secs(21);
 
 /// A like of `subject` by account `d` (its record `rkey`), or its deletion when `subject` is

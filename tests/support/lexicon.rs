@@ -48,7 +48,7 @@ impl Lexicons {
         if schema["type"] != "union" {
             return Err(format!("{id}: a subscription's message schema is a union, not {}", schema["type"]));
         }
-        self.union_member(id, schema, value, "$", 0)
+        self.union_member(schema, value, &At::root(id))
     }
 
     /// Resolves `#name` (in `current`), `nsid#name` or `nsid` (its main).
@@ -62,26 +62,24 @@ impl Lexicons {
         def.map(|d| (id.to_string(), d)).ok_or_else(|| format!("unresolved ref {reference:?}"))
     }
 
-    /// Checks `value` against `schema`; `path` names the place in errors.
-    pub fn validate(
-        &self,
-        current: &str,
-        schema: &Value,
-        value: &Value,
-        path: &str,
-        depth: usize,
-    ) -> Result<(), String> {
-        if depth > MAX_DEPTH {
-            return Err(format!("{path}: schema nesting deeper than {MAX_DEPTH}"));
+    /// Checks `value` against `schema`, a def of the lexicon `id` (its refs resolve there).
+    pub fn validate(&self, id: &str, schema: &Value, value: &Value) -> Result<(), String> {
+        self.check(schema, value, &At::root(id))
+    }
+
+    fn check(&self, schema: &Value, value: &Value, at: &At) -> Result<(), String> {
+        if at.depth > MAX_DEPTH {
+            return Err(format!("{}: schema nesting deeper than {MAX_DEPTH}", at.path));
         }
+        let path = &at.path;
         let fail = |what: String| Err(format!("{path}: {what}"));
         match schema["type"].as_str().unwrap_or("") {
-            "object" => self.validate_object(current, schema, value, path, depth),
+            "object" => self.check_object(schema, value, at),
             "array" => {
                 let Some(items) = value.as_array() else { return fail(format!("expected an array, got {value}")) };
                 check_length(schema, items.len(), path)?;
                 for (i, item) in items.iter().enumerate() {
-                    self.validate(current, &schema["items"], item, &format!("{path}[{i}]"), depth + 1)?;
+                    self.check(&schema["items"], item, &at.within(&format!("[{i}]")))?;
                 }
                 Ok(())
             }
@@ -103,50 +101,37 @@ impl Lexicons {
             "unknown" => fail(format!("unknown must be an object, got {value}")),
             "ref" => {
                 let reference = schema["ref"].as_str().ok_or_else(|| format!("{path}: ref without a target"))?;
-                let (id, def) = self.resolve(current, reference)?;
-                self.validate(&id, def, value, path, depth + 1)
+                let (id, def) = self.resolve(&at.lexicon, reference)?;
+                self.check(def, value, &at.referring(id))
             }
-            "union" => self.union_member(current, schema, value, path, depth).map(|_| ()),
+            "union" => self.union_member(schema, value, at).map(|_| ()),
             other => fail(format!("unsupported schema type {other:?}")),
         }
     }
 
     /// The one ref of the union `schema` that `value` matches.
-    fn union_member(
-        &self,
-        current: &str,
-        schema: &Value,
-        value: &Value,
-        path: &str,
-        depth: usize,
-    ) -> Result<String, String> {
+    fn union_member(&self, schema: &Value, value: &Value, at: &At) -> Result<String, String> {
         let refs: Vec<&str> = schema["refs"].as_array().into_iter().flatten().filter_map(Value::as_str).collect();
         if refs.is_empty() {
-            return Err(format!("{path}: a union without refs"));
+            return Err(format!("{}: a union without refs", at.path));
         }
         let (mut matched, mut errors) = (vec![], vec![]);
         for reference in refs {
-            let (id, def) = self.resolve(current, reference)?;
-            match self.validate(&id, def, value, path, depth + 1) {
+            let (id, def) = self.resolve(&at.lexicon, reference)?;
+            match self.check(def, value, &at.referring(id)) {
                 Ok(()) => matched.push(reference),
                 Err(error) => errors.push(format!("{reference}: {error}")),
             }
         }
         match matched[..] {
             [one] => Ok(one.to_string()),
-            [] => Err(format!("{path}: matches none of the union's refs ({})", errors.join("; "))),
-            _ => Err(format!("{path}: matches more than one of the union's refs ({})", matched.join(", "))),
+            [] => Err(format!("{}: matches none of the union's refs ({})", at.path, errors.join("; "))),
+            _ => Err(format!("{}: matches more than one of the union's refs ({})", at.path, matched.join(", "))),
         }
     }
 
-    fn validate_object(
-        &self,
-        current: &str,
-        schema: &Value,
-        value: &Value,
-        path: &str,
-        depth: usize,
-    ) -> Result<(), String> {
+    fn check_object(&self, schema: &Value, value: &Value, at: &At) -> Result<(), String> {
+        let path = &at.path;
         let Some(object) = value.as_object() else { return Err(format!("{path}: expected an object, got {value}")) };
         let names = |key: &str| -> Vec<&str> {
             schema[key].as_array().map(|a| a.iter().filter_map(Value::as_str).collect()).unwrap_or_default()
@@ -159,19 +144,43 @@ impl Lexicons {
             }
         }
         for (name, field) in object {
-            let field_path = format!("{path}.{name}");
+            let field_at = at.within(&format!(".{name}"));
             let Some(field_schema) = properties.get(name) else {
-                return Err(format!("{field_path}: field not declared in the lexicon"));
+                return Err(format!("{}: field not declared in the lexicon", field_at.path));
             };
             if field.is_null() {
                 if !nullable.contains(&name.as_str()) {
-                    return Err(format!("{field_path}: null but not nullable"));
+                    return Err(format!("{}: null but not nullable", field_at.path));
                 }
                 continue;
             }
-            self.validate(current, field_schema, field, &field_path, depth + 1)?;
+            self.check(field_schema, field, &field_at)?;
         }
         Ok(())
+    }
+}
+
+/// Where a check is: the lexicon its refs resolve in, the place in the value its errors name,
+/// and how deep in the schema it is.
+struct At {
+    lexicon: String,
+    path: String,
+    depth: usize,
+}
+
+impl At {
+    fn root(lexicon: &str) -> At {
+        At { lexicon: lexicon.to_string(), path: "$".to_string(), depth: 0 }
+    }
+
+    /// A part of the value here (`.name`, `[i]`).
+    fn within(&self, part: &str) -> At {
+        At { lexicon: self.lexicon.clone(), path: format!("{}{part}", self.path), depth: self.depth + 1 }
+    }
+
+    /// The same place, checked against a def of the lexicon `id`.
+    fn referring(&self, id: String) -> At {
+        At { lexicon: id, path: self.path.clone(), depth: self.depth + 1 }
     }
 }
 
