@@ -28,13 +28,14 @@ use super::log::{LogReader, LogShared};
 use super::{PushCounters, PushError};
 use crate::base::priority::lower_this_thread;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
-/// How long the hub waits for the log before looking whether it should stop.
+/// How long the hub waits for the log before looking whether it was dropped (its task also ends
+/// with its runtime).
 const HUB_WAIT: Duration = Duration::from_millis(200);
 /// Once caught up, how long the hub lets the log gather more after it moves, so that a round
 /// carries many events and each connection wakes and writes once for all of them (at the
@@ -200,7 +201,6 @@ pub struct Hub {
     options: HubOptions,
     state: Mutex<HubState>,
     counters: Arc<PushCounters>,
-    stopped: AtomicBool,
 }
 
 /// A place under `max_subscribers`, held by a connection for its whole life.
@@ -240,6 +240,7 @@ impl Subscription {
     }
 
     /// The events queued now, without waiting.
+    #[cfg(test)]
     pub fn queued_now(&mut self) -> Vec<Delivery> {
         let mut events = vec![];
         while let Ok(batch) = self.queue.try_recv() {
@@ -278,7 +279,7 @@ impl Hub {
         assert!(options.buffer_events > 0 && options.max_subscribers > 0);
         let position = log.end().last_cursor;
         let state = HubState { position, members: HashMap::new(), routes: Routes::default(), next_id: 0 };
-        let hub = Arc::new(Hub { log, options, state: Mutex::new(state), counters, stopped: AtomicBool::new(false) });
+        let hub = Arc::new(Hub { log, options, state: Mutex::new(state), counters });
         delivery.spawn(follow_log(Arc::downgrade(&hub), position));
         hub
     }
@@ -294,11 +295,6 @@ impl Hub {
     /// The newest cursor handed out.
     pub fn position(&self) -> i64 {
         self.lock().position
-    }
-
-    /// Stops the hub's task (it also stops when the hub is dropped).
-    pub fn stop(&self) {
-        self.stopped.store(true, Ordering::Relaxed);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
@@ -438,9 +434,6 @@ async fn follow_log(hub: Weak<Hub>, from: i64) {
     let mut last = from;
     loop {
         let Some(hub) = hub.upgrade() else { return };
-        if hub.stopped.load(Ordering::Relaxed) {
-            return;
-        }
         // Half a queue a round: a member that reads what it got between rounds is never cut off.
         match read_entries(&mut reader, hub.options.buffer_events / 2) {
             Ok(entries) if !entries.is_empty() => {
@@ -451,7 +444,7 @@ async fn follow_log(hub: Weak<Hub>, from: i64) {
             }
             Ok(_) => {
                 drop(hub);
-                // Wakes now and then to see whether the hub was stopped.
+                // Wakes now and then to see whether the hub is gone.
                 if tokio::time::timeout(HUB_WAIT, log.published_past(last)).await.is_ok() {
                     tokio::time::sleep(HUB_LINGER).await;
                 }
@@ -553,7 +546,6 @@ mod tests {
         log.publish().unwrap();
         wait(6);
         assert_eq!(cursors(&mut ahead), [6]);
-        hub.stop();
     }
 
     #[test]
@@ -585,6 +577,5 @@ mod tests {
         });
         assert_eq!(subscription.cut.reason(), None, "never cut off while it keeps reading");
         assert_eq!(received, (1..=BURST).collect::<Vec<_>>());
-        hub.stop();
     }
 }
