@@ -38,8 +38,8 @@ use tokio_tungstenite::tungstenite::Utf8Bytes;
 /// with its runtime).
 const HUB_WAIT: Duration = Duration::from_millis(200);
 /// Once caught up, how long the hub lets the log gather more after it moves, so that a round
-/// carries many events and each connection wakes and writes once for all of them (at the
-/// network's rate this took 39 % of delivery's CPU off; events wait at most this long more).
+/// carries many events and each connection wakes and writes once for all of them (at four times
+/// the network's rate it took 39 % of delivery's CPU off; events wait at most this long more).
 const HUB_LINGER: Duration = Duration::from_millis(50);
 /// Most log entries the hub dispatches in one round (then it lets the connections run).
 const MAX_DISPATCH_ENTRIES: usize = 1_024;
