@@ -37,7 +37,10 @@ pub const MAX_MANIFEST_NAME_LEN: usize = 256;
 
 /// Schema versions of `state.db`, oldest first. Append only: never edit a released migration.
 fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(include_str!("../migrations/state/0001_catalog.sql"))])
+    Migrations::new(vec![
+        M::up(include_str!("../migrations/state/0001_catalog.sql")),
+        M::up(include_str!("../migrations/state/0002_forward_tree.sql")),
+    ])
 }
 
 /// What `sync_to_manifest` applies.
@@ -529,7 +532,7 @@ mod tests {
         assert!(catalog.hidden_accounts().unwrap().is_empty());
         assert_eq!(catalog.last_manifest().unwrap(), None);
         let version: i64 = catalog.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-        assert_eq!(version, 1);
+        assert_eq!(version, 2);
         let mode: String = catalog.lock().unwrap().pragma_query_value(None, "journal_mode", |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
         let sync: i64 = catalog.lock().unwrap().pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap();
@@ -624,7 +627,33 @@ mod tests {
         assert_eq!(catalog.next_table_seq().unwrap(), 3);
         assert_eq!(catalog.last_manifest().unwrap(), Some((3, "3-abcdef".into())));
         let version: i64 = catalog.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-        assert_eq!(version, 1, "migrations did not run twice");
+        assert_eq!(version, 2, "migrations did not run twice");
+    }
+
+    #[test]
+    fn a_version_1_catalog_keeps_its_tables_and_takes_forward_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/state.db");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut conn = Connection::open(&path).unwrap();
+        Migrations::new(vec![M::up(include_str!("../migrations/state/0001_catalog.sql"))])
+            .to_latest(&mut conn)
+            .unwrap();
+        conn.execute(
+            "INSERT INTO tables (id, tree, run_id, run_kind, shard, shard_count, entries, data_len, meta_len,
+                uploaded, min_stamp, max_stamp) VALUES ('t1', 'links', 't1', 'delta', 0, 1, 3, 10, 5, 1, 1, 2)",
+            [],
+        )
+        .unwrap();
+        drop(conn);
+        let catalog = Catalog::open(&path).unwrap();
+        let before = catalog.tables().unwrap();
+        assert_eq!(before.len(), 1);
+        assert_eq!((before[0].id.as_str(), before[0].tree, before[0].entries), ("t1", TreeKind::Links, 3));
+        let forward = TableRecord { tree: TreeKind::Forward, ..delta("f1", (3, 3)) };
+        catalog.commit_flush(&flush(vec![forward], 1, 3)).unwrap();
+        let trees: Vec<TreeKind> = catalog.tables().unwrap().iter().map(|t| t.tree).collect();
+        assert_eq!(trees, [TreeKind::Links, TreeKind::Forward], "rows kept in order, forward accepted");
     }
 
     #[test]

@@ -32,6 +32,7 @@ pub const GET_BACKLINKS_COUNT: &str = "/xrpc/blue.microcosm.links.getBacklinksCo
 pub const GET_BACKLINK_DIDS: &str = "/xrpc/blue.microcosm.links.getBacklinkDids";
 
 mod dids;
+pub mod many;
 pub mod rest;
 
 pub use dids::get_backlink_dids;

@@ -31,15 +31,14 @@
 
 use crate::base::positions::PositionIndex;
 use crate::lsm::compaction::CompactionOptions;
-use crate::lsm::entry::{Entry, within};
 use crate::lsm::handle::ReadError;
+use crate::lsm::lookup::read_keys;
 use crate::lsm::run::Run;
 use crate::lsm::scan::TableScan;
 use crate::lsm::tree::Tree;
 use crate::model::ids::{Backlink, RecordId, Revocation};
 use crate::store::object::Store;
 use std::collections::HashSet;
-use std::ops::Range;
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -272,13 +271,6 @@ impl SourceThresholds {
             self.by_key[i].1 = self.by_key[i].1.max(rev);
         }
     }
-
-    /// Raises `key`'s threshold to its newest revocation in a sorted slice of revocations.
-    fn raise_from(&mut self, key: &RecordId, sorted: &[Revocation]) {
-        if let Some(newest) = within(sorted, &Revocation::min_for_key(*key), &Revocation::max_for_key(*key)).last() {
-            self.raise(key, newest.rev);
-        }
-    }
 }
 
 /// A query's second round: the newest revocation stamp of each key (record-level and repo-level
@@ -288,45 +280,11 @@ pub async fn read_thresholds(
     store: &dyn Store,
     keys: &[RecordId],
 ) -> Result<SourceThresholds, ReadError> {
-    let ranges: Vec<_> = keys.iter().map(|k| (Revocation::min_for_key(*k), Revocation::max_for_key(*k))).collect();
-    let snapshot = thresholds.snapshot(&ranges);
-    snapshot.fetch_metas_for_keys(store, keys).await?;
-    let mut reads = Vec::new();
-    for (table, keys) in snapshot.tables_for_keys(keys) {
-        let frames = keys.iter().map(|key| table.frames_for_key(*key)).collect::<Result<Vec<_>, _>>()?;
-        for frames in coalesce(frames) {
-            reads.push((table.clone(), frames, keys.clone()));
-        }
-    }
-    let fetched = futures::future::try_join_all(
-        reads.iter().map(|(table, frames, _)| table.read_frame_slices(store, frames.clone())),
-    )
-    .await?;
     let mut found = SourceThresholds::new(keys);
-    for revocation in &snapshot.memtable_entries {
+    for revocation in read_keys(thresholds, store, keys).await? {
         found.raise(&revocation.source, revocation.rev);
     }
-    // Each read is sorted: search it for the keys it was made for instead of scanning it.
-    for ((_, _, read_keys), slices) in reads.iter().zip(&fetched) {
-        for slice in slices {
-            read_keys.iter().for_each(|key| found.raise_from(key, slice));
-        }
-    }
     Ok(found)
-}
-
-/// Merges overlapping or adjacent frame ranges into maximal runs (one ranged read each).
-fn coalesce(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
-    ranges.retain(|r| !r.is_empty());
-    ranges.sort_by_key(|r| r.start);
-    let mut runs: Vec<Range<usize>> = Vec::new();
-    for range in ranges {
-        match runs.last_mut() {
-            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
-            _ => runs.push(range),
-        }
-    }
-    runs
 }
 
 #[cfg(test)]
@@ -482,9 +440,8 @@ mod tests {
     fn thresholds_take_the_newest_revocation_of_each_key_asked_for() {
         let (a, b, c) = (RecordId::repo(1), RecordId::repo(2), RecordId::repo(3));
         let mut thresholds = SourceThresholds::new(&[b, a, b]);
-        let slice = [revocation(1, 4), revocation(1, 9), revocation(2, 5), revocation(3, 50)];
-        for key in [a, b] {
-            thresholds.raise_from(&key, &slice);
+        for revocation in [revocation(1, 4), revocation(1, 9), revocation(2, 5), revocation(3, 50)] {
+            thresholds.raise(&revocation.source, revocation.rev);
         }
         thresholds.raise(&a, 7);
         thresholds.raise(&c, 99);

@@ -605,7 +605,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         "compactionSeconds": seconds(&index.counters.compaction_micros),
         "clock": index.position().clock,
         "manifest": finished.manifest,
-        "runs": index.links.runs().len() + index.thresholds.runs().len(),
+        "runs": index.run_count(),
     });
     println!("{summary}");
     Ok(())
@@ -638,10 +638,7 @@ async fn tick_while_importing(
             *failure.lock().expect("failure lock poisoned") = Some(e.to_string());
             return Err(e.into());
         }
-        let backlog = Backlog {
-            runs: index.links.runs().len() + index.thresholds.runs().len(),
-            unuploaded_bytes: index.unuploaded_bytes().unwrap_or(0),
-        };
+        let backlog = Backlog { runs: index.run_count(), unuploaded_bytes: index.unuploaded_bytes().unwrap_or(0) };
         let now = unix_ms();
         if terminal {
             eprint!("\r{}", progress.line(now, backlog));

@@ -26,7 +26,7 @@ use crate::ingest::frames::EventKind;
 use crate::ingest::live::IngestStatus;
 use crate::lsm::entry::Entry;
 use crate::lsm::tree::Tree;
-use crate::model::ids::{Backlink, Revocation};
+use crate::model::ids::{Backlink, ForwardLink, Revocation};
 use crate::push::PushCounters;
 use crate::store::object::{ObjectInfo, Store, StoreError};
 use bytes::Bytes;
@@ -252,9 +252,7 @@ fn index_registry(index: &Index) -> Registry {
         "Ranged reads of table data, by where they were served from (cache hits: local)",
         reads,
     );
-    let cached = index.links.tables().iter().map(|t| t.cached_bytes()).sum::<u64>()
-        + index.thresholds.tables().iter().map(|t| t.cached_bytes()).sum::<u64>();
-    registry.register("cache_bytes", "Bytes of table data cached on local disk", gauge(cached));
+    registry.register("cache_bytes", "Bytes of table data cached on local disk", gauge(index.cached_bytes()));
     let frame_hits: Family<TreeLabel, Counter> = Family::default();
     let frame_misses: Family<TreeLabel, Counter> = Family::default();
     let frame_bytes: Family<TreeLabel, Gauge> = Family::default();
@@ -273,6 +271,11 @@ fn index_registry(index: &Index) -> Registry {
             Revocation::TREE.name(),
             figures(index.thresholds.frame_cache.hits_and_misses(), index.thresholds.frame_cache.bytes()),
             figures(index.thresholds.meta_cache.hits_and_misses(), index.thresholds.meta_cache.bytes()),
+        ),
+        (
+            ForwardLink::TREE.name(),
+            figures(index.forward.frame_cache.hits_and_misses(), index.forward.frame_cache.bytes()),
+            figures(index.forward.meta_cache.hits_and_misses(), index.forward.meta_cache.bytes()),
         ),
     ];
     for (tree, frames, metas) in trees {
@@ -308,7 +311,7 @@ fn index_registry(index: &Index) -> Registry {
     registry.register("ingest_clock", "The ingest clock (stamp of the last operation)", gauge(position.clock));
     let cursor = position.cursor.and_then(|c| u64::try_from(c).ok()).unwrap_or(0);
     registry.register("ingest_cursor_microseconds", "Time of the last ingested event (0: none)", gauge(cursor));
-    register_tree_figures(&mut registry, &index.links, &index.thresholds);
+    register_tree_figures(&mut registry, index);
     registry
 }
 
@@ -449,7 +452,7 @@ fn register_backfill(registry: &mut Registry, progress: &BackfillProgress) {
     );
 }
 
-fn register_tree_figures(registry: &mut Registry, links: &Tree<Backlink>, thresholds: &Tree<Revocation>) {
+fn register_tree_figures(registry: &mut Registry, index: &Index) {
     let tables: Family<TreeLabel, Gauge> = Family::default();
     let runs: Family<RunLabels, Gauge> = Family::default();
     let entries: Family<TreeLabel, Gauge> = Family::default();
@@ -467,8 +470,9 @@ fn register_tree_figures(registry: &mut Registry, links: &Tree<Backlink>, thresh
             runs.get_or_create(&RunLabels { tree, kind: kind.as_str() }).set(distinct.len() as i64);
         }
     };
-    add(Backlink::TREE.name(), records_of(links), links.memtable_bytes());
-    add(Revocation::TREE.name(), records_of(thresholds), thresholds.memtable_bytes());
+    add(Backlink::TREE.name(), records_of(&index.links), index.links.memtable_bytes());
+    add(Revocation::TREE.name(), records_of(&index.thresholds), index.thresholds.memtable_bytes());
+    add(ForwardLink::TREE.name(), records_of(&index.forward), index.forward.memtable_bytes());
     registry.register("tables", "Tables, by tree", tables);
     registry.register("runs", "Runs, by tree and kind", runs);
     registry.register("table_entries", "Entries in tables, by tree", entries);

@@ -19,6 +19,7 @@
 //! - A backlink is live iff its stamp >= the record-level and the repo-level threshold of its
 //!   source and the source's account is not hidden.
 
+use crate::base::hex;
 use crate::index::{Index, IndexError};
 use crate::liveness::read_thresholds;
 use crate::lsm::entry::{Entry, within};
@@ -169,20 +170,12 @@ impl Cursor {
         bytes.extend_from_slice(&self.location.to_be_bytes());
         bytes.push(self.inclusive as u8);
         assert_eq!(bytes.len(), CURSOR_BYTES);
-        bytes.iter().map(|b| format!("{b:02x}")).collect()
+        hex::encode(&bytes)
     }
 
     pub fn decode(text: &str) -> Result<Self, QueryError> {
         let bad = || invalid("invalid cursor: pass back the cursor of the previous page unchanged");
-        // Hex digits only: `from_str_radix` alone would also take a sign (`+1`), and such a text
-        // is no cursor's encoding.
-        if text.len() != CURSOR_BYTES * 2 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        let bytes: Vec<u8> = (0..CURSOR_BYTES)
-            .map(|i| u8::from_str_radix(&text[2 * i..2 * i + 2], 16))
-            .collect::<Result<_, _>>()
-            .map_err(|_| bad())?;
+        let bytes = hex::decode(text).filter(|bytes| bytes.len() == CURSOR_BYTES).ok_or_else(bad)?;
         if bytes[0] != CURSOR_VERSION || bytes[33] > 1 {
             return Err(bad());
         }
@@ -504,14 +497,20 @@ async fn surviving(index: &Index, candidates: Vec<Backlink>) -> Result<Vec<Backl
 
 /// listBacklinks: one page of live backlinks to `params.target`.
 pub async fn list_backlinks(index: &Index, params: &ListParams) -> Result<ListPage, QueryError> {
+    let (links, next) = live_links(index, params).await?;
+    render_page(index, &links, next)
+}
+
+/// listBacklinks' page as ids, not yet rendered, and where the next page starts: for the
+/// endpoints that go on from the links they find (many-to-many).
+pub async fn live_links(index: &Index, params: &ListParams) -> Result<(Vec<Backlink>, Option<Cursor>), QueryError> {
     let target = parse_target(&params.target).map_err(|e| invalid(format!("invalid target: {e}")))?;
-    let Some(target) = index.lookup_target(&target)? else { return Ok(ListPage::default()) };
+    let Some(target) = index.lookup_target(&target)? else { return Ok((Vec::new(), None)) };
     let filters = Filters::resolve(index, params)?;
     if filters.matches_nothing() {
-        return Ok(ListPage::default());
+        return Ok((Vec::new(), None));
     }
-    let (links, next) = collect_page(index, target, params, &filters).await?;
-    render_page(index, &links, next)
+    collect_page(index, target, params, &filters).await
 }
 
 /// Gathers up to `limit` live links in page order, and where the next page starts (if anywhere).

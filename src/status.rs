@@ -186,6 +186,8 @@ pub fn render_status(facts: &StatusFacts) -> String {
 
 /// A post of the shipped capture that one like links to.
 const EXAMPLE_POST: &str = "at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3mmoodizfwc2j";
+/// A post of the shipped capture that one reply links to, as its parent and as its root.
+const EXAMPLE_THREAD: &str = "at://did:plc:j76trmiofvaxxpvx2vnb2vwf/app.bsky.feed.post/3mmojbrjwbs26";
 /// An account of the shipped capture that one follow links to.
 const EXAMPLE_ACCOUNT: &str = "did:plc:anc6s2kher6ltrhhglxrzxsa";
 
@@ -194,7 +196,7 @@ const EXAMPLE_ACCOUNT: &str = "did:plc:anc6s2kher6ltrhhglxrzxsa";
 pub type Endpoint = (&'static str, &'static str, &'static [(&'static str, &'static str)]);
 
 /// Every endpoint the public listener serves.
-pub const ENDPOINTS: [Endpoint; 15] = [
+pub const ENDPOINTS: [Endpoint; 17] = [
     (
         "/xrpc/blue.cerulea.backlinks.listBacklinks",
         "Who links to a record, an account or a URL: sources grouped by location, newest first; \
@@ -221,6 +223,26 @@ pub const ENDPOINTS: [Endpoint; 15] = [
         "/xrpc/blue.microcosm.links.getBacklinkDids",
         "Constellation's: the accounts linking from that source.",
         &[("subject", EXAMPLE_ACCOUNT), ("source", "app.bsky.graph.follow:subject")],
+    ),
+    (
+        "/xrpc/blue.microcosm.links.getManyToMany",
+        "Constellation's: the records linking from that source (oldest first), each with the other \
+         subjects it links to at <code>pathToOther</code> (for list items: who else is on the lists); \
+         <code>linkDid</code>, <code>otherSubject</code>, <code>limit</code>, <code>cursor</code>.",
+        &[
+            ("subject", EXAMPLE_THREAD),
+            ("source", "app.bsky.feed.post:reply.parent.uri"),
+            ("pathToOther", "reply.root.uri"),
+        ],
+    ),
+    (
+        "/xrpc/blue.microcosm.links.getManyToManyCounts",
+        "Constellation's: those records grouped by their other subject, with records and accounts.",
+        &[
+            ("subject", EXAMPLE_THREAD),
+            ("source", "app.bsky.feed.post:reply.parent.uri"),
+            ("pathToOther", "reply.root.uri"),
+        ],
     ),
     (
         "/links",

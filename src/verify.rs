@@ -22,7 +22,7 @@ use crate::lsm::handle::table_key;
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{TableMeta, decode_frames};
 use crate::manifest::{Manifest, ManifestTable};
-use crate::model::ids::{Backlink, Revocation, TreeKind};
+use crate::model::ids::{Backlink, ForwardLink, Revocation, TreeKind};
 use crate::outline::OutlineKind;
 use crate::store::dir::DirStore;
 use crate::store::object::{Store, StoreError};
@@ -210,6 +210,7 @@ async fn check_table(store: &dyn Store, tree: &str, id: &str, expected: Option<&
     match TreeKind::from_name(tree) {
         Some(TreeKind::Links) => check_table_of::<Backlink>(store, id, expected, shown).await,
         Some(TreeKind::Thresholds) => check_table_of::<Revocation>(store, id, expected, shown).await,
+        Some(TreeKind::Forward) => check_table_of::<ForwardLink>(store, id, expected, shown).await,
         None => {
             let other = tree;
             let mut report = Report::default();

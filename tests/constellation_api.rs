@@ -58,8 +58,8 @@ fn record(collection: usize, a: usize, b: usize) -> (Value, BTreeSet<(String, St
         0 | 1 => (json!({"subject": strong_ref(&post(a))}), links(&[(post(a), "$.subject")])),
         2 => (json!({"subject": did(a)}), links(&[(did(a), "$.subject")])),
         _ => {
-            let mention = json!({"index": {"byteStart": 0, "byteEnd": 2},
-                                 "features": [{"$type": "app.bsky.richtext.facet#mention", "did": did(b)}]});
+            let mentions = [did(b), did(a)].map(|d| json!({"$type": "app.bsky.richtext.facet#mention", "did": d}));
+            let mention = json!({"index": {"byteStart": 0, "byteEnd": 2}, "features": mentions});
             let web_link = json!({"index": {"byteStart": 3, "byteEnd": 5},
                                   "features": [{"$type": "app.bsky.richtext.facet#link", "uri": url(b)}]});
             let card = json!({"$type": "app.bsky.embed.external",
@@ -72,6 +72,7 @@ fn record(collection: usize, a: usize, b: usize) -> (Value, BTreeSet<(String, St
                     (post(a), "$.reply.root"),
                     (post(b), "$.reply.parent"),
                     (did(b), MENTION_AT),
+                    (did(a), MENTION_AT),
                     (url(b), LINK_FACET_AT),
                     (url(a), CARD_AT),
                 ]),
@@ -86,6 +87,18 @@ const CARD_AT: &str = "$.embed.external.uri";
 
 /// Jetstream lines and the model they leave.
 fn generate(seed: u64) -> (String, Model) {
+    generate_with(seed, Creates::MayRepeat)
+}
+
+/// Whether a create may name a record that exists (its links then add to the record's), or is
+/// sent as an update then, as a PDS would: a repository holds one record per key.
+#[derive(Clone, Copy, PartialEq)]
+enum Creates {
+    MayRepeat,
+    AsARepositoryHasThem,
+}
+
+fn generate_with(seed: u64, creates: Creates) -> (String, Model) {
     let mut state = seed;
     let mut next = |n: usize| (splitmix64(&mut state) % n as u64) as usize;
     let (mut lines, mut model) = (String::new(), Model::default());
@@ -111,7 +124,8 @@ fn generate(seed: u64) -> (String, Model) {
             }
             kind => {
                 let (value, links) = record(c, next(POSTS), next(POSTS));
-                let update = kind < 9 && model.records.contains_key(&(d, c, r));
+                let exists = model.records.contains_key(&(d, c, r));
+                let update = exists && (kind < 9 || creates == Creates::AsARepositoryHasThem);
                 let entry = model.records.entry((d, c, r)).or_default();
                 if update {
                     *entry = links;
@@ -211,15 +225,20 @@ fn assert_own_endpoints_answer_the_model(server: &Server, model: &Model, target:
     assert_eq!(count["total"], json!(want.len()), "{target}: {count}");
 }
 
-/// `backlinks import` of `lines` into a fresh data directory, then `backlinks serve` on it.
+/// `backlinks import` of `lines` into a fresh data directory, then `backlinks serve` on it. The
+/// smallest memtable the configuration allows makes the import flush many times, so that answers
+/// come from several tables, with revocations in later tables than the links they kill.
 fn import_and_serve(lines: &str) -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
     std::fs::write(&events, lines).unwrap();
+    let config = dir.path().join("backlinks.toml");
+    std::fs::write(&config, "memtable_bytes = 65536\n").unwrap();
     let data = dir.path().join("data");
-    let (ok, _, stderr) = run(&["import", events.to_str().unwrap(), "--data-dir", data.to_str().unwrap()]);
+    let (events, config, data) = (events.to_str().unwrap(), config.to_str().unwrap(), data.to_str().unwrap());
+    let (ok, _, stderr) = run(&["import", events, "--config", config, "--data-dir", data]);
     assert!(ok, "{stderr}");
-    let server = Server::start(&data);
+    let server = Server::start(std::path::Path::new(data));
     (dir, server)
 }
 
@@ -301,7 +320,7 @@ fn capture_answers_equal_constellations() {
     let (_dir, server) = import_and_serve(&capture);
     let fixture = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/constellation/capture_answers.json");
     let cases: Vec<(String, Value)> = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
-    assert_eq!(cases.len(), 19);
+    assert_eq!(cases.len(), 21);
     for (request, constellation) in cases {
         let (status, ours) = server.get(&request);
         assert_eq!((status, &ours), (200, &constellation), "{request}");
@@ -358,4 +377,143 @@ fn links_all_counts_two_locations_of_one_path_together() {
     assert_eq!(server.get(&query("/links/all", &[("target", &target)])).1, summary);
     let counts = json!({"links": {"app.bsky.feed.like": {".subject.uri": 6}}});
     assert_eq!(server.get(&query("/links/all/count", &[("target", &target)])).1, counts);
+}
+
+/// Every item of getManyToMany over all its pages (two items a page, so that pages end inside
+/// a record's items): (join record URI, other subject).
+fn every_item(server: &Server, pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+    let (mut items, mut cursor) = (Vec::new(), String::new());
+    for _ in 0..1_000 {
+        let mut paged = pairs.to_vec();
+        paged.extend([("limit", "2"), ("cursor", cursor.as_str())].into_iter().filter(|(_, v)| !v.is_empty()));
+        let (status, page) = server.get(&query("/xrpc/blue.microcosm.links.getManyToMany", &paged));
+        assert_eq!(status, 200, "{paged:?}: {page}");
+        for item in page["items"].as_array().unwrap_or_else(|| panic!("items in {page}")) {
+            items.push((record_of(&item["linkRecord"]), item["otherSubject"].as_str().unwrap().to_string()));
+        }
+        match page["cursor"].as_str() {
+            Some(next) => cursor = next.to_string(),
+            None => return items,
+        }
+    }
+    panic!("getManyToMany never ended");
+}
+
+/// Every group of getManyToManyCounts over all its pages (two groups a page).
+fn every_group(server: &Server, pairs: &[(&str, &str)]) -> BTreeMap<String, (u64, u64)> {
+    let (mut groups, mut cursor) = (BTreeMap::new(), String::new());
+    for _ in 0..1_000 {
+        let mut paged = pairs.to_vec();
+        paged.extend([("limit", "2"), ("cursor", cursor.as_str())].into_iter().filter(|(_, v)| !v.is_empty()));
+        let (status, page) = server.get(&query("/xrpc/blue.microcosm.links.getManyToManyCounts", &paged));
+        assert_eq!(status, 200, "{paged:?}: {page}");
+        for group in page["counts_by_other_subject"].as_array().unwrap_or_else(|| panic!("groups in {page}")) {
+            let subject = group["subject"].as_str().unwrap().to_string();
+            let counts = (group["total"].as_u64().unwrap(), group["distinct"].as_u64().unwrap());
+            assert!(groups.insert(subject, counts).is_none(), "a group on two pages: {page}");
+        }
+        match page["cursor"].as_str() {
+            Some(next) => cursor = next.to_string(),
+            None => return groups,
+        }
+    }
+    panic!("getManyToManyCounts never ended");
+}
+
+/// The join over the model: each visible record of `collection` that links to `subject` at
+/// `at`, with each of its links at `to` that `wanted` names (none: every one but URLs), sorted.
+fn joined(
+    model: &Model,
+    subject: &str,
+    (collection, at): (&str, &str),
+    to: &str,
+    wanted: &[String],
+) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    for (key, links) in model.records.iter().filter(|(key, _)| !model.hidden.contains(&key.0)) {
+        if COLLECTIONS[key.1] != collection || !links.contains(&(subject.to_string(), at.to_string())) {
+            continue;
+        }
+        let named = |target: &String| match wanted.is_empty() {
+            true => !target.starts_with("https://"),
+            false => wanted.contains(target),
+        };
+        let others = links.iter().filter(|(target, location)| location == to && named(target));
+        out.extend(others.map(|(target, _)| (record_uri(key), target.clone())));
+    }
+    out.sort();
+    out
+}
+
+/// getManyToMany and getManyToManyCounts through the real binary on the generated stream
+/// (creates, updates, deletes, hidden and deleted accounts), against a brute-force join over the
+/// model: replies from their root to their parent and to the accounts they mention, mentions to
+/// the threads they are in, likes to their own subject, link cards named by `otherSubject`, and
+/// the `linkDid` filter.
+#[test]
+fn many_to_many_answers_equal_a_join_over_the_model() {
+    let (lines, model) = generate_with(7, Creates::AsARepositoryHasThem);
+    let (_dir, server) = import_and_serve(&lines);
+    let path = |location: &str, is_record: bool| constellation_path(location, is_record).unwrap()[1..].to_string();
+    let posts: Vec<String> = (0..POSTS).map(post).collect();
+    let accounts: Vec<String> = (0..ACCOUNTS).map(did).collect();
+    let cards: Vec<String> = (0..2).map(url).collect();
+    // (subjects, join collection, join location, subject is a record, other location, other is a record)
+    let cases = [
+        (&posts, "app.bsky.feed.post", "$.reply.root", true, "$.reply.parent", true),
+        (&posts, "app.bsky.feed.post", "$.reply.parent", true, MENTION_AT, false),
+        (&accounts, "app.bsky.feed.post", MENTION_AT, false, "$.reply.root", true),
+        (&posts, "app.bsky.feed.like", "$.subject", true, "$.subject", true),
+        (&posts, "app.bsky.feed.post", "$.reply.root", true, CARD_AT, false),
+    ];
+    let (mut items_seen, mut multi_item_records) = (0, 0);
+    for (subjects, collection, at, subject_is_record, to, other_is_record) in cases {
+        let source = format!("{collection}:{}", path(at, subject_is_record));
+        let to_other = path(to, other_is_record);
+        for subject in subjects {
+            let base = [("subject", subject.as_str()), ("source", source.as_str()), ("pathToOther", to_other.as_str())];
+            let got = every_item(&server, &base);
+            let mut sorted = got.clone();
+            sorted.sort();
+            assert_eq!(sorted, joined(&model, subject, (collection, at), to, &[]), "{base:?}");
+            sorted.dedup();
+            assert_eq!(sorted.len(), got.len(), "{base:?}: an item twice");
+            let times: Vec<&str> = got.iter().map(|(record, _)| record.rsplit('/').next().unwrap()).collect();
+            assert!(times.windows(2).all(|w| w[0] <= w[1]), "{base:?}: join records oldest first");
+            items_seen += got.len();
+            let mut per_record: BTreeMap<&str, usize> = BTreeMap::new();
+            got.iter().for_each(|(record, _)| *per_record.entry(record).or_default() += 1);
+            multi_item_records += per_record.values().filter(|&&n| n > 1).count();
+
+            // Counts: each join record under its first other subject (the first of its items).
+            let mut want: BTreeMap<String, (u64, BTreeSet<String>)> = BTreeMap::new();
+            let mut counted = BTreeSet::new();
+            for (record, other) in &got {
+                if counted.insert(record.clone()) {
+                    let group = want.entry(other.clone()).or_default();
+                    group.0 += 1;
+                    group.1.insert(record.split('/').nth(2).unwrap().to_string());
+                }
+            }
+            let want: BTreeMap<String, (u64, u64)> =
+                want.into_iter().map(|(subject, (n, dids))| (subject, (n, dids.len() as u64))).collect();
+            assert_eq!(every_group(&server, &base), want, "{base:?}");
+
+            // Named link cards; and join records of two accounts only.
+            let mut named = base.to_vec();
+            named.extend(cards.iter().map(|card| ("otherSubject", card.as_str())));
+            let mut got = every_item(&server, &named);
+            got.sort();
+            assert_eq!(got, joined(&model, subject, (collection, at), to, &cards), "{named:?}");
+            let mut two = base.to_vec();
+            two.extend([("linkDid", accounts[0].as_str()), ("linkDid", accounts[1].as_str())]);
+            let mut got = every_item(&server, &two);
+            got.sort();
+            let mut want = joined(&model, subject, (collection, at), to, &[]);
+            want.retain(|(record, _)| accounts[..2].iter().any(|account| record.split('/').nth(2) == Some(account)));
+            assert_eq!(got, want, "{two:?}");
+        }
+    }
+    assert!(items_seen > 100, "the join found plenty ({items_seen})");
+    assert!(multi_item_records > 5, "records with several others, paged across ({multi_item_records})");
 }

@@ -412,7 +412,7 @@ async fn health_metrics_lexicons_and_unknown_routes() {
     assert!(value("backlinks_table_reads_total{source=\"local\"}") > 0, "{text}");
     assert!(value("backlinks_cache_bytes") > 0);
     let (_, list) = get(&router, "/lexicons").await;
-    assert_eq!(list["lexicons"].as_array().unwrap().len(), 6);
+    assert_eq!(list["lexicons"].as_array().unwrap().len(), 8);
     for (nsid, text) in backlinks::server::LEXICONS.iter().chain(&backlinks::server::SUBSCRIPTION_LEXICONS) {
         let response = send(&router, Request::get(format!("/lexicons/{nsid}.json")).body(Body::empty()).unwrap()).await;
         assert_eq!(response.status(), StatusCode::OK);
@@ -476,7 +476,7 @@ async fn cors_cache_headers_compression_and_no_accept_needed() {
         assert_eq!(response.status(), StatusCode::OK, "{accept:?}");
         assert!(response.headers()["content-type"].to_str().unwrap().starts_with("text/html"));
         let html = String::from_utf8(body_bytes(response).await.to_vec()).unwrap();
-        assert!(html.contains("<dd id=\"tables\">2</dd>"), "{html}");
+        assert!(html.contains("<dd id=\"tables\">3</dd>"), "{html}");
     }
 }
 

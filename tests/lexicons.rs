@@ -69,7 +69,7 @@ fn every_lexicon_is_well_formed_and_where_its_id_says() {
         files += 1;
     }
     let on_disk = walk(&root).len();
-    assert_eq!((files, on_disk), (6, 6), "every lexicon file is served");
+    assert_eq!((files, on_disk), (8, 8), "every lexicon file is served");
 }
 
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
@@ -155,6 +155,7 @@ async fn real_answers_of_every_endpoint_match_their_lexicon() {
     let estimating = app(index, estimating, Arc::new(Metrics::new()));
     let lexicons = Lexicons::load();
     let like = ("source", "app.bsky.feed.like:subject.uri");
+    let reply = [("source", "app.bsky.feed.post:reply.parent.uri"), ("pathToOther", "reply.root.uri")];
     let mut checked = HashMap::<&str, usize>::new();
     let mut approximate = 0;
     for router in [&exact, &estimating] {
@@ -173,6 +174,9 @@ async fn real_answers_of_every_endpoint_match_their_lexicon() {
             ("blue.microcosm.links.getBacklinksCount", vec![("subject", LIKED), like]),
             ("blue.microcosm.links.getBacklinkDids", vec![("subject", LIKED), like]),
             ("blue.microcosm.links.getBacklinkDids", vec![("subject", UNKNOWN), like]),
+            ("blue.microcosm.links.getManyToMany", vec![("subject", REPLIED), reply[0], reply[1]]),
+            ("blue.microcosm.links.getManyToMany", vec![("subject", UNKNOWN), reply[0], reply[1]]),
+            ("blue.microcosm.links.getManyToManyCounts", vec![("subject", REPLIED), reply[0], reply[1]]),
         ];
         for (id, pairs) in cases {
             let body = get(router, id, &pairs).await;

@@ -1,10 +1,12 @@
 //! The engine against a reference model: a plain map of live records and their links, fed the
 //! same seeded random operations (as Jetstream events), with flushes at random points. After every
 //! check, listBacklinks (paged with random limits, both directions) must equal the model exactly,
-//! in order, with no skipped or repeated backlink.
+//! in order, with no skipped or repeated backlink, and the live forward links of every record
+//! must equal the links it was last written with (records written with more than one).
 
 mod support;
 
+use backlinks::constellation::many::forward_links;
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::jetstream::parse_event;
 use backlinks::lsm::compaction::CompactionOptions;
@@ -16,7 +18,7 @@ use backlinks::outline::OutlineKind;
 use backlinks::query::{Cursor, ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use proptest::prelude::*;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use support::model::{Model, RecordKey};
 
@@ -140,6 +142,10 @@ struct Harness {
     dir: tempfile::TempDir,
     index: Index,
     model: Model,
+    /// What the forward tree must hold live: the links of each record as last written, for
+    /// records written with more than one (a create adds to what the record had, as in `model`;
+    /// an update replaces it, and one with a single link leaves nothing).
+    forward: BTreeMap<RecordKey, BTreeSet<(String, String)>>,
     time_us: i64,
     runtime: tokio::runtime::Runtime,
     options: IndexOptions,
@@ -155,7 +161,7 @@ impl Harness {
         let store = Arc::new(DirStore::new(dir.path().join("bucket")));
         let index = Index::open(dir.path(), store, options.clone(), 7).unwrap();
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        Harness { dir, index, model: Model::default(), time_us: 1, runtime, options }
+        Harness { dir, index, model: Model::default(), forward: BTreeMap::new(), time_us: 1, runtime, options }
     }
 
     /// Tiny memtables, frames and tiers, so a short run flushes, spans frames, compacts through
@@ -233,7 +239,14 @@ impl Harness {
             Op::Write { update, did, collection, rkey, links } => {
                 let (record, expected) = record_json(&links);
                 self.commit(did, if update { "update" } else { "create" }, collection, rkey, Some(record));
-                let entry = self.model.records.entry((did, collection, rkey)).or_default();
+                let key = (did, collection, rkey);
+                if update {
+                    self.forward.remove(&key);
+                }
+                if expected.len() > 1 {
+                    self.forward.entry(key).or_default().extend(expected.iter().cloned());
+                }
+                let entry = self.model.records.entry(key).or_default();
                 if update {
                     *entry = expected;
                 } else {
@@ -243,10 +256,12 @@ impl Harness {
             Op::Delete { did, collection, rkey } => {
                 self.commit(did, "delete", collection, rkey, None);
                 self.model.records.remove(&(did, collection, rkey));
+                self.forward.remove(&(did, collection, rkey));
             }
             Op::AccountDeleted { did } => {
                 self.account(did, false, Some("deleted"));
                 self.model.delete_account(did);
+                self.forward.retain(|(owner, _, _), _| *owner != did);
             }
             Op::Deactivate { did } => {
                 self.account(did, false, Some("deactivated"));
@@ -271,7 +286,10 @@ impl Harness {
                     self.index.collect_garbage(now, 0).await.unwrap();
                 });
             }
-            Op::Check { target: t, limit, reverse } => self.check(&target(t), limit, reverse),
+            Op::Check { target: t, limit, reverse } => {
+                self.check(&target(t), limit, reverse);
+                self.check_forward();
+            }
         }
     }
 
@@ -280,6 +298,29 @@ impl Harness {
         let source = self.index.lookup_target(&parse_target(uri).unwrap()).unwrap().unwrap();
         let location = self.index.outlines.lookup(OutlineKind::Location, location).unwrap().unwrap();
         (source, location)
+    }
+
+    /// The live forward links of every record of the universe equal what the forward model says
+    /// (as ids: a URL target has no text in the index).
+    fn check_forward(&self) {
+        let keys: Vec<RecordKey> = (0..DIDS)
+            .flat_map(|d| (0..COLLECTIONS.len()).flat_map(move |c| (0..RKEYS).map(move |r| (d, c, r))))
+            .collect();
+        let id = |uri: &str| self.index.lookup_target(&parse_target(uri).unwrap()).unwrap();
+        let sources: Vec<RecordId> = keys.iter().filter_map(|key| id(&record_uri(key))).collect();
+        let live = self.runtime.block_on(forward_links(&self.index, &sources)).unwrap();
+        let got: BTreeSet<(RecordId, RecordId, u64)> =
+            live.values().flatten().map(|link| (link.source, link.target, link.location)).collect();
+        let want: BTreeSet<(RecordId, RecordId, u64)> = self
+            .forward
+            .iter()
+            .flat_map(|(key, links)| links.iter().map(move |link| (key, link)))
+            .map(|(key, (target, location))| {
+                let location = self.index.outlines.lookup(OutlineKind::Location, location).unwrap().unwrap();
+                (id(&record_uri(key)).unwrap(), id(target).unwrap(), location)
+            })
+            .collect();
+        assert_eq!(got, want, "live forward links");
     }
 
     fn check(&mut self, target: &str, limit: usize, reverse: bool) {
@@ -346,17 +387,20 @@ fn run_against_model(mut harness: Harness, ops: &[Op]) {
             harness.check(&target(t), limit, reverse);
         }
     }
+    harness.check_forward();
     // Everything survives a reopen from the data directory, and ingest continues after it.
     harness.reopen();
     for t in 0..TARGETS {
         harness.check(&target(t), 2, t % 2 == 0);
     }
+    harness.check_forward();
     for op in ops.iter().take(20) {
         harness.run(op);
     }
     for t in 0..TARGETS {
         harness.check(&target(t), 4, t % 2 == 1);
     }
+    harness.check_forward();
 }
 
 /// A fixed workload that must compact through two generations (compacted runs merged again) into

@@ -19,6 +19,8 @@ const LIKED: &str = "at://did:plc:vfnmgxg2yscfliemmcxzyfyh/app.bsky.feed.post/3m
 const LIKE: &str = "at://did:plc:mcc5yghbk7tixqryac2yxku7/app.bsky.feed.like/3mmoojp7etg2g";
 /// The time in the like's record key (a TID).
 const LIKE_TIME: &str = "2026-05-25T14:23:28.856876Z";
+/// The author of the reply that the status page's many-to-many examples find.
+const REPLIER: &str = "did:plc:q235v55g5unth4zjjdpacfdr";
 /// The account that follows the example account of the status page.
 const FOLLOWER: &str = "did:plc:mxwlsvdgs6tn75lq6jrr2vp7";
 /// Longest a single Chromium run may take before the test gives up on it.
@@ -104,12 +106,13 @@ fn follow_every_example(server: &Server, dom: &str) {
         assert_eq!(status, 200, "{href}: {body}");
         if href.contains("target=") || href.contains("subject=") {
             let liker = LIKE.split('/').nth(2).unwrap();
-            let found = [liker, FOLLOWER, "\"total\":1", "app.bsky.feed.like"].iter().any(|text| body.contains(text));
+            let found =
+                [liker, FOLLOWER, REPLIER, "\"total\":1", "app.bsky.feed.like"].iter().any(|text| body.contains(text));
             assert!(found, "{href}: {body}");
         }
         followed += 1;
     }
-    assert_eq!(followed, 15, "one example per endpoint");
+    assert_eq!(followed, 17, "one example per endpoint");
 }
 
 #[test]
@@ -127,7 +130,7 @@ fn the_status_page_and_its_query_form_work_in_headless_chromium() {
         format!("<dd id=\"version\">{}</dd>", env!("CARGO_PKG_VERSION")),
         "<dd id=\"ingest\">import only (not following a stream)</dd>".to_string(),
         "<dd id=\"ingest-clock\">9</dd>".to_string(),
-        "<dd id=\"tables\">2</dd>".to_string(),
+        "<dd id=\"tables\">3</dd>".to_string(),
     ] {
         assert!(dom.contains(&expected), "{expected} missing from the status page DOM:\n{dom}");
     }

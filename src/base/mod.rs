@@ -9,13 +9,15 @@
 //! - `positions`: an open-addressing hash index of positions into a caller's vector;
 //! - `corruption`: how a reader that met a failed checksum logs and counts it;
 //! - `redact`: credentials inside URLs, hidden wherever a URL is shown;
-//! - `priority`: threads that yield the CPU to ingest.
+//! - `priority`: threads that yield the CPU to ingest;
+//! - `hex`: the digits of opaque cursors.
 
 pub mod clock;
 pub mod corruption;
 pub mod dates;
 pub mod drop_flag;
 pub mod durable;
+pub mod hex;
 pub mod positions;
 pub mod priority;
 pub mod redact;

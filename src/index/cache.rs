@@ -12,18 +12,25 @@ use std::sync::atomic::Ordering;
 
 impl Index {
     /// Evicts local data copies of uploaded tables, least recently read first, until the cached
-    /// bytes fit `cache_bytes`. Backlink tables go first: revocation tables are small and every
+    /// bytes fit `cache_bytes`. Backlink tables go first, then forward links: revocation tables are small and every
     /// query reads them. A table not yet uploaded is never evicted: it exists nowhere else.
     /// Metas always stay. Returns the bytes evicted.
     pub fn enforce_cache_budget(&self) -> Result<u64, IndexError> {
         let pending: HashSet<String> = self.catalog.pending_uploads()?.into_iter().map(|t| t.id).collect();
-        let cached = self.links.tables().iter().map(|t| t.cached_bytes()).sum::<u64>()
-            + self.thresholds.tables().iter().map(|t| t.cached_bytes()).sum::<u64>();
-        let mut over = cached.saturating_sub(self.options.cache_bytes);
+        let mut over = self.cached_bytes().saturating_sub(self.options.cache_bytes);
         let evicted = self.evict_from(&self.links, &pending, &mut over)?
+            + self.evict_from(&self.forward, &pending, &mut over)?
             + self.evict_from(&self.thresholds, &pending, &mut over)?;
         self.counters.cache_evicted_bytes.fetch_add(evicted, Ordering::Relaxed);
         Ok(evicted)
+    }
+
+    /// Bytes of table data held locally, over every tree.
+    pub fn cached_bytes(&self) -> u64 {
+        fn of<E: Entry>(tree: &Tree<E>) -> u64 {
+            tree.tables().iter().map(|t| t.cached_bytes()).sum()
+        }
+        of(&self.links) + of(&self.forward) + of(&self.thresholds)
     }
 
     fn evict_from<E: Entry>(

@@ -1,9 +1,10 @@
-//! Compaction driven by the index: picks a full tier of either tree, merges it on the calling
+//! Compaction driven by the index: picks a full tier of any tree (backlinks, then forward links,
+//! then revocations), merges it on the calling
 //! thread with the revocations a merge may use, and swaps the result in.
 //!
 //! Invariants:
 //! - One merge at a time (`Index::compacting`).
-//! - A merge of backlinks reads the revocation tables only after it read `tables_clock`, so every
+//! - A merge of backlinks or forward links reads the revocation tables only after it read `tables_clock`, so every
 //!   revocation stamped at or below that clock is among those it read (`KnownRevocations::load`):
 //!   the runs earlier merges read it knows from them (`RevocationsRead`, kept under the
 //!   compaction lock), the others it scans.
@@ -12,12 +13,13 @@
 
 use super::{Index, IndexError, add_elapsed, io_err};
 use crate::liveness::KnownRevocations;
+use crate::liveness::RevocationsRead;
 use crate::lsm::compaction::{self, CompactionOptions};
 use crate::lsm::entry::Entry;
 use crate::lsm::record::{RunKind, TableRecord};
 use crate::lsm::run::Run;
 use crate::lsm::tree::Tree;
-use crate::model::ids::Backlink;
+use crate::model::ids::{Backlink, ForwardLink};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -39,14 +41,17 @@ impl Index {
         let mut read = self.compacting.lock().expect("compaction lock poisoned");
         // Read before the revocation tables: what it promises is installed already.
         let complete_through = self.tables_clock.load(Ordering::Acquire);
+        let settle_backlink = |known: &KnownRevocations, link: Backlink| known.settle(link);
+        let settle_forward =
+            |known: &KnownRevocations, link: ForwardLink| known.settle(link.backlink()).map(Backlink::forward);
         if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
-            let runs = self.thresholds.runs();
-            let store = self.store.as_ref();
-            let thresholds = KnownRevocations::load(&runs, complete_through, store, runtime, options, &mut read)?;
-            let mut keep = |link: Backlink| thresholds.settle(link);
-            let merged = self.compact_tree(&self.links, &inputs, runtime, now_ms, options, &mut keep);
-            read.keep(thresholds);
-            merged?;
+            let merge = Revoked { tree: &self.links, inputs: &inputs, settle: settle_backlink };
+            self.compact_revoked(merge, complete_through, runtime, now_ms, options, &mut read)?;
+            return Ok(true);
+        }
+        if let Some(inputs) = compaction::pick(&self.forward.runs(), options) {
+            let merge = Revoked { tree: &self.forward, inputs: &inputs, settle: settle_forward };
+            self.compact_revoked(merge, complete_through, runtime, now_ms, options, &mut read)?;
             return Ok(true);
         }
         if let Some(inputs) = compaction::pick(&self.thresholds.runs(), options) {
@@ -55,6 +60,26 @@ impl Index {
             return Ok(true);
         }
         Ok(false)
+    }
+
+    /// Merges runs of a tree that revocations kill entries of (backlinks, forward links), with the
+    /// revocations a merge may use (module invariants).
+    fn compact_revoked<E: Entry>(
+        &self,
+        merge: Revoked<'_, E, impl Fn(&KnownRevocations, E) -> Option<E>>,
+        complete_through: u64,
+        runtime: &tokio::runtime::Handle,
+        now_ms: u64,
+        options: &CompactionOptions,
+        read: &mut RevocationsRead,
+    ) -> Result<(), IndexError> {
+        let runs = self.thresholds.runs();
+        let store = self.store.as_ref();
+        let known = KnownRevocations::load(&runs, complete_through, store, runtime, options, read)?;
+        let mut keep = |entry: E| (merge.settle)(&known, entry);
+        let merged = self.compact_tree(merge.tree, merge.inputs, runtime, now_ms, options, &mut keep);
+        read.keep(known);
+        merged.map(|_| ())
     }
 
     fn compact_tree<E: Entry>(
@@ -111,4 +136,12 @@ impl Index {
         );
         Ok(run_id)
     }
+}
+
+/// A merge of runs whose entries revocations kill: the tree, its inputs, and how a known set of
+/// revocations settles one entry (`None`: it is dead).
+struct Revoked<'a, E: Entry, S> {
+    tree: &'a Tree<E>,
+    inputs: &'a [Arc<Run<E>>],
+    settle: S,
 }

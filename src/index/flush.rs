@@ -1,4 +1,4 @@
-//! Flushes: both memtables frozen at one position and written out as delta tables, committed
+//! Flushes: the three memtables frozen at one position and written out as delta tables, committed
 //! with the ingest position and the account changes they cover.
 //!
 //! Invariants:
@@ -6,15 +6,16 @@
 //!   cursor and account states in one catalog transaction. So a durable table never names an id
 //!   that a crash could forget, and after a crash the catalog's position says exactly what the
 //!   tables hold: replaying from it re-derives the rest.
-//! - A flush writes each identity's freshest backlink once, and none that a revocation frozen
-//!   with it kills (that revocation commits in the same transaction); stamps as written.
-//! - A flush freezes both memtables and takes the position under the writer lock, in one step;
+//! - A flush writes each identity's freshest backlink (and forward link) once, and none that a
+//!   revocation frozen with it kills (that revocation commits in the same transaction); stamps as
+//!   written.
+//! - A flush freezes every memtable and takes the position under the writer lock, in one step;
 //!   the rest (`FlushJob::finish`) runs without it, one flush at a time (`FlushGate`), so writes
 //!   made meanwhile go to fresh memtables and the catalog's positions only move forward.
 //! - `tables_clock` moves after a flush installs its tables, and a failed flush stops all later
 //!   ones (its operations are in no table).
 
-use super::{Index, IndexError, add_elapsed, io_err};
+use super::{Index, IndexError, WriterState, add_elapsed, io_err};
 use crate::base::drop_flag::SetOnDrop;
 use crate::catalog::{FlushRecord, IngestPosition};
 use crate::liveness::KnownRevocations;
@@ -24,7 +25,7 @@ use crate::lsm::memtable::Memtable;
 use crate::lsm::record::{RunKind, TableRecord};
 use crate::lsm::tree::Tree;
 use crate::model::account::AccountState;
-use crate::model::ids::{Backlink, Revocation};
+use crate::model::ids::{Backlink, ForwardLink, Revocation};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
@@ -40,6 +41,7 @@ pub struct FlushJob<'a> {
     started: std::time::Instant,
     links: Option<(Arc<Memtable<Backlink>>, String)>,
     thresholds: Option<(Arc<Memtable<Revocation>>, String)>,
+    forward: Option<(Arc<Memtable<ForwardLink>>, String)>,
     position: IngestPosition,
     accounts: Vec<(u64, AccountState)>,
 }
@@ -50,31 +52,20 @@ impl FlushJob<'_> {
     pub fn finish(mut self) -> Result<usize, IndexError> {
         let index = self.index;
         index.outlines.persist()?;
-        let (mut links, mut thresholds) = (None, None);
-        // Set when every backlink died within the flush: no table (an empty run would only be merged).
-        let mut links_all_dead = None;
-        if let Some((memtable, id)) = &self.links {
-            let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
-            let flushed = KnownRevocations::of_flush(revocations);
-            let live = || compaction::freshest(memtable.iter().copied()).filter_map(|link| flushed.settle(link));
-            if live().next().is_none() {
-                links_all_dead = Some(memtable);
-            } else {
-                links = Some(index.write_table(&index.links, id, live)?);
-            }
-        }
+        let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
+        let flushed = KnownRevocations::of_flush(revocations);
+        let settle_forward = |link: ForwardLink| flushed.settle(link.backlink()).map(Backlink::forward);
+        let links = index.write_live(&index.links, self.links.as_ref(), |link| flushed.settle(link))?;
+        let forward = index.write_live(&index.forward, self.forward.as_ref(), settle_forward)?;
+        let mut thresholds = None;
         if let Some((memtable, id)) = &self.thresholds {
             thresholds = Some(index.write_table(&index.thresholds, id, || memtable.iter().copied())?);
         }
-        let tables = links.iter().chain(&thresholds).cloned().collect();
+        let tables = [&links, &forward].into_iter().filter_map(Flushed::record).chain(&thresholds).cloned().collect();
         let flush = FlushRecord { tables, position: self.position, accounts: self.accounts };
         index.catalog.commit_flush(&flush)?;
-        if let Some(memtable) = links_all_dead {
-            index.links.retire_frozen(memtable);
-        }
-        if let Some(record) = links {
-            index.links.install(index.links.open_table(record)?, self.links.as_ref().map(|(m, _)| m));
-        }
+        index.install_flushed(&index.links, links, self.links.as_ref())?;
+        index.install_flushed(&index.forward, forward, self.forward.as_ref())?;
         if let Some(record) = thresholds {
             index.thresholds.install(index.thresholds.open_table(record)?, self.thresholds.as_ref().map(|(m, _)| m));
         }
@@ -85,6 +76,24 @@ impl FlushJob<'_> {
         add_elapsed(&index.counters.flush_micros, self.started);
         self.unfinished.disarm();
         Ok(flush.tables.len())
+    }
+}
+
+/// What a flush made of one tree's frozen memtable.
+enum Flushed {
+    /// The tree had nothing to flush.
+    Nothing,
+    /// Every entry died within the flush: no table (an empty run would only be merged).
+    AllDead,
+    Table(TableRecord),
+}
+
+impl Flushed {
+    fn record(&self) -> Option<&TableRecord> {
+        match self {
+            Flushed::Table(record) => Some(record),
+            Flushed::Nothing | Flushed::AllDead => None,
+        }
     }
 }
 
@@ -118,17 +127,18 @@ impl Drop for FlushTicket<'_> {
 impl Index {
     /// True when a tree's memtable has reached its byte budget.
     pub fn wants_flush(&self) -> bool {
-        self.links.memtable_bytes() >= self.options.memtable_bytes
-            || self.thresholds.memtable_bytes() >= self.options.memtable_bytes
+        [self.links.memtable_bytes(), self.thresholds.memtable_bytes(), self.forward.memtable_bytes()]
+            .into_iter()
+            .any(|bytes| bytes >= self.options.memtable_bytes)
     }
 
-    /// Writes both memtables out as tables, durably (see the module invariants); returns how many
+    /// Writes the memtables out as tables, durably (see the module invariants); returns how many
     /// tables it wrote.
     pub fn flush(&self) -> Result<usize, IndexError> {
         self.begin_flush()?.finish()
     }
 
-    /// The part of a flush that needs the writer: both memtables frozen at one position (they stay
+    /// The part of a flush that needs the writer: every memtable frozen at one position (they stay
     /// visible to readers), and that position and the account changes up to it taken. The job
     /// does the rest without the writer, so writes go on into fresh memtables meanwhile. Waits
     /// while an earlier job runs: one flush at a time keeps the catalog's positions in order and
@@ -145,11 +155,12 @@ impl Index {
         let mut writer = self.writer.lock().expect("writer lock poisoned");
         // Ids before the freezes: a failure after a freeze would leave a frozen memtable that no
         // flush writes. Memtables only change under the writer, so these ids find them as frozen.
-        let links_id = if self.links.memtable_bytes() > 0 { Some(self.new_table_id(&mut writer)?) } else { None };
-        let thresholds_id =
-            if self.thresholds.memtable_bytes() > 0 { Some(self.new_table_id(&mut writer)?) } else { None };
+        let links_id = self.id_if_any(&self.links, &mut writer)?;
+        let thresholds_id = self.id_if_any(&self.thresholds, &mut writer)?;
+        let forward_id = self.id_if_any(&self.forward, &mut writer)?;
         let links = links_id.map(|id| (self.links.freeze().expect("a non-empty memtable freezes"), id));
         let thresholds = thresholds_id.map(|id| (self.thresholds.freeze().expect("a non-empty memtable freezes"), id));
+        let forward = forward_id.map(|id| (self.forward.freeze().expect("a non-empty memtable freezes"), id));
         Ok(FlushJob {
             index: self,
             _ticket: ticket,
@@ -157,9 +168,50 @@ impl Index {
             started,
             links,
             thresholds,
+            forward,
             position: writer.position.clone(),
             accounts: std::mem::take(&mut writer.pending_accounts),
         })
+    }
+
+    /// A table id for the tree's memtable when it holds anything.
+    fn id_if_any<E: Entry>(&self, tree: &Tree<E>, writer: &mut WriterState) -> Result<Option<String>, IndexError> {
+        if tree.memtable_bytes() == 0 {
+            return Ok(None);
+        }
+        self.new_table_id(writer).map(Some)
+    }
+
+    /// Writes the freshest copy of each entry of a frozen memtable that `settle` keeps (those no
+    /// revocation frozen with it kills), if any.
+    fn write_live<E: Entry>(
+        &self,
+        tree: &Tree<E>,
+        frozen: Option<&(Arc<Memtable<E>>, String)>,
+        settle: impl Fn(E) -> Option<E>,
+    ) -> Result<Flushed, IndexError> {
+        let Some((memtable, id)) = frozen else { return Ok(Flushed::Nothing) };
+        let live = || compaction::freshest(memtable.iter().copied()).filter_map(&settle);
+        if live().next().is_none() {
+            return Ok(Flushed::AllDead);
+        }
+        Ok(Flushed::Table(self.write_table(tree, id, live)?))
+    }
+
+    /// Puts a committed flush's table in place of its frozen memtable (or just drops the memtable
+    /// when nothing in it survived).
+    fn install_flushed<E: Entry>(
+        &self,
+        tree: &Tree<E>,
+        flushed: Flushed,
+        frozen: Option<&(Arc<Memtable<E>>, String)>,
+    ) -> Result<(), IndexError> {
+        match (flushed, frozen) {
+            (Flushed::AllDead, Some((memtable, _))) => tree.retire_frozen(memtable),
+            (Flushed::Table(record), frozen) => tree.install(tree.open_table(record)?, frozen.map(|(m, _)| m)),
+            (Flushed::Nothing, _) | (Flushed::AllDead, None) => {}
+        }
+        Ok(())
     }
 
     /// Writes a flush's sorted, unique entries (given twice by `entries`) as table `id` of `tree`.

@@ -100,7 +100,9 @@ impl Index {
     /// directory (flushes and merges read metas in ways no single key names). Returns how many.
     pub async fn complete_partial_metas(&self) -> Result<usize, IndexError> {
         let store = self.store.as_ref();
-        Ok(self.links.complete_partial_metas(store).await? + self.thresholds.complete_partial_metas(store).await?)
+        Ok(self.links.complete_partial_metas(store).await?
+            + self.thresholds.complete_partial_metas(store).await?
+            + self.forward.complete_partial_metas(store).await?)
     }
 
     /// Makes this index exactly what `manifest` describes: imports its outline ranges, fetches
@@ -164,6 +166,7 @@ impl Index {
         match record.tree {
             TreeKind::Links => self.links.fetch_meta(store, record, whole).await?,
             TreeKind::Thresholds => self.thresholds.fetch_meta(store, record, whole).await?,
+            TreeKind::Forward => self.forward.fetch_meta(store, record, whole).await?,
         }
         Ok(())
     }

@@ -1,4 +1,4 @@
-//! The index: both trees, the outlines, the catalog and the store, and everything a writer or a
+//! The index: the three trees, the outlines, the catalog and the store, and everything a writer or a
 //! reader does with them as a whole.
 //!
 //! - `write`: operations in (create, update, delete, account changes, repository snapshots);
@@ -51,7 +51,7 @@ use crate::lsm::handle::ReadError;
 use crate::lsm::table::TableOptions;
 use crate::lsm::tree::{TableFiles, Tree, TreeCaches};
 use crate::model::account::AccountState;
-use crate::model::ids::{Backlink, Revocation, TreeKind};
+use crate::model::ids::{Backlink, ForwardLink, Revocation, TreeKind};
 use crate::outline::{OutlineKind, OutlineOptions, Outlines};
 use crate::store::object::Store;
 use flush::FlushGate;
@@ -178,6 +178,8 @@ pub struct Index {
     pub catalog: Catalog,
     pub links: Tree<Backlink>,
     pub thresholds: Tree<Revocation>,
+    /// The links of records that have more than one, by source (many-to-many queries).
+    pub forward: Tree<ForwardLink>,
     pub store: Arc<dyn Store>,
     pub counters: WriteCounters,
     options: IndexOptions,
@@ -215,11 +217,14 @@ impl Index {
             .map_err(io_err(&tables_dir))?;
         let thresholds = Tree::new(tables_dir.join(TreeKind::Thresholds.name()), options.table.clone(), caches)
             .map_err(io_err(&tables_dir))?;
+        let forward = Tree::new(tables_dir.join(TreeKind::Forward.name()), options.table.clone(), caches)
+            .map_err(io_err(&tables_dir))?;
         if lock.is_some() {
             // Files of tables a crash wrote but never committed; nothing else writes yet.
             let known = catalog.known_table_ids()?;
             links.remove_orphans(&known).map_err(io_err(links.dir()))?;
             thresholds.remove_orphans(&known).map_err(io_err(thresholds.dir()))?;
+            forward.remove_orphans(&known).map_err(io_err(forward.dir()))?;
         }
         let hidden = catalog.hidden_accounts()?.into_iter().collect();
         let position = catalog.position()?;
@@ -232,6 +237,7 @@ impl Index {
             catalog,
             links,
             thresholds,
+            forward,
             store,
             counters: WriteCounters::default(),
             options,
@@ -271,18 +277,25 @@ impl Index {
         Ok(self.hidden.read().expect("hidden lock poisoned").get(&did).copied())
     }
 
-    /// Rebuilds both trees' run lists from the catalog, reusing open tables.
+    /// Rebuilds the trees' run lists from the catalog, reusing open tables.
     pub(super) fn reload_trees(&self) -> Result<(), IndexError> {
-        let (mut links, mut thresholds) = (Vec::new(), Vec::new());
+        let (mut links, mut thresholds, mut forward) = (Vec::new(), Vec::new(), Vec::new());
         for record in self.catalog.tables()? {
             match record.tree {
                 TreeKind::Links => links.push(record),
                 TreeKind::Thresholds => thresholds.push(record),
+                TreeKind::Forward => forward.push(record),
             }
         }
         self.links.load(links)?;
         self.thresholds.load(thresholds)?;
+        self.forward.load(forward)?;
         Ok(())
+    }
+
+    /// Runs over every tree (merges waiting show as many runs).
+    pub fn run_count(&self) -> usize {
+        self.links.runs().len() + self.thresholds.runs().len() + self.forward.runs().len()
     }
 
     /// A fresh table (or run) id: the catalog's durable sequence and 32 injected random bits.
@@ -297,6 +310,7 @@ impl Index {
         match kind {
             TreeKind::Links => &self.links,
             TreeKind::Thresholds => &self.thresholds,
+            TreeKind::Forward => &self.forward,
         }
     }
 }

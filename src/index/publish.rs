@@ -20,7 +20,7 @@ use crate::lsm::record::TableRecord;
 use crate::lsm::table::{FormatError, TableMeta, verify_data_checksums};
 use crate::manifest::{Manifest, OutlineRange};
 use crate::model::account::AccountState;
-use crate::model::ids::{Backlink, Revocation, TreeKind};
+use crate::model::ids::{Backlink, ForwardLink, Revocation, TreeKind};
 use crate::outline::OutlineKind;
 use std::collections::HashSet;
 use std::sync::atomic::Ordering;
@@ -192,6 +192,7 @@ fn check_before_upload(record: &TableRecord, data: &[u8], meta: &[u8]) -> Result
     let checked = match record.tree {
         TreeKind::Links => check_table_files::<Backlink>(data, meta),
         TreeKind::Thresholds => check_table_files::<Revocation>(data, meta),
+        TreeKind::Forward => check_table_files::<ForwardLink>(data, meta),
     };
     checked.map_err(|(kind, ext, source)| {
         let object = format!("{} (local copy)", table_key(record.tree, &record.id, ext));

@@ -5,6 +5,8 @@
 //! - An update writes its revocation and its new backlinks at the same stamp.
 //! - An operation that fails writes nothing at its stamp, except a repository snapshot cut
 //!   short, which moves the clock past its stamp anyway (no two operations share a stamp).
+//! - A record with more than one link also gets its links in the forward tree, at the same stamp
+//!   (the many-to-many queries go from one of its links to the others).
 //! - A repository snapshot holds the writer for the whole repository: its repo-level revocation
 //!   and every record's backlinks share one stamp.
 
@@ -182,8 +184,13 @@ impl Index {
         Ok(entries)
     }
 
+    /// Writes one record's backlinks, and the same links by source when it has more than one
+    /// (a record with a single link is its own only other subject: the forward tree need not say).
     fn write_backlinks(&self, backlinks: Vec<Backlink>) {
         self.counters.backlinks.fetch_add(backlinks.len() as u64, Ordering::Relaxed);
+        if backlinks.len() > 1 {
+            self.forward.insert(backlinks.iter().map(|link| link.forward()));
+        }
         self.links.insert(backlinks);
     }
 

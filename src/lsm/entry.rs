@@ -1,4 +1,4 @@
-//! The fixed-width entry the generic LSM stores, and its two instances.
+//! The fixed-width entry the generic LSM stores, and its three instances.
 //!
 //! Invariants every `Entry` upholds (checked by the tests at the bottom):
 //! - `encode` writes exactly `WIDTH` bytes and `decode(encode(e)) == e`.
@@ -9,7 +9,7 @@
 //!   big-endian `stamp()`. Of two entries with the same identity the larger stamp wins, and
 //!   because the stamp is the last field, duplicates sort next to each other, oldest first.
 
-use crate::model::ids::{Backlink, RecordId, Revocation, TreeKind, be_u64};
+use crate::model::ids::{Backlink, ForwardLink, RecordId, Revocation, TreeKind, be_u64};
 use std::fmt::Debug;
 use std::hash::Hash;
 
@@ -82,6 +82,52 @@ impl Entry for Backlink {
 
     fn same_identity(&self, other: &Self) -> bool {
         self.target == other.target && self.source == other.source && self.location == other.location
+    }
+}
+
+impl Entry for ForwardLink {
+    const WIDTH: usize = ForwardLink::WIDTH;
+    const IDENTITY_WIDTH: usize = 56;
+    const TREE: TreeKind = TreeKind::Forward;
+    /// The source's and the target's.
+    const RKEY_OFFSETS: &'static [usize] = &[0, 32];
+
+    fn encode(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), Self::WIDTH);
+        self.source.encode(&mut out[0..24]);
+        out[24..32].copy_from_slice(&self.location.to_be_bytes());
+        self.target.encode(&mut out[32..56]);
+        out[56..64].copy_from_slice(&self.source_rev.to_be_bytes());
+    }
+
+    fn decode(bytes: &[u8]) -> Self {
+        assert_eq!(bytes.len(), Self::WIDTH);
+        ForwardLink {
+            source: RecordId::decode(&bytes[0..24]),
+            location: be_u64(&bytes[24..32]),
+            target: RecordId::decode(&bytes[32..56]),
+            source_rev: be_u64(&bytes[56..64]),
+        }
+    }
+
+    fn key(&self) -> RecordId {
+        self.source
+    }
+
+    fn stamp(&self) -> u64 {
+        self.source_rev
+    }
+
+    fn min_for_key(key: RecordId) -> Self {
+        ForwardLink { source: key, location: 0, target: RecordId::MIN, source_rev: 0 }
+    }
+
+    fn max_for_key(key: RecordId) -> Self {
+        ForwardLink { source: key, location: u64::MAX, target: RecordId::MAX, source_rev: u64::MAX }
+    }
+
+    fn same_identity(&self, other: &Self) -> bool {
+        self.source == other.source && self.location == other.location && self.target == other.target
     }
 }
 
@@ -172,6 +218,13 @@ mod tests {
             check_laws(a, b);
             let twin = Backlink { source_rev: b.source_rev, ..a };
             check_laws(a, twin);
+        }
+
+        #[test]
+        fn forward_link_laws(a in backlink(), b in backlink()) {
+            check_laws(a.forward(), b.forward());
+            check_laws(a.forward(), Backlink { source_rev: b.source_rev, ..a }.forward());
+            assert_eq!(a.forward().backlink(), a);
         }
 
         #[test]

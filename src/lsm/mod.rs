@@ -1,4 +1,4 @@
-//! One generic LSM over fixed-width entries, used for backlinks and for revocations.
+//! One generic LSM over fixed-width entries, used for backlinks, forward links and revocations.
 //!
 //! `entry` defines what a tree stores; `memtable` holds recent writes; `table` is the on-disk and
 //! in-bucket format (frames + meta); `filter` the one-hash blocked bloom filter in each meta;
@@ -11,6 +11,7 @@ pub mod compaction;
 pub mod entry;
 pub mod filter;
 pub mod handle;
+pub mod lookup;
 pub mod memtable;
 pub mod record;
 pub mod run;

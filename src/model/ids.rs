@@ -1,4 +1,4 @@
-//! Fixed-width identifiers: `RecordId`, `Backlink`, `Revocation`.
+//! Fixed-width identifiers: `RecordId`, `Backlink`, `ForwardLink`, `Revocation`.
 //!
 //! Invariants:
 //! - Every encoding is big-endian with fields in declaration order, so the byte order of two
@@ -105,6 +105,33 @@ impl Backlink {
     }
 }
 
+/// A backlink seen from its source: `source` links to `target` at `location`, written at
+/// `source_rev`. Kept for records with more than one link, so that a query can go from a record
+/// that links to one subject to the other subjects it links to (many-to-many). The same fields
+/// as its `Backlink`, in source order, and alive by the same rule.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ForwardLink {
+    pub source: RecordId,
+    pub location: u64,
+    pub target: RecordId,
+    pub source_rev: u64,
+}
+
+impl ForwardLink {
+    pub const WIDTH: usize = 64;
+
+    pub fn backlink(self) -> Backlink {
+        Backlink { target: self.target, source: self.source, location: self.location, source_rev: self.source_rev }
+    }
+}
+
+impl Backlink {
+    /// The same link seen from its source.
+    pub fn forward(self) -> ForwardLink {
+        ForwardLink { source: self.source, location: self.location, target: self.target, source_rev: self.source_rev }
+    }
+}
+
 /// Every backlink of `source` written before stamp `rev` is dead.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Revocation {
@@ -116,23 +143,26 @@ impl Revocation {
     pub const WIDTH: usize = 32;
 }
 
-/// The two trees of the index: backlinks, and the revocations that decide their liveness. The
-/// name is the tree's directory, object key segment and catalog value (`tables/<name>/<id>.data`).
+/// The three trees of the index: backlinks, the same links by source (for records with more than
+/// one), and the revocations that decide the liveness of both. The name is the tree's directory, object key segment and catalog value (`tables/<name>/<id>.data`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TreeKind {
     /// `Backlink` entries.
     Links,
     /// `Revocation` entries.
     Thresholds,
+    /// `ForwardLink` entries.
+    Forward,
 }
 
 impl TreeKind {
-    pub const ALL: [TreeKind; 2] = [TreeKind::Links, TreeKind::Thresholds];
+    pub const ALL: [TreeKind; 3] = [TreeKind::Links, TreeKind::Thresholds, TreeKind::Forward];
 
     pub const fn name(self) -> &'static str {
         match self {
             TreeKind::Links => "links",
             TreeKind::Thresholds => "thresholds",
+            TreeKind::Forward => "forward",
         }
     }
 

@@ -30,6 +30,7 @@
 //! - A query string has at most `MAX_QUERY_PAIRS` parameters.
 
 use crate::config::{ConfigError, FileConfig};
+use crate::constellation::many::{self, GET_MANY_TO_MANY, GET_MANY_TO_MANY_COUNTS};
 use crate::constellation::{self, GET_BACKLINK_DIDS, GET_BACKLINKS, GET_BACKLINKS_COUNT, rest};
 use crate::count::{CountOptions, count_backlinks, parse_count_query};
 use crate::index::Index;
@@ -89,7 +90,7 @@ pub const MAX_CACHE_MAX_AGE: Duration = Duration::from_secs(86_400);
 const LEXICON_MAX_AGE_SECS: u64 = 3600;
 
 /// The lexicon of every endpoint, by NSID, as kept in `lexicons/`.
-pub const LEXICONS: [(&str, &str); 5] = [
+pub const LEXICONS: [(&str, &str); 7] = [
     ("blue.cerulea.backlinks.listBacklinks", include_str!("../../lexicons/blue/cerulea/backlinks/listBacklinks.json")),
     (
         "blue.cerulea.backlinks.countBacklinks",
@@ -101,6 +102,11 @@ pub const LEXICONS: [(&str, &str); 5] = [
         include_str!("../../lexicons/blue/microcosm/links/getBacklinksCount.json"),
     ),
     ("blue.microcosm.links.getBacklinkDids", include_str!("../../lexicons/blue/microcosm/links/getBacklinkDids.json")),
+    ("blue.microcosm.links.getManyToMany", include_str!("../../lexicons/blue/microcosm/links/getManyToMany.json")),
+    (
+        "blue.microcosm.links.getManyToManyCounts",
+        include_str!("../../lexicons/blue/microcosm/links/getManyToManyCounts.json"),
+    ),
 ];
 
 /// The lexicons of the websocket subscriptions (their `main` is a `subscription`, not a query).
@@ -280,6 +286,8 @@ pub fn app(index: Arc<Index>, options: ServerOptions, metrics: Arc<Metrics>) -> 
         .route(GET_BACKLINKS, get(constellation_handler))
         .route(GET_BACKLINKS_COUNT, get(constellation_handler))
         .route(GET_BACKLINK_DIDS, get(constellation_handler))
+        .route(GET_MANY_TO_MANY, get(constellation_handler))
+        .route(GET_MANY_TO_MANY_COUNTS, get(constellation_handler))
         .route(rest::LINKS, get(constellation_handler))
         .route(rest::LINKS_COUNT, get(constellation_handler))
         .route(rest::LINKS_DISTINCT_DIDS, get(constellation_handler))
@@ -378,6 +386,8 @@ fn query_endpoint(method: &Method, path: &str) -> Option<&'static str> {
         GET_BACKLINKS => "getBacklinks",
         GET_BACKLINKS_COUNT => "getBacklinksCount",
         GET_BACKLINK_DIDS => "getBacklinkDids",
+        GET_MANY_TO_MANY => "getManyToMany",
+        GET_MANY_TO_MANY_COUNTS => "getManyToManyCounts",
         rest::LINKS => "links",
         rest::LINKS_COUNT => "links/count",
         rest::LINKS_DISTINCT_DIDS => "links/distinct-dids",
@@ -469,6 +479,10 @@ async fn constellation_handler(
         GET_BACKLINKS => constellation::get_backlinks(index, &xrpc()?, count, "records").await?,
         GET_BACKLINKS_COUNT => constellation::get_backlinks_count(index, &xrpc()?, count, false).await?,
         GET_BACKLINK_DIDS => constellation::get_backlink_dids(index, &xrpc()?, count).await?,
+        GET_MANY_TO_MANY => many::get_many_to_many(index, &many::parse_many_query(&pairs, "linkDid")?).await?,
+        GET_MANY_TO_MANY_COUNTS => {
+            many::get_many_to_many_counts(index, &many::parse_many_query(&pairs, "did")?, count).await?
+        }
         rest::LINKS => rest::links(index, &parse_links_query(&pairs)?, count).await?,
         rest::LINKS_COUNT => rest::links_count(index, &parse_links_query(&pairs)?, count).await?,
         rest::LINKS_DISTINCT_DIDS => rest::distinct_dids(index, &parse_links_query(&pairs)?, count).await?,
