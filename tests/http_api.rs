@@ -534,7 +534,7 @@ impl Store for GatedStore {
 async fn gated(options: ServerOptions) -> (tempfile::TempDir, Arc<GatedStore>, Router) {
     let dir = tempfile::tempdir().unwrap();
     import_into(dir.path()).await;
-    for tree in ["links", "thresholds"] {
+    for tree in backlinks::model::ids::TreeKind::ALL.map(|kind| kind.name()) {
         for entry in std::fs::read_dir(dir.path().join("data/state/tables").join(tree)).unwrap() {
             let path = entry.unwrap().path();
             if path.extension().is_some_and(|e| e == "data") {

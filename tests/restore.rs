@@ -5,10 +5,12 @@
 
 mod support;
 
+use backlinks::constellation::many;
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::lsm::compaction::CompactionOptions;
 use backlinks::lsm::table::TableOptions;
+use backlinks::model::ids::TreeKind;
 use backlinks::query::{ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use backlinks::store::faulty::{FaultyStore, Operation};
@@ -49,6 +51,14 @@ fn events(from: usize, to: usize) -> String {
                 r#"{{"did":"{author}","time_us":{i},"kind":"commit","commit":{{"operation":"create","collection":"app.bsky.graph.follow","rkey":"{rkey}","record":{{"subject":"did:plc:poster{:018}"}}}}}}"#,
                 i % 7
             ),
+            // A reply: two links, so the forward tree has tables to restore too.
+            9 => {
+                let root = format!("at://did:plc:poster{:018}/app.bsky.feed.post/3kabcdefgh000", i % 7);
+                let cid = "bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em";
+                format!(
+                    r#"{{"did":"{author}","time_us":{i},"kind":"commit","commit":{{"operation":"create","collection":"app.bsky.feed.post","rkey":"{rkey}","record":{{"text":"re","reply":{{"root":{{"uri":"{root}","cid":"{cid}"}},"parent":{{"uri":"{post}","cid":"{cid}"}}}}}}}}}}"#
+                )
+            }
             _ => format!(
                 r#"{{"did":"{author}","time_us":{i},"kind":"commit","commit":{{"operation":"create","collection":"app.bsky.feed.like","rkey":"{rkey}","record":{{"subject":{{"uri":"{post}","cid":"bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"}}}}}}}}"#
             ),
@@ -73,9 +83,22 @@ fn targets() -> Vec<String> {
     targets
 }
 
-/// Every target's full answer, paging with a small limit.
+/// Every target's full answer, paging with a small limit, and for each post the replies to
+/// threads rooted there with their parents (getManyToMany, from the forward tree).
 async fn answers(index: &Index) -> Vec<Vec<(String, String)>> {
     let mut all = Vec::new();
+    for target in targets().into_iter().filter(|t| t.contains("/app.bsky.feed.post/")) {
+        let pairs = [
+            ("subject", target.as_str()),
+            ("source", "app.bsky.feed.post:reply.root.uri"),
+            ("pathToOther", "reply.parent.uri"),
+            ("limit", "1000"),
+        ];
+        let pairs: Vec<(String, String)> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let params = many::parse_many_query(&pairs, "linkDid").unwrap();
+        let page = many::get_many_to_many(index, &params).await.unwrap();
+        all.push(vec![(target, page.to_string())]);
+    }
     for target in targets() {
         let mut items = Vec::new();
         let mut params = ListParams { limit: 7, ..ListParams::new(target) };
@@ -126,6 +149,8 @@ async fn restore_and_follow(bucket: Arc<dyn Store>, root: &Path) {
     let expected = answers(&writer).await;
 
     assert!(expected.iter().filter(|a| !a.is_empty()).count() >= 30, "most targets have backlinks");
+    let threads = expected.iter().filter(|a| a.len() == 1 && a[0].1.contains("linkRecord")).count();
+    assert!(threads >= 7, "replies to every poster's first post ({threads})");
 
     // A new machine with an empty data directory and only the bucket.
     let restored = open(&root.join("restored"), bucket.clone());
@@ -250,7 +275,7 @@ async fn meta_bytes_read(store: &FaultyStore<DirStore>) -> u64 {
 
 /// Files of `ext` among the replica's local tables.
 fn local_files(root: &Path, ext: &str) -> usize {
-    let trees = ["links", "thresholds"].map(|tree| root.join("state/tables").join(tree));
+    let trees = TreeKind::ALL.map(|tree| root.join("state/tables").join(tree.name()));
     let files = trees.iter().flat_map(|dir| std::fs::read_dir(dir).unwrap().map(|e| e.unwrap().path()));
     files.filter(|path| path.extension().is_some_and(|x| x == ext)).count()
 }

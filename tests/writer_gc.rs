@@ -49,7 +49,7 @@ impl Setup {
     /// Every object under `tables/`.
     fn table_objects(&self) -> BTreeSet<String> {
         let mut found = BTreeSet::new();
-        for tree in ["links", "thresholds"] {
+        for tree in backlinks::model::ids::TreeKind::ALL.map(|kind| kind.name()) {
             let Ok(entries) = std::fs::read_dir(self.bucket.join("tables").join(tree)) else { continue };
             for entry in entries {
                 found.insert(format!("tables/{tree}/{}", entry.unwrap().file_name().to_string_lossy()));
