@@ -164,20 +164,12 @@ fn query(path: &str, pairs: &[(&str, &str)]) -> String {
 
 /// Every page of a paged endpoint: the items under `key`, and the totals each page gave.
 fn every_page(server: &Server, path: &str, pairs: &[(&str, &str)], key: &str) -> (Vec<Value>, BTreeSet<u64>) {
-    let (mut items, mut totals, mut cursor) = (Vec::new(), BTreeSet::new(), String::new());
-    for _ in 0..1_000 {
-        let mut paged = pairs.to_vec();
-        paged.extend([("limit", "3"), ("cursor", cursor.as_str())].into_iter().filter(|(_, v)| !v.is_empty()));
-        let (status, page) = server.get(&query(path, &paged));
-        assert_eq!(status, 200, "{path} {paged:?}: {page}");
+    let (mut items, mut totals) = (Vec::new(), BTreeSet::new());
+    for page in pages(server, path, pairs, "3") {
         items.extend(page[key].as_array().unwrap_or_else(|| panic!("{key} in {page}")).iter().cloned());
         totals.insert(page["total"].as_u64().unwrap_or_else(|| panic!("total in {page}")));
-        match page["cursor"].as_str() {
-            Some(next) => cursor = next.to_string(),
-            None => return (items, totals),
-        }
     }
-    panic!("{path} never ended");
+    (items, totals)
 }
 
 fn record_of(item: &Value) -> String {
@@ -379,45 +371,43 @@ fn links_all_counts_two_locations_of_one_path_together() {
     assert_eq!(server.get(&query("/links/all/count", &[("target", &target)])).1, counts);
 }
 
+/// Every page of a paged endpoint, `limit` at a time, following the cursors to the end.
+fn pages(server: &Server, path: &str, pairs: &[(&str, &str)], limit: &str) -> Vec<Value> {
+    let (mut pages, mut cursor) = (Vec::new(), String::new());
+    for _ in 0..1_000 {
+        let mut paged = pairs.to_vec();
+        paged.extend([("limit", limit), ("cursor", cursor.as_str())].into_iter().filter(|(_, v)| !v.is_empty()));
+        let (status, page) = server.get(&query(path, &paged));
+        assert_eq!(status, 200, "{path} {paged:?}: {page}");
+        let next = page["cursor"].as_str().map(str::to_string);
+        pages.push(page);
+        match next {
+            Some(next) => cursor = next,
+            None => return pages,
+        }
+    }
+    panic!("{path} never ended");
+}
+
 /// Every item of getManyToMany over all its pages (two items a page, so that pages end inside
 /// a record's items): (join record URI, other subject).
 fn every_item(server: &Server, pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-    let (mut items, mut cursor) = (Vec::new(), String::new());
-    for _ in 0..1_000 {
-        let mut paged = pairs.to_vec();
-        paged.extend([("limit", "2"), ("cursor", cursor.as_str())].into_iter().filter(|(_, v)| !v.is_empty()));
-        let (status, page) = server.get(&query("/xrpc/blue.microcosm.links.getManyToMany", &paged));
-        assert_eq!(status, 200, "{paged:?}: {page}");
-        for item in page["items"].as_array().unwrap_or_else(|| panic!("items in {page}")) {
-            items.push((record_of(&item["linkRecord"]), item["otherSubject"].as_str().unwrap().to_string()));
-        }
-        match page["cursor"].as_str() {
-            Some(next) => cursor = next.to_string(),
-            None => return items,
-        }
-    }
-    panic!("getManyToMany never ended");
+    let pages = pages(server, "/xrpc/blue.microcosm.links.getManyToMany", pairs, "2");
+    let items = pages.iter().flat_map(|page| page["items"].as_array().unwrap_or_else(|| panic!("items in {page}")));
+    items.map(|item| (record_of(&item["linkRecord"]), item["otherSubject"].as_str().unwrap().to_string())).collect()
 }
 
 /// Every group of getManyToManyCounts over all its pages (two groups a page).
 fn every_group(server: &Server, pairs: &[(&str, &str)]) -> BTreeMap<String, (u64, u64)> {
-    let (mut groups, mut cursor) = (BTreeMap::new(), String::new());
-    for _ in 0..1_000 {
-        let mut paged = pairs.to_vec();
-        paged.extend([("limit", "2"), ("cursor", cursor.as_str())].into_iter().filter(|(_, v)| !v.is_empty()));
-        let (status, page) = server.get(&query("/xrpc/blue.microcosm.links.getManyToManyCounts", &paged));
-        assert_eq!(status, 200, "{paged:?}: {page}");
+    let mut groups = BTreeMap::new();
+    for page in pages(server, "/xrpc/blue.microcosm.links.getManyToManyCounts", pairs, "2") {
         for group in page["counts_by_other_subject"].as_array().unwrap_or_else(|| panic!("groups in {page}")) {
             let subject = group["subject"].as_str().unwrap().to_string();
             let counts = (group["total"].as_u64().unwrap(), group["distinct"].as_u64().unwrap());
             assert!(groups.insert(subject, counts).is_none(), "a group on two pages: {page}");
         }
-        match page["cursor"].as_str() {
-            Some(next) => cursor = next.to_string(),
-            None => return groups,
-        }
     }
-    panic!("getManyToManyCounts never ended");
+    groups
 }
 
 /// The join over the model: each visible record of `collection` that links to `subject` at
