@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 impl Index {
-    /// One compaction, if a tier of either tree is full: merges its oldest `fan_in` runs into one
+    /// One compaction, if a tier of any tree is full: merges its oldest `fan_in` runs into one
     /// sharded run and retires them at `now_ms`. Blocking (it reads through `runtime` when a table
     /// is not local): call it from a blocking thread. Returns whether it merged anything.
     pub fn compact_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {

@@ -125,11 +125,11 @@ impl Drop for FlushTicket<'_> {
 }
 
 impl Index {
-    /// True when a tree's memtable has reached its byte budget.
+    /// True when the memtables together have reached their byte budget (one budget for all
+    /// trees: memory is bounded by the configuration however the writes split among them).
     pub fn wants_flush(&self) -> bool {
-        [self.links.memtable_bytes(), self.thresholds.memtable_bytes(), self.forward.memtable_bytes()]
-            .into_iter()
-            .any(|bytes| bytes >= self.options.memtable_bytes)
+        let held = self.links.memtable_bytes() + self.thresholds.memtable_bytes() + self.forward.memtable_bytes();
+        held >= self.options.memtable_bytes
     }
 
     /// Writes the memtables out as tables, durably (see the module invariants); returns how many

@@ -22,7 +22,7 @@
 //!   with it kills (that revocation commits in the same transaction); stamps as written.
 //! - An operation that fails writes nothing at its stamp, except a repository snapshot cut
 //!   short, which moves the clock past its stamp anyway (no two operations share a stamp).
-//! - A flush freezes both memtables and takes the position under the writer lock, in one step;
+//! - A flush freezes every memtable and takes the position under the writer lock, in one step;
 //!   the rest (`FlushJob::finish`) runs without it, one flush at a time (`FlushGate`), so writes
 //!   made meanwhile go to fresh memtables and the catalog's positions only move forward.
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
@@ -67,7 +67,7 @@ pub const DEFAULT_META_CACHE_BYTES: usize = 32 << 20;
 
 #[derive(Debug, Clone)]
 pub struct IndexOptions {
-    /// Flush when a tree's memtable holds this many encoded bytes.
+    /// Flush when the memtables of all trees together hold this many encoded bytes.
     pub memtable_bytes: usize,
     pub table: TableOptions,
     pub outline_cache_entries: usize,

@@ -20,7 +20,7 @@ pub struct ImportProgress {
 /// What the writer side has yet to do, for the line.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Backlog {
-    /// Runs in both trees (merges bring them down to a few per size tier).
+    /// Runs in every tree (merges bring them down to a few per size tier).
     pub runs: usize,
     /// Bytes of tables not yet uploaded.
     pub unuploaded_bytes: u64,
