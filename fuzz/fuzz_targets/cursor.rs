@@ -1,4 +1,5 @@
-//! listBacklinks cursors and query parameters (src/query.rs).
+//! listBacklinks cursors and query parameters (src/query.rs), and the many-to-many ones
+//! (src/constellation/many.rs).
 //!
 //! Invariants checked:
 //! - A cursor text that decodes is the encoding of what it decodes to (up to the case of its hex
@@ -6,8 +7,12 @@
 //! - `ListParams::from_pairs` on the input read as a query string (`&` and `=` separated) either
 //!   fails or returns parameters that are all valid: a target that parses, a limit in range,
 //!   collections that are NSIDs, locations that start with `$`, a cursor that round-trips.
+//! - The many-to-many cursors that decode are the encodings of what they decode to, and
+//!   `parse_many_query` either fails or returns a subject and other subjects that parse, paths
+//!   that became locations, and a limit in range.
 #![no_main]
 
+use backlinks::constellation::many::{ItemsCursor, decode_subject_cursor, encode_subject_cursor, parse_many_query};
 use backlinks::model::ids::RecordId;
 use backlinks::model::syntax::{parse_target, validate_nsid};
 use backlinks::query::{Cursor, ListParams, MAX_LIMIT};
@@ -20,10 +25,33 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(cursor.encode(), text.to_ascii_lowercase(), "cursor text is not its encoding");
     }
     let pairs = text.split('&').map(|pair| pair.split_once('=').unwrap_or((pair, "")));
-    if let Ok(params) = ListParams::from_pairs(pairs) {
+    if let Ok(params) = ListParams::from_pairs(pairs.clone()) {
         check_params(&params);
     }
+    check_many_to_many(text, pairs.map(|(k, v)| (k.to_string(), v.to_string())).collect());
 });
+
+fn check_many_to_many(text: &str, pairs: Vec<(String, String)>) {
+    if let Ok(cursor) = ItemsCursor::decode(text) {
+        assert_eq!(cursor.encode(), text.to_ascii_lowercase(), "items cursor text is not its encoding");
+        assert!(cursor.given == 0 || cursor.at.inclusive, "items given past an exclusive position");
+    }
+    if let Ok(subject) = decode_subject_cursor(text) {
+        assert_eq!(encode_subject_cursor(&subject), text.to_ascii_lowercase(), "count cursor text is not its encoding");
+    }
+    for did_name in ["linkDid", "did"] {
+        let Ok(params) = parse_many_query(&pairs, did_name) else { continue };
+        assert!(parse_target(&params.subject).is_ok(), "subject {:?}", params.subject);
+        assert!(params.other_subjects.iter().all(|s| parse_target(s).is_ok()), "{:?}", params.other_subjects);
+        assert!(
+            !params.to_other.is_empty() && params.to_other.iter().all(|l| l.starts_with('$')),
+            "{:?}",
+            params.to_other
+        );
+        assert!(!params.source.locations.is_empty() && validate_nsid(&params.source.collection).is_ok());
+        assert!(params.limit <= MAX_LIMIT, "limit {}", params.limit);
+    }
+}
 
 /// Bytes 0..24 are the source, 24..32 the location, bit 0 of byte 32 the inclusive flag.
 fn check_cursor_of_bytes(data: &[u8]) {

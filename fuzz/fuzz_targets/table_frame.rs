@@ -15,8 +15,8 @@
 
 mod common;
 
-use backlinks::lsm::entry::Entry;
 use backlinks::lsm::coder::ColumnModels;
+use backlinks::lsm::entry::Entry;
 use backlinks::lsm::table::{MAX_FRAME_RAW_BYTES, TableMeta, decode_frame, max_frame_entries};
 use backlinks::model::ids::{Backlink, Revocation};
 use libfuzzer_sys::fuzz_target;
@@ -29,7 +29,10 @@ fuzz_target!(|data: &[u8]| {
     if mode & 1 == 0 {
         check_frame::<Backlink>(&frame, modelled.then(|| BACKLINK_MODELS.get_or_init(common::fixed_models::<Backlink>)))
     } else {
-        check_frame::<Revocation>(&frame, modelled.then(|| REVOCATION_MODELS.get_or_init(common::fixed_models::<Revocation>)))
+        check_frame::<Revocation>(
+            &frame,
+            modelled.then(|| REVOCATION_MODELS.get_or_init(common::fixed_models::<Revocation>)),
+        )
     }
 });
 

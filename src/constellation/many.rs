@@ -106,17 +106,17 @@ fn parse_subject(name: &str, value: &str) -> Result<String, QueryError> {
 /// Where an items page ended: listing resumes at `at`, and when `at` is inclusive the first
 /// `given` items of the record there were already given.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ItemsCursor {
-    at: Cursor,
-    given: u32,
+pub struct ItemsCursor {
+    pub at: Cursor,
+    pub given: u32,
 }
 
 impl ItemsCursor {
-    fn encode(&self) -> String {
+    pub fn encode(&self) -> String {
         format!("{}{:08x}", self.at.encode(), self.given)
     }
 
-    fn decode(text: &str) -> Result<Self, QueryError> {
+    pub fn decode(text: &str) -> Result<Self, QueryError> {
         let bad = || invalid("invalid cursor: pass back the cursor of the previous page unchanged");
         let split = text.len().checked_sub(8).filter(|&at| text.is_char_boundary(at)).ok_or_else(bad)?;
         let (at, given) = text.split_at(split);
@@ -132,11 +132,11 @@ impl ItemsCursor {
 }
 
 /// A count page ends at the subject of its last group: hex of its text.
-fn encode_subject_cursor(subject: &str) -> String {
+pub fn encode_subject_cursor(subject: &str) -> String {
     hex::encode(subject.as_bytes())
 }
 
-fn decode_subject_cursor(text: &str) -> Result<String, QueryError> {
+pub fn decode_subject_cursor(text: &str) -> Result<String, QueryError> {
     let bad = || invalid("invalid cursor: pass back the cursor of the previous page unchanged");
     let bytes = hex::decode(text).filter(|bytes| bytes.len() <= MAX_CURSOR_SUBJECT_BYTES).ok_or_else(bad)?;
     String::from_utf8(bytes).map_err(|_| bad())

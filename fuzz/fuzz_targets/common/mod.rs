@@ -8,8 +8,8 @@
 // Each target uses only some of these helpers.
 #![allow(dead_code)]
 
-use backlinks::lsm::entry::Entry;
 use backlinks::lsm::coder::ColumnModels;
+use backlinks::lsm::entry::Entry;
 use backlinks::lsm::table::{TableBuilder, TableMeta, TableOptions};
 use xxhash_rust::xxh3::xxh3_64;
 
