@@ -10,7 +10,7 @@ use super::meta::{FRAME_INFO_FIXED_LEN, META_HEADER_LEN, TableMeta, encode_entry
 use super::*;
 use crate::lsm::bytes::CHECKSUM_LEN;
 use crate::lsm::filter::{FilterBuilder, KeyHash};
-use crate::model::ids::{Backlink, OUTLINED_BIT, RecordId, Revocation};
+use crate::model::ids::{Backlink, ForwardLink, OUTLINED_BIT, RecordId, Revocation};
 use proptest::prelude::*;
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::ops::Range;
@@ -120,6 +120,20 @@ proptest! {
         ranges in prop::collection::vec((backlink_strategy(), backlink_strategy()), 1..12),
     ) {
         check_table(&sorted_set(entries), frame_bytes, modelled, spill_bytes, &ranges);
+    }
+
+    /// Forward links: the backlinks' fields in source order, both record keys spread.
+    #[test]
+    fn forward_link_tables_round_trip(
+        entries in prop::collection::vec(backlink_strategy(), 0..300),
+        frame_bytes in prop_oneof![1..400usize, 400..70_000usize],
+        modelled in any::<bool>(),
+        spill_bytes in 0..20_000usize,
+        ranges in prop::collection::vec((backlink_strategy(), backlink_strategy()), 1..12),
+    ) {
+        let forward = |links: Vec<Backlink>| links.into_iter().map(Backlink::forward).collect::<Vec<_>>();
+        let ranges: Vec<(ForwardLink, ForwardLink)> = ranges.into_iter().map(|(a, b)| (a.forward(), b.forward())).collect();
+        check_table(&sorted_set(forward(entries)), frame_bytes, modelled, spill_bytes, &ranges);
     }
 
     #[test]
