@@ -639,12 +639,16 @@ mod tests {
         Migrations::new(vec![M::up(include_str!("../migrations/state/0001_catalog.sql"))])
             .to_latest(&mut conn)
             .unwrap();
-        conn.execute(
-            "INSERT INTO tables (id, tree, run_id, run_kind, shard, shard_count, entries, data_len, meta_len,
-                uploaded, min_stamp, max_stamp) VALUES ('t1', 'links', 't1', 'delta', 0, 1, 3, 10, 5, 1, 1, 2)",
-            [],
-        )
-        .unwrap();
+        for id in ["t1", "t2"] {
+            conn.execute(
+                "INSERT INTO tables (id, tree, run_id, run_kind, shard, shard_count, entries, data_len, meta_len,
+                    uploaded, min_stamp, max_stamp) VALUES (?1, 'links', ?1, 'delta', 0, 1, 3, 10, 5, 1, 1, 2)",
+                [id],
+            )
+            .unwrap();
+        }
+        // GC forgot the newest row: its seq must not be given again.
+        conn.execute("DELETE FROM tables WHERE id = 't2'", []).unwrap();
         drop(conn);
         let catalog = Catalog::open(&path).unwrap();
         let before = catalog.tables().unwrap();
@@ -654,6 +658,9 @@ mod tests {
         catalog.commit_flush(&flush(vec![forward], 1, 3)).unwrap();
         let trees: Vec<TreeKind> = catalog.tables().unwrap().iter().map(|t| t.tree).collect();
         assert_eq!(trees, [TreeKind::Links, TreeKind::Forward], "rows kept in order, forward accepted");
+        let seq: i64 =
+            catalog.lock().unwrap().query_row("SELECT seq FROM tables WHERE id = 'f1'", [], |r| r.get(0)).unwrap();
+        assert_eq!(seq, 3, "the sequence goes on past the forgotten row");
     }
 
     #[test]

@@ -221,16 +221,21 @@ fn assert_own_endpoints_answer_the_model(server: &Server, model: &Model, target:
 /// smallest memtable the configuration allows makes the import flush many times, so that answers
 /// come from several tables, with revocations in later tables than the links they kill.
 fn import_and_serve(lines: &str) -> (tempfile::TempDir, Server) {
+    import_and_serve_with(lines, "")
+}
+
+/// `import_and_serve` with more configuration for both commands.
+fn import_and_serve_with(lines: &str, config_lines: &str) -> (tempfile::TempDir, Server) {
     let dir = tempfile::tempdir().unwrap();
     let events = dir.path().join("events.jsonl");
     std::fs::write(&events, lines).unwrap();
     let config = dir.path().join("backlinks.toml");
-    std::fs::write(&config, "memtable_bytes = 65536\n").unwrap();
+    std::fs::write(&config, format!("memtable_bytes = 65536\n{config_lines}")).unwrap();
     let data = dir.path().join("data");
     let (events, config, data) = (events.to_str().unwrap(), config.to_str().unwrap(), data.to_str().unwrap());
     let (ok, _, stderr) = run(&["import", events, "--config", config, "--data-dir", data]);
     assert!(ok, "{stderr}");
-    let server = Server::start(std::path::Path::new(data));
+    let server = Server::start_with(std::path::Path::new(data), &["--config", config]);
     (dir, server)
 }
 
@@ -506,4 +511,36 @@ fn many_to_many_answers_equal_a_join_over_the_model() {
     }
     assert!(items_seen > 100, "the join found plenty ({items_seen})");
     assert!(multi_item_records > 5, "records with several others, paged across ({multi_item_records})");
+}
+
+/// A count on a subject with more entries than `count_exact_limit` reads a sample, as
+/// countBacklinks does: the answer says `approximate`, and its groups are other subjects the
+/// join over the model has (a sample cannot invent one).
+#[test]
+fn many_to_many_counts_past_the_exact_limit_are_estimates() {
+    let (lines, model) = generate_with(7, Creates::AsARepositoryHasThem);
+    let (_dir, server) = import_and_serve_with(&lines, "count_exact_limit = 8\n");
+    let mut estimated = 0;
+    for subject in (0..POSTS).map(post) {
+        let base = [
+            ("subject", subject.as_str()),
+            ("source", "app.bsky.feed.post:reply.root.uri"),
+            ("pathToOther", "reply.parent.uri"),
+            ("limit", "1000"),
+        ];
+        let (status, page) = server.get(&query("/xrpc/blue.microcosm.links.getManyToManyCounts", &base));
+        assert_eq!(status, 200, "{page}");
+        assert_eq!(page["approximate"], true, "{subject} has more than 8 entries: {page}");
+        let parents: BTreeSet<String> =
+            joined(&model, &subject, ("app.bsky.feed.post", "$.reply.root"), "$.reply.parent", &[])
+                .into_iter()
+                .map(|(_, parent)| parent)
+                .collect();
+        for group in page["counts_by_other_subject"].as_array().unwrap() {
+            assert!(parents.contains(group["subject"].as_str().unwrap()), "{subject}: {group} is no parent");
+            assert!(group["total"].as_u64().unwrap() >= group["distinct"].as_u64().unwrap(), "{group}");
+            estimated += 1;
+        }
+    }
+    assert!(estimated > 0, "the samples found groups");
 }

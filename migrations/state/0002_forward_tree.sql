@@ -1,6 +1,7 @@
 -- state.db, version 2: a third tree, `forward` (the links of records with more than one, by
 -- source). SQLite cannot change a CHECK constraint in place, so `tables` is rebuilt with the
--- same columns and rows (seq values kept) under the wider check.
+-- same columns and rows under the wider check: seq values kept, and the AUTOINCREMENT high-water
+-- mark too (GC deletes rows, so the largest seq ever given may be gone from the table).
 CREATE TABLE tables_v2 (
     seq         INTEGER PRIMARY KEY AUTOINCREMENT,
     id          TEXT    NOT NULL UNIQUE CHECK (length(id) BETWEEN 1 AND 128),
@@ -20,6 +21,8 @@ CREATE TABLE tables_v2 (
 ) STRICT;
 
 INSERT INTO tables_v2 SELECT * FROM tables;
+DELETE FROM sqlite_sequence WHERE name = 'tables_v2';
+INSERT INTO sqlite_sequence (name, seq) SELECT 'tables_v2', seq FROM sqlite_sequence WHERE name = 'tables';
 DROP TABLE tables;
 ALTER TABLE tables_v2 RENAME TO tables;
 

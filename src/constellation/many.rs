@@ -5,14 +5,18 @@
 //! A join record's other links come from the forward tree, which holds the links of every record
 //! that has more than one. A record with none there has a single link, the one that made it a
 //! join record, so its only other subject is the subject itself (when `pathToOther` names that
-//! link's path).
+//! link's path). (Records indexed by a version without the forward tree have none either: their
+//! other links are unknown until an import or backfill writes them again.)
 //!
 //! Order: join records oldest first (constellation's order; listBacklinks' `reverse`), and within
 //! one record its other links by location, then target. Count groups are sorted by their subject.
 //!
 //! Invariants:
-//! - Work is bounded: a page reads at most `MAX_JOIN_ROUNDS` batches of join records, a count at
-//!   most `exact_scan_limit` join records (and says `"approximate": true` when there were more).
+//! - Work is bounded: a page reads at most `MAX_JOIN_ROUNDS` batches of join records (each pass of
+//!   the walk bounded as listBacklinks' are); a count reads what countBacklinks reads (every entry
+//!   of the subject up to `exact_scan_limit`, else a sample, and then says `"approximate": true`).
+//!   Both stop reading forward links past `MAX_FORWARD_ENTRIES` (a short page with a cursor; an
+//!   approximate count).
 //! - A forward link counts only when it is live by its backlink's rule (its source's thresholds);
 //!   join records of hidden accounts are left out before.
 //! - A page's cursor names the join record of its last item and how many of that record's items
@@ -22,7 +26,7 @@
 
 use super::{MAX_DIDS, Source, invalid, list_params, locations_for_path, mark_estimate, parse_did, parse_limit};
 use crate::base::hex;
-use crate::count::CountOptions;
+use crate::count::{CountOptions, TargetLinks, read_target};
 use crate::index::Index;
 use crate::liveness::read_thresholds;
 use crate::lsm::compaction::freshest;
@@ -40,6 +44,8 @@ pub const GET_MANY_TO_MANY_COUNTS: &str = "/xrpc/blue.microcosm.links.getManyToM
 /// Most batches of join records one page reads to fill itself; a page they do not fill is short
 /// and has a cursor.
 pub const MAX_JOIN_ROUNDS: usize = 8;
+/// Most forward-link entries (live or not) one request reads: a record may hold hundreds of links.
+pub const MAX_FORWARD_ENTRIES: usize = 1 << 20;
 /// Most `otherSubject` filters one request may give.
 pub const MAX_OTHER_SUBJECTS: usize = 100;
 /// Longest subject a count cursor may name (a URL is at most 2 KiB).
@@ -204,27 +210,36 @@ fn join_walk(params: &ManyParams, batch: usize, at: Option<Cursor>) -> Result<Li
     Ok(walk)
 }
 
-/// The live forward links of the join records that have any, by source.
-async fn forward_links_of(
-    index: &Index,
-    joins: &[Backlink],
-) -> Result<HashMap<RecordId, Vec<ForwardLink>>, QueryError> {
-    let sources: Vec<RecordId> = joins.iter().map(|join| join.source).collect();
-    forward_links(index, &sources).await
-}
-
-/// The live forward links of the records that have any, by source, each record's in order: one
-/// round of reads of the forward tree, and one of the thresholds when it found anything.
+/// The live forward links of the records that have any, by source, each record's in order.
 pub async fn forward_links(
     index: &Index,
     sources: &[RecordId],
 ) -> Result<HashMap<RecordId, Vec<ForwardLink>>, QueryError> {
+    Ok(read_forward(index, sources).await?.0)
+}
+
+/// The live forward links of the join records that have any, by source, and how many entries
+/// (every copy, live or not) were read for them.
+async fn forward_links_of(
+    index: &Index,
+    joins: &[Backlink],
+) -> Result<(HashMap<RecordId, Vec<ForwardLink>>, usize), QueryError> {
+    let sources: Vec<RecordId> = joins.iter().map(|join| join.source).collect();
+    read_forward(index, &sources).await
+}
+
+/// One round of reads of the forward tree, and one of the thresholds when it found anything.
+async fn read_forward(
+    index: &Index,
+    sources: &[RecordId],
+) -> Result<(HashMap<RecordId, Vec<ForwardLink>>, usize), QueryError> {
     let mut sources = sources.to_vec();
     sources.sort_unstable();
     sources.dedup();
     let mut found = read_keys(&index.forward, index.store.as_ref(), &sources).await?;
+    let read = found.len();
     if found.is_empty() {
-        return Ok(HashMap::new());
+        return Ok((HashMap::new(), 0));
     }
     found.sort_unstable();
     let mut keys: Vec<RecordId> = sources.iter().flat_map(|s| [*s, RecordId::repo(s.did)]).collect();
@@ -235,7 +250,7 @@ pub async fn forward_links(
     for link in freshest(found.into_iter()).filter(|l| l.backlink().survives(|key| thresholds.get(key))) {
         by_source.entry(link.source).or_default().push(link);
     }
-    Ok(by_source)
+    Ok((by_source, read))
 }
 
 /// The text of each other subject: a record's at:// URI, an account's DID, a URL as the request
@@ -285,9 +300,11 @@ async fn collect_items(
     let resume = cursor.filter(|c| c.at.inclusive && c.given > 0).map(|c| ((c.at.source, c.at.location), c.given));
     let mut walk = join_walk(params, params.limit, cursor.map(|c| c.at))?;
     let mut items = Vec::with_capacity(params.limit);
+    let mut forward_read = 0;
     for _ in 0..MAX_JOIN_ROUNDS {
         let (joins, next) = live_links(index, &walk).await?;
-        let forward = forward_links_of(index, &joins).await?;
+        let (forward, read) = forward_links_of(index, &joins).await?;
+        forward_read += read;
         for join in &joins {
             let others = resolved.others_of(join, &forward);
             let skip = resume.filter(|(at, _)| *at == (join.source, join.location)).map_or(0, |(_, given)| given);
@@ -301,15 +318,24 @@ async fn collect_items(
         }
         let Some(next) = next else { return Ok((items, None)) };
         walk.cursor = Some(next);
+        if forward_read >= MAX_FORWARD_ENTRIES {
+            break;
+        }
     }
-    // Bounded work: a short page that resumes where the walk stopped.
-    Ok((items, walk.cursor.map(|at| ItemsCursor { at, given: 0 })))
+    // Bounded work: a short page that resumes where the walk stopped (still inside the record
+    // the page started in, with its items given so far, when the walk did not get past it).
+    let at = walk.cursor.expect("the walk stops only with somewhere to resume");
+    let given = match cursor {
+        Some(start) if start.at == at => start.given,
+        _ => 0,
+    };
+    Ok((items, Some(ItemsCursor { at, given })))
 }
 
 /// One group of a count: join records whose first other subject is this one, and their accounts.
 #[derive(Default)]
 struct Group {
-    records: u64,
+    records: usize,
     dids: HashSet<u64>,
 }
 
@@ -323,7 +349,8 @@ pub async fn get_many_to_many_counts(
     let after = params.cursor.as_deref().map(decode_subject_cursor).transpose()?;
     let empty = json!({ "counts_by_other_subject": [], "cursor": null });
     let Some(resolved) = Resolved::of(index, params)? else { return Ok(empty) };
-    let (groups, approximate) = count_groups(index, params, &resolved, options).await?;
+    let (groups, scale) = count_groups(index, params, &resolved, options).await?;
+    let scaled = |n: usize| scale.map_or(n as u64, |factor| (n as f64 * factor).round() as u64);
     let ids: Vec<RecordId> = groups.keys().copied().collect();
     let mut named: BTreeMap<String, &Group> = BTreeMap::new();
     for (id, text) in ids.iter().zip(render_subjects(index, &ids, &resolved)?) {
@@ -336,43 +363,52 @@ pub async fn get_many_to_many_counts(
     let mut remaining = after_cursor.peekable();
     while page.len() < params.limit {
         let Some((subject, group)) = remaining.next() else { break };
-        page.push(json!({ "subject": subject, "total": group.records, "distinct": group.dids.len() }));
+        let (total, distinct) = (scaled(group.records), scaled(group.dids.len()).min(scaled(group.records)));
+        page.push(json!({ "subject": subject, "total": total, "distinct": distinct }));
         last = Some(subject);
     }
     let cursor = last.filter(|_| remaining.peek().is_some()).map(|subject| encode_subject_cursor(subject));
     let body = json!({ "counts_by_other_subject": page, "cursor": cursor });
-    Ok(mark_estimate(body, approximate))
+    Ok(mark_estimate(body, scale.is_some()))
 }
 
-/// Every join record's first other subject, grouped; true when there were more join records than
-/// a count reads (`exact_scan_limit`).
+/// Every join record's first other subject, grouped, and the factor an estimate scales them by
+/// (`None`: exact). The join records are read as countBacklinks reads a target: all of them up to
+/// `exact_scan_limit` entries, else a sample (scaled up by the entries it stands for).
 async fn count_groups(
     index: &Index,
     params: &ManyParams,
     resolved: &Resolved,
     options: CountOptions,
-) -> Result<(HashMap<RecordId, Group>, bool), QueryError> {
-    let mut walk = join_walk(params, MAX_LIMIT, None)?;
-    let mut groups: HashMap<RecordId, Group> = HashMap::new();
-    let mut read = 0usize;
-    loop {
-        if read >= options.exact_scan_limit {
-            return Ok((groups, true));
+) -> Result<(HashMap<RecordId, Group>, Option<f64>), QueryError> {
+    let walk = join_walk(params, MAX_LIMIT, None)?;
+    let (joins, mut scale) = match read_target(index, &walk, options).await? {
+        TargetLinks::All(live) => (live, None),
+        TargetLinks::Sampled { live, raw_total, raw_sampled } => {
+            (live, Some(raw_total as f64 / raw_sampled.max(1) as f64))
         }
-        walk.limit = MAX_LIMIT.min(options.exact_scan_limit - read);
-        let (joins, next) = live_links(index, &walk).await?;
-        read += joins.len();
-        let forward = forward_links_of(index, &joins).await?;
-        for join in &joins {
+    };
+    let mut groups: HashMap<RecordId, Group> = HashMap::new();
+    let mut forward_read = 0;
+    for (i, batch) in joins.chunks(MAX_LIMIT).enumerate() {
+        if forward_read >= MAX_FORWARD_ENTRIES {
+            // Bounded work: the join records grouped so far (some, since forward links were read)
+            // stand for all of them.
+            let grouped = i * MAX_LIMIT;
+            scale = Some(scale.unwrap_or(1.0) * joins.len() as f64 / grouped as f64);
+            break;
+        }
+        let (forward, read) = forward_links_of(index, batch).await?;
+        forward_read += read;
+        for join in batch {
             if let Some(first) = resolved.others_of(join, &forward).first() {
                 let group = groups.entry(*first).or_default();
                 group.records += 1;
                 group.dids.insert(join.source.did);
             }
         }
-        let Some(next) = next else { return Ok((groups, false)) };
-        walk.cursor = Some(next);
     }
+    Ok((groups, scale))
 }
 
 #[cfg(test)]
