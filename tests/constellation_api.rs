@@ -513,14 +513,14 @@ fn many_to_many_answers_equal_a_join_over_the_model() {
     assert!(multi_item_records > 5, "records with several others, paged across ({multi_item_records})");
 }
 
-/// A count on a subject with more entries than `count_exact_limit` reads a sample, as
-/// countBacklinks does: the answer says `approximate`, and its groups are other subjects the
-/// join over the model has (a sample cannot invent one).
+/// A count reads at most `count_exact_limit` join records (3 here): a subject with more gets the
+/// groups of its oldest 3 and `approximate`; one with fewer, the exact groups of the join over the
+/// model.
 #[test]
-fn many_to_many_counts_past_the_exact_limit_are_estimates() {
+fn many_to_many_counts_read_at_most_the_exact_limit_of_join_records() {
     let (lines, model) = generate_with(7, Creates::AsARepositoryHasThem);
-    let (_dir, server) = import_and_serve_with(&lines, "count_exact_limit = 8\n");
-    let mut estimated = 0;
+    let (_dir, server) = import_and_serve_with(&lines, "count_exact_limit = 3\n");
+    let (mut exact, mut approximate) = (0, 0);
     for subject in (0..POSTS).map(post) {
         let base = [
             ("subject", subject.as_str()),
@@ -530,17 +530,29 @@ fn many_to_many_counts_past_the_exact_limit_are_estimates() {
         ];
         let (status, page) = server.get(&query("/xrpc/blue.microcosm.links.getManyToManyCounts", &base));
         assert_eq!(status, 200, "{page}");
-        assert_eq!(page["approximate"], true, "{subject} has more than 8 entries: {page}");
-        let parents: BTreeSet<String> =
-            joined(&model, &subject, ("app.bsky.feed.post", "$.reply.root"), "$.reply.parent", &[])
-                .into_iter()
-                .map(|(_, parent)| parent)
-                .collect();
-        for group in page["counts_by_other_subject"].as_array().unwrap() {
-            assert!(parents.contains(group["subject"].as_str().unwrap()), "{subject}: {group} is no parent");
-            assert!(group["total"].as_u64().unwrap() >= group["distinct"].as_u64().unwrap(), "{group}");
-            estimated += 1;
+        // Each reply has one parent: its group.
+        let joined = joined(&model, &subject, ("app.bsky.feed.post", "$.reply.root"), "$.reply.parent", &[]);
+        let mut want: BTreeMap<String, (u64, BTreeSet<String>)> = BTreeMap::new();
+        for (record, parent) in &joined {
+            let group = want.entry(parent.clone()).or_default();
+            group.0 += 1;
+            group.1.insert(record.split('/').nth(2).unwrap().to_string());
+        }
+        let groups = page["counts_by_other_subject"].as_array().unwrap();
+        let total: u64 = groups.iter().map(|g| g["total"].as_u64().unwrap()).sum();
+        if joined.len() > 3 {
+            assert_eq!((page["approximate"].clone(), total), (json!(true), 3), "{subject}: {page}");
+            for group in groups {
+                let (records, _) = &want[group["subject"].as_str().unwrap()];
+                assert!(group["total"].as_u64().unwrap() <= *records, "{subject}: {group}");
+            }
+            approximate += 1;
+        } else {
+            let want: Vec<Value> =
+                want.iter().map(|(s, (n, dids))| json!({"subject": s, "total": n, "distinct": dids.len()})).collect();
+            assert_eq!(page, json!({"counts_by_other_subject": want, "cursor": null}), "{subject}");
+            exact += 1;
         }
     }
-    assert!(estimated > 0, "the samples found groups");
+    assert!(approximate > 0 && exact + approximate == POSTS, "({exact} exact, {approximate} approximate)");
 }

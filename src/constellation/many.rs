@@ -13,10 +13,10 @@
 //!
 //! Invariants:
 //! - Work is bounded: a page reads at most `MAX_JOIN_ROUNDS` batches of join records (each pass of
-//!   the walk bounded as listBacklinks' are); a count reads what countBacklinks reads (every entry
-//!   of the subject up to `exact_scan_limit`, else a sample, and then says `"approximate": true`).
-//!   Both stop reading forward links past `MAX_FORWARD_ENTRIES` (a short page with a cursor; an
-//!   approximate count).
+//!   the walk bounded as listBacklinks' are); a count reads at most `exact_scan_limit` join
+//!   records in `MAX_JOIN_ROUNDS` such batches (more would make the answer cover the oldest ones
+//!   and say `"approximate": true`). Both stop reading forward links past `MAX_FORWARD_ENTRIES`
+//!   (a short page with a cursor; an approximate count).
 //! - A forward link counts only when it is live by its backlink's rule (its source's thresholds);
 //!   join records of hidden accounts are left out before.
 //! - A page's cursor names the join record of its last item and how many of that record's items
@@ -26,7 +26,7 @@
 
 use super::{MAX_DIDS, Source, invalid, list_params, locations_for_path, mark_estimate, parse_did, parse_limit};
 use crate::base::hex;
-use crate::count::{CountOptions, TargetLinks, read_target};
+use crate::count::CountOptions;
 use crate::index::Index;
 use crate::liveness::read_thresholds;
 use crate::lsm::compaction::freshest;
@@ -349,8 +349,7 @@ pub async fn get_many_to_many_counts(
     let after = params.cursor.as_deref().map(decode_subject_cursor).transpose()?;
     let empty = json!({ "counts_by_other_subject": [], "cursor": null });
     let Some(resolved) = Resolved::of(index, params)? else { return Ok(empty) };
-    let (groups, scale) = count_groups(index, params, &resolved, options).await?;
-    let scaled = |n: usize| scale.map_or(n as u64, |factor| (n as f64 * factor).round() as u64);
+    let (groups, approximate) = count_groups(index, params, &resolved, options).await?;
     let ids: Vec<RecordId> = groups.keys().copied().collect();
     let mut named: BTreeMap<String, &Group> = BTreeMap::new();
     for (id, text) in ids.iter().zip(render_subjects(index, &ids, &resolved)?) {
@@ -363,52 +362,48 @@ pub async fn get_many_to_many_counts(
     let mut remaining = after_cursor.peekable();
     while page.len() < params.limit {
         let Some((subject, group)) = remaining.next() else { break };
-        let (total, distinct) = (scaled(group.records), scaled(group.dids.len()).min(scaled(group.records)));
-        page.push(json!({ "subject": subject, "total": total, "distinct": distinct }));
+        page.push(json!({ "subject": subject, "total": group.records, "distinct": group.dids.len() }));
         last = Some(subject);
     }
     let cursor = last.filter(|_| remaining.peek().is_some()).map(|subject| encode_subject_cursor(subject));
     let body = json!({ "counts_by_other_subject": page, "cursor": cursor });
-    Ok(mark_estimate(body, scale.is_some()))
+    Ok(mark_estimate(body, approximate))
 }
 
-/// Every join record's first other subject, grouped, and the factor an estimate scales them by
-/// (`None`: exact). The join records are read as countBacklinks reads a target: all of them up to
-/// `exact_scan_limit` entries, else a sample (scaled up by the entries it stands for).
+/// Every join record's first other subject, grouped; true when the walk stopped before the end
+/// (more than `exact_scan_limit` join records, or `MAX_JOIN_ROUNDS` passes or
+/// `MAX_FORWARD_ENTRIES` forward entries used up): then the groups cover the oldest join records.
 async fn count_groups(
     index: &Index,
     params: &ManyParams,
     resolved: &Resolved,
     options: CountOptions,
-) -> Result<(HashMap<RecordId, Group>, Option<f64>), QueryError> {
-    let walk = join_walk(params, MAX_LIMIT, None)?;
-    let (joins, mut scale) = match read_target(index, &walk, options).await? {
-        TargetLinks::All(live) => (live, None),
-        TargetLinks::Sampled { live, raw_total, raw_sampled } => {
-            (live, Some(raw_total as f64 / raw_sampled.max(1) as f64))
-        }
-    };
+) -> Result<(HashMap<RecordId, Group>, bool), QueryError> {
+    // The rounds of a page, each taking its share of the join records a count may read.
+    let batch = options.exact_scan_limit.div_ceil(MAX_JOIN_ROUNDS);
+    let mut walk = join_walk(params, 1, None)?;
     let mut groups: HashMap<RecordId, Group> = HashMap::new();
-    let mut forward_read = 0;
-    for (i, batch) in joins.chunks(MAX_LIMIT).enumerate() {
-        if forward_read >= MAX_FORWARD_ENTRIES {
-            // Bounded work: the join records grouped so far (some, since forward links were read)
-            // stand for all of them.
-            let grouped = i * MAX_LIMIT;
-            scale = Some(scale.unwrap_or(1.0) * joins.len() as f64 / grouped as f64);
-            break;
-        }
-        let (forward, read) = forward_links_of(index, batch).await?;
+    let (mut forward_read, mut unread) = (0, options.exact_scan_limit);
+    for _ in 0..MAX_JOIN_ROUNDS {
+        walk.limit = batch.min(unread);
+        let (joins, next) = live_links(index, &walk).await?;
+        unread -= joins.len();
+        let (forward, read) = forward_links_of(index, &joins).await?;
         forward_read += read;
-        for join in batch {
+        for join in &joins {
             if let Some(first) = resolved.others_of(join, &forward).first() {
                 let group = groups.entry(*first).or_default();
                 group.records += 1;
                 group.dids.insert(join.source.did);
             }
         }
+        let Some(next) = next else { return Ok((groups, false)) };
+        if forward_read >= MAX_FORWARD_ENTRIES || unread == 0 {
+            break;
+        }
+        walk.cursor = Some(next);
     }
-    Ok((groups, scale))
+    Ok((groups, true))
 }
 
 #[cfg(test)]
