@@ -31,12 +31,13 @@
 
 use crate::base::positions::PositionIndex;
 use crate::lsm::compaction::CompactionOptions;
+use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
 use crate::lsm::lookup::read_keys;
 use crate::lsm::run::Run;
 use crate::lsm::scan::TableScan;
 use crate::lsm::tree::Tree;
-use crate::model::ids::{Backlink, RecordId, Revocation};
+use crate::model::ids::{Backlink, ForwardLink, RecordId, Revocation};
 use crate::store::object::Store;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -152,6 +153,25 @@ impl KnownRevocations {
             link.source_rev
         };
         Some(Backlink { source_rev: settled, ..link })
+    }
+}
+
+/// An entry that revocations kill: a backlink, or a forward link by its backlink's rule. Flushes
+/// and merges drop and settle both through this one rule.
+pub trait Revocable: Entry {
+    /// `KnownRevocations::settle` of this entry: `None` when it is dead, else its settled copy.
+    fn settle_by(self, known: &KnownRevocations) -> Option<Self>;
+}
+
+impl Revocable for Backlink {
+    fn settle_by(self, known: &KnownRevocations) -> Option<Self> {
+        known.settle(self)
+    }
+}
+
+impl Revocable for ForwardLink {
+    fn settle_by(self, known: &KnownRevocations) -> Option<Self> {
+        known.settle(self.backlink()).map(Backlink::forward)
     }
 }
 

@@ -1,25 +1,24 @@
 //! Compaction driven by the index: picks a full tier of any tree (backlinks, then forward links,
-//! then revocations), merges it on the calling
-//! thread with the revocations a merge may use, and swaps the result in.
+//! then revocations), merges it on the calling thread with the revocations a merge may use, and
+//! swaps the result in.
 //!
 //! Invariants:
 //! - One merge at a time (`Index::compacting`).
-//! - A merge of backlinks or forward links reads the revocation tables only after it read `tables_clock`, so every
-//!   revocation stamped at or below that clock is among those it read (`KnownRevocations::load`):
+//! - A merge of backlinks or forward links (`Revocable`) reads the revocation tables only after
+//!   it read `tables_clock`, so every revocation stamped at or below that clock is among those it
+//!   read (`KnownRevocations::load`):
 //!   the runs earlier merges read it knows from them (`RevocationsRead`, kept under the
 //!   compaction lock), the others it scans.
 //! - The catalog retires the inputs and adds the output in one transaction before the tree swaps
 //!   them; the inputs' local files go only after that.
 
 use super::{Index, IndexError, add_elapsed, io_err};
-use crate::liveness::KnownRevocations;
-use crate::liveness::RevocationsRead;
+use crate::liveness::{KnownRevocations, Revocable, RevocationsRead};
 use crate::lsm::compaction::{self, CompactionOptions};
 use crate::lsm::entry::Entry;
 use crate::lsm::record::{RunKind, TableRecord};
 use crate::lsm::run::Run;
 use crate::lsm::tree::Tree;
-use crate::model::ids::{Backlink, ForwardLink};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
@@ -39,19 +38,12 @@ impl Index {
         options: &CompactionOptions,
     ) -> Result<bool, IndexError> {
         let mut read = self.compacting.lock().expect("compaction lock poisoned");
-        // Read before the revocation tables: what it promises is installed already.
-        let complete_through = self.tables_clock.load(Ordering::Acquire);
-        let settle_backlink = |known: &KnownRevocations, link: Backlink| known.settle(link);
-        let settle_forward =
-            |known: &KnownRevocations, link: ForwardLink| known.settle(link.backlink()).map(Backlink::forward);
         if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
-            let merge = Revoked { tree: &self.links, inputs: &inputs, settle: settle_backlink };
-            self.compact_revoked(merge, complete_through, runtime, now_ms, options, &mut read)?;
+            self.compact_revoked(&self.links, &inputs, runtime, now_ms, options, &mut read)?;
             return Ok(true);
         }
         if let Some(inputs) = compaction::pick(&self.forward.runs(), options) {
-            let merge = Revoked { tree: &self.forward, inputs: &inputs, settle: settle_forward };
-            self.compact_revoked(merge, complete_through, runtime, now_ms, options, &mut read)?;
+            self.compact_revoked(&self.forward, &inputs, runtime, now_ms, options, &mut read)?;
             return Ok(true);
         }
         if let Some(inputs) = compaction::pick(&self.thresholds.runs(), options) {
@@ -62,22 +54,22 @@ impl Index {
         Ok(false)
     }
 
-    /// Merges runs of a tree that revocations kill entries of (backlinks, forward links), with the
+    /// Merges runs of a tree whose entries revocations kill (backlinks, forward links), with the
     /// revocations a merge may use (module invariants).
-    fn compact_revoked<E: Entry>(
+    fn compact_revoked<E: Revocable>(
         &self,
-        merge: Revoked<'_, E, impl Fn(&KnownRevocations, E) -> Option<E>>,
-        complete_through: u64,
+        tree: &Tree<E>,
+        inputs: &[Arc<Run<E>>],
         runtime: &tokio::runtime::Handle,
         now_ms: u64,
         options: &CompactionOptions,
         read: &mut RevocationsRead,
     ) -> Result<(), IndexError> {
+        // Read before the revocation tables: what it promises is installed already.
+        let complete_through = self.tables_clock.load(Ordering::Acquire);
         let runs = self.thresholds.runs();
-        let store = self.store.as_ref();
-        let known = KnownRevocations::load(&runs, complete_through, store, runtime, options, read)?;
-        let mut keep = |entry: E| (merge.settle)(&known, entry);
-        let merged = self.compact_tree(merge.tree, merge.inputs, runtime, now_ms, options, &mut keep);
+        let known = KnownRevocations::load(&runs, complete_through, self.store.as_ref(), runtime, options, read)?;
+        let merged = self.compact_tree(tree, inputs, runtime, now_ms, options, &mut |entry: E| entry.settle_by(&known));
         read.keep(known);
         merged.map(|_| ())
     }
@@ -136,12 +128,4 @@ impl Index {
         );
         Ok(run_id)
     }
-}
-
-/// A merge of runs whose entries revocations kill: the tree, its inputs, and how a known set of
-/// revocations settles one entry (`None`: it is dead).
-struct Revoked<'a, E: Entry, S> {
-    tree: &'a Tree<E>,
-    inputs: &'a [Arc<Run<E>>],
-    settle: S,
 }

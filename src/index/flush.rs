@@ -18,7 +18,7 @@
 use super::{Index, IndexError, WriterState, add_elapsed, io_err};
 use crate::base::drop_flag::SetOnDrop;
 use crate::catalog::{FlushRecord, IngestPosition};
-use crate::liveness::KnownRevocations;
+use crate::liveness::{KnownRevocations, Revocable};
 use crate::lsm::compaction;
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
@@ -54,9 +54,8 @@ impl FlushJob<'_> {
         index.outlines.persist()?;
         let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
         let flushed = KnownRevocations::of_flush(revocations);
-        let settle_forward = |link: ForwardLink| flushed.settle(link.backlink()).map(Backlink::forward);
-        let links = index.write_live(&index.links, self.links.as_ref(), |link| flushed.settle(link))?;
-        let forward = index.write_live(&index.forward, self.forward.as_ref(), settle_forward)?;
+        let links = index.write_live(&index.links, self.links.as_ref(), &flushed)?;
+        let forward = index.write_live(&index.forward, self.forward.as_ref(), &flushed)?;
         let mut thresholds = None;
         if let Some((memtable, id)) = &self.thresholds {
             thresholds = Some(index.write_table(&index.thresholds, id, || memtable.iter().copied())?);
@@ -182,16 +181,16 @@ impl Index {
         self.new_table_id(writer).map(Some)
     }
 
-    /// Writes the freshest copy of each entry of a frozen memtable that `settle` keeps (those no
-    /// revocation frozen with it kills), if any.
-    fn write_live<E: Entry>(
+    /// Writes the freshest copy of each entry of a frozen memtable that no revocation frozen with
+    /// it (`flushed`) kills, if any.
+    fn write_live<E: Revocable>(
         &self,
         tree: &Tree<E>,
         frozen: Option<&(Arc<Memtable<E>>, String)>,
-        settle: impl Fn(E) -> Option<E>,
+        flushed: &KnownRevocations,
     ) -> Result<Flushed, IndexError> {
         let Some((memtable, id)) = frozen else { return Ok(Flushed::Nothing) };
-        let live = || compaction::freshest(memtable.iter().copied()).filter_map(&settle);
+        let live = || compaction::freshest(memtable.iter().copied()).filter_map(|entry| entry.settle_by(flushed));
         if live().next().is_none() {
             return Ok(Flushed::AllDead);
         }
