@@ -308,7 +308,7 @@ impl Harness {
             .collect();
         let id = |uri: &str| self.index.lookup_target(&parse_target(uri).unwrap()).unwrap();
         let sources: Vec<RecordId> = keys.iter().filter_map(|key| id(&record_uri(key))).collect();
-        let live = self.runtime.block_on(forward_links(&self.index, &sources)).unwrap();
+        let (live, _) = self.runtime.block_on(forward_links(&self.index, sources)).unwrap();
         let got: BTreeSet<(RecordId, RecordId, u64)> =
             live.values().flatten().map(|link| (link.source, link.target, link.location)).collect();
         let want: BTreeSet<(RecordId, RecordId, u64)> = self

@@ -34,7 +34,7 @@ use crate::lsm::lookup::read_keys;
 use crate::model::ids::{Backlink, ForwardLink, RecordId};
 use crate::model::syntax::parse_target;
 use crate::outline::OutlineKind;
-use crate::query::{Cursor, ListParams, MAX_LIMIT, QueryError, live_links};
+use crate::query::{Cursor, ListParams, QueryError, live_links};
 use serde_json::{Value, json};
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -126,10 +126,8 @@ impl ItemsCursor {
         let bad = || invalid("invalid cursor: pass back the cursor of the previous page unchanged");
         let split = text.len().checked_sub(8).filter(|&at| text.is_char_boundary(at)).ok_or_else(bad)?;
         let (at, given) = text.split_at(split);
-        if !given.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(bad());
-        }
-        let cursor = ItemsCursor { at: Cursor::decode(at)?, given: u32::from_str_radix(given, 16).map_err(|_| bad())? };
+        let given: [u8; 4] = hex::decode(given).and_then(|bytes| bytes.try_into().ok()).ok_or_else(bad)?;
+        let cursor = ItemsCursor { at: Cursor::decode(at)?, given: u32::from_be_bytes(given) };
         if cursor.given > 0 && !cursor.at.inclusive {
             return Err(bad());
         }
@@ -202,38 +200,22 @@ fn known_subjects(index: &Index, subjects: &[String]) -> Result<HashMap<RecordId
     Ok(known)
 }
 
-/// listBacklinks parameters that walk the join records oldest first, `batch` at a time.
-fn join_walk(params: &ManyParams, batch: usize, at: Option<Cursor>) -> Result<ListParams, QueryError> {
+/// listBacklinks parameters that walk the join records oldest first from `at` (the caller sets
+/// how many a pass takes).
+fn join_walk(params: &ManyParams, at: Option<Cursor>) -> Result<ListParams, QueryError> {
     let mut walk = list_params(&params.subject, &params.source, params.dids.clone(), &[("reverse", "true")])?;
-    walk.limit = batch.clamp(1, MAX_LIMIT);
     walk.cursor = at;
     Ok(walk)
 }
 
-/// The live forward links of the records that have any, by source, each record's in order.
+/// The live forward links of the records that have any, by source, each record's in order, and
+/// how many entries (every copy, live or not) were read for them: one round of reads of the
+/// forward tree, and one of the thresholds when it found anything.
 pub async fn forward_links(
     index: &Index,
-    sources: &[RecordId],
-) -> Result<HashMap<RecordId, Vec<ForwardLink>>, QueryError> {
-    Ok(read_forward(index, sources).await?.0)
-}
-
-/// The live forward links of the join records that have any, by source, and how many entries
-/// (every copy, live or not) were read for them.
-async fn forward_links_of(
-    index: &Index,
-    joins: &[Backlink],
+    sources: impl IntoIterator<Item = RecordId>,
 ) -> Result<(HashMap<RecordId, Vec<ForwardLink>>, usize), QueryError> {
-    let sources: Vec<RecordId> = joins.iter().map(|join| join.source).collect();
-    read_forward(index, &sources).await
-}
-
-/// One round of reads of the forward tree, and one of the thresholds when it found anything.
-async fn read_forward(
-    index: &Index,
-    sources: &[RecordId],
-) -> Result<(HashMap<RecordId, Vec<ForwardLink>>, usize), QueryError> {
-    let mut sources = sources.to_vec();
+    let mut sources: Vec<RecordId> = sources.into_iter().collect();
     sources.sort_unstable();
     sources.dedup();
     let mut found = read_keys(&index.forward, index.store.as_ref(), &sources).await?;
@@ -298,12 +280,13 @@ async fn collect_items(
     cursor: Option<ItemsCursor>,
 ) -> Result<(Vec<(RecordId, RecordId)>, Option<ItemsCursor>), QueryError> {
     let resume = cursor.filter(|c| c.at.inclusive && c.given > 0).map(|c| ((c.at.source, c.at.location), c.given));
-    let mut walk = join_walk(params, params.limit, cursor.map(|c| c.at))?;
+    let mut walk = join_walk(params, cursor.map(|c| c.at))?;
+    walk.limit = params.limit;
     let mut items = Vec::with_capacity(params.limit);
     let mut forward_read = 0;
     for _ in 0..MAX_JOIN_ROUNDS {
         let (joins, next) = live_links(index, &walk).await?;
-        let (forward, read) = forward_links_of(index, &joins).await?;
+        let (forward, read) = forward_links(index, joins.iter().map(|join| join.source)).await?;
         forward_read += read;
         for join in &joins {
             let others = resolved.others_of(join, &forward);
@@ -381,14 +364,14 @@ async fn count_groups(
 ) -> Result<(HashMap<RecordId, Group>, bool), QueryError> {
     // The rounds of a page, each taking its share of the join records a count may read.
     let batch = options.exact_scan_limit.div_ceil(MAX_JOIN_ROUNDS);
-    let mut walk = join_walk(params, 1, None)?;
+    let mut walk = join_walk(params, None)?;
     let mut groups: HashMap<RecordId, Group> = HashMap::new();
     let (mut forward_read, mut unread) = (0, options.exact_scan_limit);
     for _ in 0..MAX_JOIN_ROUNDS {
         walk.limit = batch.min(unread);
         let (joins, next) = live_links(index, &walk).await?;
         unread -= joins.len();
-        let (forward, read) = forward_links_of(index, &joins).await?;
+        let (forward, read) = forward_links(index, joins.iter().map(|join| join.source)).await?;
         forward_read += read;
         for join in &joins {
             if let Some(first) = resolved.others_of(join, &forward).first() {
