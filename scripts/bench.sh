@@ -90,14 +90,9 @@ step "query targets, answer check, bucket, filters"
 "$SUITE" filter "$DATA" >"$BENCH_DIR/filter.json"
 
 step "warm load over HTTP against backlinks serve"
-"$BIN" serve --no-ingest --listen 127.0.0.1:0 --data-dir "$DATA" >"$BENCH_DIR/serve.out" 2>/dev/null &
-SERVE_PID=$!
+source scripts/lib/serve.sh
+start_serve "$BENCH_DIR/serve.out" --no-ingest --data-dir "$DATA"
 trap 'kill "$SERVE_PID" 2>/dev/null || true' EXIT
-for _ in $(seq 1 600); do
-    grep -q "listening on" "$BENCH_DIR/serve.out" && break
-    sleep 0.1
-done
-ADDR=$(sed -n 's/^listening on http:\/\///p' "$BENCH_DIR/serve.out")
 LOAD=(--connections "$CONNECTIONS" --seconds "$SECONDS_PER_PHASE" --warmup "$WARMUP")
 "$SUITE" http "$ADDR" "$TARGETS" "${LOAD[@]}" --server-pid "$SERVE_PID" >"$BENCH_DIR/http.json"
 # Latency without a queue: at 32 connections on 2 cores a query mostly waits for the others, so

@@ -10,16 +10,13 @@
 #          $SCALE_DIR/10000000/targets.txt 500
 # Needs curl and jq.
 set -euo pipefail
-bin=$1 data=$2 targets=$3 count=${4:-500}
+BIN=$(realpath "$1") data=$(realpath "$2") targets=$(realpath "$3") count=${4:-500}
+cd "$(dirname "$0")/.."
 work=$(mktemp -d -t backlinks-m2m.XXXXXX)
-"$bin" serve --no-ingest --data-dir "$data" --listen 127.0.0.1:0 >"$work/serve.out" 2>/dev/null &
-pid=$!
-trap 'kill $pid 2>/dev/null; rm -rf "$work"' EXIT
-for _ in $(seq 1 300); do
-    grep -q "listening on" "$work/serve.out" && break
-    sleep 0.1
-done
-addr=$(sed -n 's/^listening on http:\/\///p' "$work/serve.out")
+source scripts/lib/serve.sh
+start_serve "$work/serve.out" --no-ingest --data-dir "$data"
+trap 'kill $SERVE_PID 2>/dev/null; rm -rf "$work"' EXIT
+addr=$ADDR
 { grep "/app.bsky.feed.post/" "$targets" || true; } | head -n "$count" >"$work/posts"
 for endpoint in getManyToMany getManyToManyCounts; do
     for pass in first second; do

@@ -36,17 +36,7 @@ seconds_of() { awk -F: '{ s = 0; for (i = 1; i <= NF; i++) s = s * 60 + $i; prin
 # Peak RSS (VmHWM, KiB) of a running process.
 peak_kib() { awk '/VmHWM/ { print $2 }' "/proc/$1/status"; }
 
-# Starts `serve` with the given flags on a free port; sets SERVE_PID and ADDR.
-start_serve() {
-    local out="$1"; shift
-    "$BIN" serve --listen 127.0.0.1:0 "$@" >"$out" 2>/dev/null &
-    SERVE_PID=$!
-    for _ in $(seq 1 3000); do
-        grep -q "listening on" "$out" 2>/dev/null && break
-        sleep 0.1
-    done
-    ADDR=$(sed -n 's/^listening on http:\/\///p' "$out")
-}
+source scripts/lib/serve.sh
 
 for size in "$@"; do
     dir="$SCALE_DIR/$size"
