@@ -51,8 +51,9 @@ pub struct FileConfig {
     pub outline_map_bytes: Option<u64>,
     /// Local bytes of table data kept as a cache; colder uploaded tables are read by range.
     pub cache_bytes: Option<u64>,
-    /// Memory for the pages of the tables' metas (filter pages, frame-index chunks), per tree
-    /// (default 32 MiB): all a meta costs in memory beyond a small directory per table.
+    /// Memory for the pages of the tables' metas (filter pages, frame-index chunks, decoded
+    /// column models), per tree (default 32 MiB): all a meta costs in memory beyond a small
+    /// directory per table.
     pub meta_cache_bytes: Option<usize>,
     /// Runs of one size tier that trigger a compaction (and that it merges).
     pub compaction_fan_in: Option<usize>,

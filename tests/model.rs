@@ -10,7 +10,7 @@ use backlinks::constellation::many::forward_links;
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::jetstream::parse_event;
 use backlinks::lsm::compaction::CompactionOptions;
-use backlinks::lsm::table::TableOptions;
+use backlinks::lsm::table::{PageUse, TableOptions};
 use backlinks::model::ids::RecordId;
 use backlinks::model::syntax::parse_target;
 use backlinks::model::tid::format_tid;
@@ -479,7 +479,8 @@ fn entries_of<E: backlinks::lsm::entry::Entry>(
         let compacted = run.kind == backlinks::lsm::record::RunKind::Compacted;
         for table in &run.tables {
             let frames = 0..table.frame_count();
-            let read = harness.runtime.block_on(table.read_frames_with(harness.index.store.as_ref(), frames, false));
+            let read =
+                harness.runtime.block_on(table.read_frames_with(harness.index.store.as_ref(), frames, PageUse::Scan));
             entries.extend(read.unwrap().into_iter().map(|entry| (compacted, entry)));
         }
     }

@@ -79,8 +79,8 @@ pub struct IndexOptions {
     pub cache_bytes: u64,
     /// Memory for decoded frames, per tree (warm queries skip the read and the decode).
     pub frame_cache_bytes: usize,
-    /// Memory for the pages of paged metas (filter pages, frame-index chunks), per tree: the
-    /// only part of the metas held beyond a small directory per table.
+    /// Memory for the pages of paged metas (filter pages, frame-index chunks, decoded column
+    /// models), per tree: the only part of the metas held beyond a small directory per table.
     pub meta_cache_bytes: usize,
     /// Open without taking the writer lock (for `backlinks query` next to a running server).
     /// Such an index must not be written to.

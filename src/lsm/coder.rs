@@ -217,6 +217,11 @@ pub struct ColumnModels {
 }
 
 impl ColumnModels {
+    /// Memory the decoded models hold (what a cache counts them as).
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.models.len() * (std::mem::size_of::<ByteModel>() + PROB_SCALE as usize)
+    }
+
     /// Bytes of the uncompressed model section: 257 u16 frequencies per model.
     pub fn encoded_len(layout: Layout) -> usize {
         layout.columns() * CONTEXTS * SYMBOLS * 2

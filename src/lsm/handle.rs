@@ -22,8 +22,8 @@ use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{
-    FormatError, FrameInfo, FrameSpan, MetaCache, PAGED_HEADER_LEN, PageSource, PagedMeta, PartialFile, TableMeta,
-    declared_lengths, decode_span, is_paged, resident_len,
+    FormatError, FrameInfo, FrameSpan, MetaCache, PAGED_HEADER_LEN, PageSource, PageUse, PagedMeta, PartialFile,
+    TableMeta, declared_lengths, decode_span, is_paged, resident_len,
 };
 use crate::model::ids::RecordId;
 use crate::model::ids::TreeKind;
@@ -178,19 +178,19 @@ impl<E: Entry> TableHandle<E> {
             MetaView::Resident(meta) => meta.frames.get(r.clone()).map(<[FrameInfo<E>]>::to_vec).ok_or_else(|| {
                 meta_error(&self.meta_name(), FormatError::Invalid { what: "meta", detail: format!("no frames {r:?}") })
             }),
-            MetaView::Paged(meta) => meta.frame_infos(r).map_err(|e| meta_error(&self.meta_name(), e)),
+            MetaView::Paged(meta) => meta.frame_infos(r, PageUse::Lookup).map_err(|e| meta_error(&self.meta_name(), e)),
         }
     }
 
     /// The data-file byte range covering frames `r` (see `TableMeta::byte_range`).
-    pub fn byte_range(&self, r: Range<usize>) -> Result<(u64, u64), ReadError> {
+    pub fn byte_range(&self, r: Range<usize>, with: PageUse) -> Result<(u64, u64), ReadError> {
         match &self.meta {
             MetaView::Resident(meta) if r.end <= meta.frames.len() => Ok(meta.byte_range(r)),
             MetaView::Resident(_) => Err(meta_error(
                 &self.meta_name(),
                 FormatError::Invalid { what: "meta", detail: format!("no frames {r:?}") },
             )),
-            MetaView::Paged(meta) => meta.byte_range(r).map_err(|e| meta_error(&self.meta_name(), e)),
+            MetaView::Paged(meta) => meta.byte_range(r, with).map_err(|e| meta_error(&self.meta_name(), e)),
         }
     }
 
@@ -215,7 +215,7 @@ impl<E: Entry> TableHandle<E> {
     /// Reads and decodes frames `frames`: from the frame cache when all of them are there, else
     /// with one ranged read (local file or the bucket), caching each frame it decodes.
     pub async fn read_frames(&self, store: &dyn Store, frames: Range<usize>) -> Result<Vec<E>, ReadError> {
-        self.read_frames_with(store, frames, true).await
+        self.read_frames_with(store, frames, PageUse::Lookup).await
     }
 
     /// The entries of `frames` as sorted slices (together in order), without copying: the
@@ -228,27 +228,29 @@ impl<E: Entry> TableHandle<E> {
         if let Some(cached) = self.cached_frames(frames.clone()) {
             return Ok(cached);
         }
-        Ok(match self.read_decoded(store, frames, true).await? {
+        Ok(match self.read_decoded(store, frames, PageUse::Lookup).await? {
             Decoded::Whole(entries) => vec![entries.into()],
             Decoded::Framed(frames) => frames,
         })
     }
 
-    /// `read_frames`; a scan that reads every frame once (a compaction) passes `use_cache: false`
-    /// so it neither pollutes the cache nor is slowed by it.
+    /// `read_frames`; a scan that reads every frame once (a compaction) passes `PageUse::Scan` so
+    /// it neither pollutes the frame and meta caches nor is slowed by them.
     pub async fn read_frames_with(
         &self,
         store: &dyn Store,
         frames: Range<usize>,
-        use_cache: bool,
+        with: PageUse,
     ) -> Result<Vec<E>, ReadError> {
         if frames.is_empty() {
             return Ok(Vec::new());
         }
-        if use_cache && let Some(cached) = self.cached_frames(frames.clone()) {
+        if with == PageUse::Lookup
+            && let Some(cached) = self.cached_frames(frames.clone())
+        {
             return Ok(concat(&cached));
         }
-        Ok(match self.read_decoded(store, frames, use_cache).await? {
+        Ok(match self.read_decoded(store, frames, with).await? {
             Decoded::Whole(entries) => entries,
             Decoded::Framed(frames) => concat(&frames),
         })
@@ -260,12 +262,12 @@ impl<E: Entry> TableHandle<E> {
         &self,
         store: &dyn Store,
         frames: Range<usize>,
-        use_cache: bool,
+        with: PageUse,
     ) -> Result<Decoded<E>, ReadError> {
-        let (start, end) = self.byte_range(frames.clone())?;
+        let (start, end) = self.byte_range(frames.clone(), with)?;
         let replaceable = self.uploaded.load(Ordering::Acquire);
         let failure = match self.read_range(store, start, end - start).await {
-            Ok((bytes, place)) => match self.decode_range(frames.clone(), start, &bytes, use_cache) {
+            Ok((bytes, place)) => match self.decode_range(frames.clone(), start, &bytes, with) {
                 Ok(entries) => return Ok(entries),
                 Err(source) if place == Place::Local && replaceable => source.to_string(),
                 Err(source) => return Err(self.corrupt(place, source)),
@@ -278,7 +280,7 @@ impl<E: Entry> TableHandle<E> {
         self.drop_local_copy();
         BUCKET_READS.fetch_add(1, Ordering::Relaxed);
         let bytes = store.get_range(&self.data_key(), start, end - start).await?;
-        self.decode_range(frames, start, &bytes, use_cache).map_err(|source| self.corrupt(Place::Bucket, source))
+        self.decode_range(frames, start, &bytes, with).map_err(|source| self.corrupt(Place::Bucket, source))
     }
 
     /// Every frame of `frames` from the frame cache, or `None` if one is missing.
@@ -287,15 +289,15 @@ impl<E: Entry> TableHandle<E> {
     }
 
     /// Decodes `frames` from `bytes` (read from data-file offset `start`), checking every frame.
-    /// With `use_cache`, frame by frame, each one cached as it is (no copy); without, all at once.
+    /// For a lookup frame by frame, each one cached as it is (no copy); for a scan all at once.
     fn decode_range(
         &self,
         frames: Range<usize>,
         start: u64,
         bytes: &[u8],
-        use_cache: bool,
+        with: PageUse,
     ) -> Result<Decoded<E>, FormatError> {
-        let paged_infos;
+        let (paged_infos, paged_models);
         let (infos, next, last, models) = match &self.meta {
             MetaView::Resident(meta) => {
                 if frames.end > meta.frames.len() {
@@ -304,9 +306,10 @@ impl<E: Entry> TableHandle<E> {
                 (&meta.frames[frames.clone()], meta.frames.get(frames.end), meta.last, meta.models.as_ref())
             }
             MetaView::Paged(meta) => {
-                paged_infos = meta.frame_infos(frames.start..(frames.end + 1).min(meta.frame_count()))?;
+                paged_infos = meta.frame_infos(frames.start..(frames.end + 1).min(meta.frame_count()), with)?;
                 let (infos, next) = paged_infos.split_at(frames.len().min(paged_infos.len()));
-                (infos, next.first(), meta.last, meta.models.as_ref())
+                paged_models = meta.models()?;
+                (infos, next.first(), meta.last, paged_models.as_deref())
             }
         };
         let span = |at: Range<usize>| FrameSpan {
@@ -316,7 +319,7 @@ impl<E: Entry> TableHandle<E> {
             last,
             models,
         };
-        if !use_cache {
+        if with == PageUse::Scan {
             let mut out = Vec::new();
             decode_span(&span(0..infos.len()), bytes, &mut out)?;
             return Ok(Decoded::Whole(out));

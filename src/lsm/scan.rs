@@ -3,10 +3,12 @@
 //!
 //! Invariants:
 //! - At most one batch of `frames_per_read` frames is held at a time, and reads bypass the frame
-//!   cache (a scan reads every frame once; caching would only evict what queries use).
+//!   cache and keep no frame-index chunk in the meta cache (a scan reads each once; caching would
+//!   only evict what queries use).
 
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::{ReadError, TableHandle};
+use crate::lsm::table::PageUse;
 use crate::store::object::Store;
 use std::sync::Arc;
 
@@ -32,7 +34,7 @@ impl<E: Entry> TableScan<E> {
             }
             let batch = self.next_frame..(self.next_frame + self.frames_per_read).min(frames);
             self.next_frame = batch.end;
-            self.buffer = runtime.block_on(self.table.read_frames_with(store, batch, false))?;
+            self.buffer = runtime.block_on(self.table.read_frames_with(store, batch, PageUse::Scan))?;
             self.position = 0;
         }
         let entry = self.buffer[self.position];
@@ -42,7 +44,7 @@ impl<E: Entry> TableScan<E> {
 
     /// Compressed bytes of the frames read so far (for pacing).
     pub fn bytes_read(&self) -> Result<u64, ReadError> {
-        let (start, end) = self.table.byte_range(0..self.next_frame)?;
+        let (start, end) = self.table.byte_range(0..self.next_frame, PageUse::Scan)?;
         Ok(end - start)
     }
 }

@@ -44,7 +44,7 @@ pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data
 pub use meta::TableMeta;
 pub use paged::{
     CHUNK_FRAMES, HEADER_LEN as PAGED_HEADER_LEN, META_PAGED_VERSION, MetaCache, MetaPage, MetaPiece, PAGE_BLOCKS,
-    PageSource, PagedMeta, declared_lengths, is_paged, resident_len,
+    PageSource, PageUse, PagedMeta, declared_lengths, is_paged, resident_len,
 };
 pub use partial::PartialFile;
 

@@ -7,11 +7,13 @@
 //! zstd frame of version 2's columns followed by its xxh3-64; and an xxh3-64 of the whole file.
 //!
 //! `PagedMeta` is the reader: it reads the header and the resident part when a table is opened
-//! and a filter page or an index chunk when a lookup needs it, through the tree's `MetaCache`.
+//! and a filter page, an index chunk or the decoded column models when a read needs them, through
+//! the tree's `MetaCache`.
 //!
 //! Invariants:
 //! - Memory per open table is the directory (one record per `CHUNK_FRAMES` frames, about 90
-//!   bytes per 16,000 entries) and the models: nothing that grows with the filter or the index.
+//!   bytes per 16,000 entries) and where its models lie: nothing that grows with the filter or the
+//!   index. Decoded models (some 600 KiB a table) live in the cache, under its budget, like pages.
 //! - Every page and chunk is checked against its own checksum before it is used or cached; the
 //!   resident part against its checksum, and every directory record against its neighbours and
 //!   the header, when the table is opened. A chunk must agree with its directory record.
@@ -46,14 +48,18 @@ pub const CHUNK_FRAMES: usize = 64;
 const DIRECTORY_FIXED_LEN: usize = 13;
 const CONTINUES_FLAG: u8 = 1;
 const WHAT: &str = "paged meta";
-/// Cache keys: filter pages count up from 0, index chunks from this bit.
+/// Cache keys: filter pages count up from 0, index chunks from this bit, the models at the top.
 const INDEX_KEY_BIT: u32 = 1 << 31;
+const MODELS_KEY: u32 = u32::MAX;
+const _: () = assert!(INDEX_KEY_BIT as usize + super::MAX_FRAMES / CHUNK_FRAMES < MODELS_KEY as usize);
 
-/// One page of a paged meta: a run of filter blocks as encoded, or a chunk of the frame index.
+/// One page of a paged meta: a run of filter blocks as encoded, a chunk of the frame index, or
+/// the table's column models, decoded.
 #[derive(Debug)]
 pub enum MetaPage<E> {
     Filter(Arc<[u8]>),
     Index(Arc<[FrameInfo<E>]>),
+    Models(Arc<ColumnModels>),
 }
 
 impl<E> Clone for MetaPage<E> {
@@ -61,6 +67,7 @@ impl<E> Clone for MetaPage<E> {
         match self {
             MetaPage::Filter(bytes) => MetaPage::Filter(bytes.clone()),
             MetaPage::Index(frames) => MetaPage::Index(frames.clone()),
+            MetaPage::Models(models) => MetaPage::Models(models.clone()),
         }
     }
 }
@@ -70,6 +77,7 @@ impl<E> CacheValue for MetaPage<E> {
         match self {
             MetaPage::Filter(bytes) => bytes.len(),
             MetaPage::Index(frames) => std::mem::size_of_val(frames.as_ref()),
+            MetaPage::Models(models) => models.memory_bytes(),
         }
     }
 }
@@ -254,12 +262,32 @@ fn checked<'a>(what: &'static str, bytes: &'a [u8]) -> Result<&'a [u8], FormatEr
     Ok(&bytes[..bytes.len() - CHECKSUM_LEN])
 }
 
-/// A version-4 meta as a reader holds it: the header and the directory; pages on demand.
+/// How a read uses the frame-index chunks it reads: a lookup keeps them in the cache; a scan (a
+/// merge reads every chunk of its inputs once) passes them by, so it neither evicts what queries
+/// use nor holds memory for pages it will not read again. Models are cached either way: a scan
+/// needs them for every batch it decodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PageUse {
+    Lookup,
+    Scan,
+}
+
+/// Where a table's compressed column models lie in its meta file, and their xxh3-64 (taken when
+/// the resident part that holds them passed its checksum, so a later read is checked alone).
+#[derive(Clone, Copy, Debug)]
+struct ModelsPlace {
+    offset: u64,
+    len: usize,
+    checksum: u64,
+}
+
+/// A version-4 meta as a reader holds it: the header and the directory; pages and models on
+/// demand.
 #[derive(Debug)]
 pub struct PagedMeta<E: Entry> {
     header: Header,
     pub last: Option<E>,
-    pub models: Option<ColumnModels>,
+    models: Option<ModelsPlace>,
     chunks: Vec<ChunkInfo<E>>,
     source: PageSource,
     cache: Arc<MetaCache<E>>,
@@ -267,7 +295,8 @@ pub struct PagedMeta<E: Entry> {
 }
 
 impl<E: Entry> PagedMeta<E> {
-    /// Reads and checks the header and the resident part of the meta in `source`.
+    /// Reads and checks the header and the resident part of the meta in `source`, and decodes
+    /// its models once (into the cache) so that a table whose models do not decode never opens.
     pub fn open(source: PageSource, cache: Arc<MetaCache<E>>, serial: u64) -> Result<Self, FormatError> {
         let file_len = source.len()?;
         let header = parse_header::<E>(&source.read(0, HEADER_LEN.min(file_len as usize))?)?;
@@ -278,13 +307,44 @@ impl<E: Entry> PagedMeta<E> {
         let resident = checked("paged meta resident part", &resident)?;
         let mut reader = Reader::new(WHAT, &resident[HEADER_LEN..]);
         let directory = reader.take(header.directory_len)?;
-        let models = match header.models_len {
-            0 => None,
-            len => Some(decode_models::<E>(reader.take(len)?)?),
-        };
+        let models_bytes = reader.take(header.models_len)?;
         reader.expect_end()?;
         let (last, chunks) = parse_directory::<E>(&header, directory)?;
-        Ok(PagedMeta { header, last, models, chunks, source, cache, serial })
+        let models = (header.models_len > 0).then(|| ModelsPlace {
+            offset: (HEADER_LEN + header.directory_len) as u64,
+            len: header.models_len,
+            checksum: xxh3_64(models_bytes),
+        });
+        let meta = PagedMeta { header, last, models, chunks, source, cache, serial };
+        if header.models_len > 0 {
+            meta.cache_models(models_bytes)?;
+        }
+        Ok(meta)
+    }
+
+    /// The table's column models (`None` for a table of raw frames): in the cache, or read
+    /// again from the meta, checked and cached.
+    pub fn models(&self) -> Result<Option<Arc<ColumnModels>>, FormatError> {
+        let Some(place) = self.models else { return Ok(None) };
+        let cached = self.cache.with(self.serial, MODELS_KEY, |cached| match cached {
+            MetaPage::Models(models) => Some(models.clone()),
+            _ => None,
+        });
+        if let Some(models) = cached.flatten() {
+            return Ok(Some(models));
+        }
+        let bytes = self.source.read(place.offset, place.len)?;
+        let computed = xxh3_64(&bytes);
+        if computed != place.checksum {
+            return Err(FormatError::Checksum { what: "column models", stored: place.checksum, computed });
+        }
+        self.cache_models(&bytes).map(Some)
+    }
+
+    fn cache_models(&self, compressed: &[u8]) -> Result<Arc<ColumnModels>, FormatError> {
+        let models = Arc::new(decode_models::<E>(compressed)?);
+        self.cache.insert(self.serial, MODELS_KEY, MetaPage::Models(models.clone()));
+        Ok(models)
     }
 
     pub fn entries(&self) -> u64 {
@@ -311,7 +371,7 @@ impl<E: Entry> PagedMeta<E> {
         let test = |bytes: &[u8]| encoded_block_may_contain(self.header.shape.k, &bytes[at..at + BLOCK_BYTES], h);
         let cached = self.cache.with(self.serial, page as u32, |cached| match cached {
             MetaPage::Filter(bytes) => Some(test(bytes)),
-            MetaPage::Index(_) => None,
+            _ => None,
         });
         match cached.flatten() {
             Some(answer) => Ok(answer),
@@ -403,22 +463,23 @@ impl<E: Entry> PagedMeta<E> {
         partial.fill(piece.offset, bytes).map_err(unreadable)
     }
 
-    /// `f` of chunk `c`'s frames: in the cache, or read, checked and cached.
-    fn with_chunk<T>(&self, c: usize, f: impl FnOnce(&[FrameInfo<E>]) -> T) -> Result<T, FormatError> {
+    /// `f` of chunk `c`'s frames: in the cache, or read, checked and (for a lookup) cached.
+    fn with_chunk<T>(&self, c: usize, with: PageUse, f: impl FnOnce(&[FrameInfo<E>]) -> T) -> Result<T, FormatError> {
         let mut f = Some(f);
         let cached = self.cache.with(self.serial, INDEX_KEY_BIT | c as u32, |cached| match cached {
             MetaPage::Index(frames) => f.take().map(|f| f(frames)),
-            MetaPage::Filter(_) => None,
+            _ => None,
         });
         match (cached.flatten(), f) {
             (Some(answer), _) => Ok(answer),
-            (None, Some(f)) => Ok(f(&self.chunk(c)?)),
+            (None, Some(f)) => Ok(f(&self.chunk(c, with)?)),
             (None, None) => unreachable!("f is taken only when it answers"),
         }
     }
 
-    /// The frames of chunk `c`, read, checked and cached (its caller looked in the cache already).
-    fn chunk(&self, c: usize) -> Result<Arc<[FrameInfo<E>]>, FormatError> {
+    /// The frames of chunk `c`, read, checked and (for a lookup) cached (its caller looked in the
+    /// cache already).
+    fn chunk(&self, c: usize, with: PageUse) -> Result<Arc<[FrameInfo<E>]>, FormatError> {
         let key = INDEX_KEY_BIT | c as u32;
         let info = &self.chunks[c];
         let bytes = self.source.read(info.meta_offset, info.len as usize)?;
@@ -427,20 +488,22 @@ impl<E: Entry> PagedMeta<E> {
         frames.iter_mut().for_each(|frame| frame.offset += info.data_offset);
         check_chunk(&self.header, &self.chunks, c, &frames)?;
         let frames: Arc<[FrameInfo<E>]> = frames.into();
-        self.cache.insert(self.serial, key, MetaPage::Index(frames.clone()));
+        if with == PageUse::Lookup {
+            self.cache.insert(self.serial, key, MetaPage::Index(frames.clone()));
+        }
         Ok(frames)
     }
 
     /// Frame `i`'s index record.
-    pub fn frame(&self, i: usize) -> Result<FrameInfo<E>, FormatError> {
+    pub fn frame(&self, i: usize, with: PageUse) -> Result<FrameInfo<E>, FormatError> {
         if i >= self.header.frames {
             return Err(invalid(WHAT, format!("frame {i} of a table with {}", self.header.frames)));
         }
-        self.with_chunk(i / CHUNK_FRAMES, |frames| frames[i % CHUNK_FRAMES])
+        self.with_chunk(i / CHUNK_FRAMES, with, |frames| frames[i % CHUNK_FRAMES])
     }
 
     /// The index records of `r`.
-    pub fn frame_infos(&self, r: Range<usize>) -> Result<Vec<FrameInfo<E>>, FormatError> {
+    pub fn frame_infos(&self, r: Range<usize>, with: PageUse) -> Result<Vec<FrameInfo<E>>, FormatError> {
         if r.start > r.end || r.end > self.header.frames {
             return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", self.header.frames)));
         }
@@ -448,7 +511,7 @@ impl<E: Entry> PagedMeta<E> {
         let mut i = r.start;
         while i < r.end {
             let base = i - i % CHUNK_FRAMES;
-            i += self.with_chunk(i / CHUNK_FRAMES, |chunk| {
+            i += self.with_chunk(i / CHUNK_FRAMES, with, |chunk| {
                 let within = i - base..(r.end - base).min(chunk.len());
                 out.extend_from_slice(&chunk[within.clone()]);
                 within.len()
@@ -464,7 +527,8 @@ impl<E: Entry> PagedMeta<E> {
         if c == 0 {
             return Ok(0);
         }
-        let within = self.with_chunk(c - 1, |frames| frames.partition_point(|frame| frame.first <= *bound))?;
+        let within =
+            self.with_chunk(c - 1, PageUse::Lookup, |frames| frames.partition_point(|frame| frame.first <= *bound))?;
         Ok((c - 1) * CHUNK_FRAMES + within)
     }
 
@@ -477,7 +541,7 @@ impl<E: Entry> PagedMeta<E> {
         let end = self.frames_starting_at_or_before(hi)?;
         let mut start = self.frames_starting_at_or_before(lo)?.saturating_sub(1);
         if start + 1 < self.header.frames {
-            let next = self.frame(start + 1)?;
+            let next = self.frame(start + 1, PageUse::Lookup)?;
             if next.first.key() == lo.key() && !next.continues {
                 start += 1;
             }
@@ -490,16 +554,17 @@ impl<E: Entry> PagedMeta<E> {
     }
 
     /// `TableMeta::byte_range`, paged.
-    pub fn byte_range(&self, r: Range<usize>) -> Result<(u64, u64), FormatError> {
+    pub fn byte_range(&self, r: Range<usize>, with: PageUse) -> Result<(u64, u64), FormatError> {
         if r.start > r.end || r.end > self.header.frames {
             return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", self.header.frames)));
         }
         if r.is_empty() {
-            let at = if r.start == self.header.frames { self.header.data_len } else { self.frame(r.start)?.offset };
+            let at =
+                if r.start == self.header.frames { self.header.data_len } else { self.frame(r.start, with)?.offset };
             return Ok((at, at));
         }
-        let last = self.frame(r.end - 1)?;
-        Ok((self.frame(r.start)?.offset, last.offset.saturating_add(u64::from(last.len))))
+        let last = self.frame(r.end - 1, with)?;
+        Ok((self.frame(r.start, with)?.offset, last.offset.saturating_add(u64::from(last.len))))
     }
 }
 
@@ -663,8 +728,9 @@ pub(super) fn decode_whole<E: Entry>(bytes: &[u8]) -> Result<TableMeta<E>, Forma
         blocks.extend_from_slice(&paged.filter_page(page)?);
     }
     let filter: Filter = crate::lsm::filter::from_blocks(paged.header.shape, &blocks)?;
-    let frames = paged.frame_infos(0..paged.header.frames)?;
-    let meta = TableMeta::new(filter, frames, paged.last, paged.header.entries, paged.header.data_len, paged.models);
+    let frames = paged.frame_infos(0..paged.header.frames, PageUse::Scan)?;
+    let models = paged.models()?.map(Arc::unwrap_or_clone);
+    let meta = TableMeta::new(filter, frames, paged.last, paged.header.entries, paged.header.data_len, models);
     meta.check()?;
     Ok(meta)
 }

@@ -21,6 +21,11 @@ fn options(frame_bytes: usize) -> TableOptions {
     TableOptions { frame_bytes, ..TableOptions::default() }
 }
 
+/// Options whose tables carry column models however few their entries.
+fn modelled_options(frame_bytes: usize) -> TableOptions {
+    TableOptions { frame_bytes, model_min_entries: 0, ..TableOptions::default() }
+}
+
 /// Builds a table in memory: (data bytes, meta bytes, summary).
 fn build<E: Entry>(entries: &[E], opts: &TableOptions) -> (Vec<u8>, Vec<u8>, TableSummary) {
     let mut builder = TableBuilder::new(Vec::new(), opts).unwrap();
@@ -869,9 +874,10 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
     use super::paged::{PageSource, PagedMeta};
     use crate::lsm::filter::KeyHash;
     let entries = realistic_backlinks(60_000, 700, 40_000, 11);
-    let (_, meta_bytes, _) = build(&entries, &options(4 << 10));
+    let (_, meta_bytes, _) = build(&entries, &modelled_options(4 << 10));
     let whole = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
     assert!(whole.frames.len() > 3 * super::CHUNK_FRAMES, "several chunks: {}", whole.frames.len());
+    assert!(whole.models.is_some());
     for budget in [64 << 20, 0] {
         let cache = Arc::new(MetaCache::<Backlink>::new(budget));
         let paged =
@@ -880,7 +886,9 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
             (paged.entries(), paged.data_len(), paged.frame_count()),
             (whole.entries, whole.data_len, whole.frames.len())
         );
-        assert_eq!(paged.frame_infos(0..whole.frames.len()).unwrap(), whole.frames);
+        for with in [PageUse::Scan, PageUse::Lookup] {
+            assert_eq!(paged.frame_infos(0..whole.frames.len(), with).unwrap(), whole.frames);
+        }
         let mut keys: Vec<RecordId> = entries.iter().step_by(97).map(|e| e.key()).collect();
         keys.extend((0..500).map(|i| record(i * 7919 + 3, 9, i)));
         for key in keys {
@@ -888,7 +896,9 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
             assert_eq!(paged.may_contain(h).unwrap(), whole.may_contain(h), "{key:?}");
             let range = paged.frames_for_key(key).unwrap();
             assert_eq!(range, whole.frames_for_key(key), "{key:?}");
-            assert_eq!(paged.byte_range(range.clone()).unwrap(), whole.byte_range(range), "{key:?}");
+            for with in [PageUse::Scan, PageUse::Lookup] {
+                assert_eq!(paged.byte_range(range.clone(), with).unwrap(), whole.byte_range(range.clone()), "{key:?}");
+            }
         }
         for r in [
             0..0,
@@ -898,10 +908,62 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
             whole.frames.len() - 1..whole.frames.len(),
             whole.frames.len()..whole.frames.len(),
         ] {
-            assert_eq!(paged.byte_range(r.clone()).unwrap(), whole.byte_range(r.clone()), "{r:?}");
+            assert_eq!(paged.byte_range(r.clone(), PageUse::Lookup).unwrap(), whole.byte_range(r.clone()), "{r:?}");
+        }
+        for _ in 0..2 {
+            assert_eq!(paged.models().unwrap().as_deref(), whole.models.as_ref(), "models, budget {budget}");
         }
         assert!(cache.bytes() <= budget);
     }
+}
+
+/// The decoded column models live in the meta cache, not in the open table: they are read again
+/// from the meta file when the cache lost them, and a models section changed on disk since the
+/// table opened is refused by its checksum, never decoded into wrong entries.
+#[test]
+fn paged_meta_models_are_read_again_and_checked() {
+    use super::paged::MetaCache;
+    use super::paged::{PageSource, PagedMeta};
+    let entries = realistic_backlinks(20_000, 300, 10_000, 5);
+    let (_, meta_bytes, _) = build(&entries, &modelled_options(4 << 10));
+    let whole = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    let models_len = u32::from_le_bytes(meta_bytes[48..52].try_into().unwrap()) as usize;
+    let models_at = 68 + u32::from_le_bytes(meta_bytes[44..48].try_into().unwrap()) as usize;
+    assert!(models_len > 0 && whole.models.is_some());
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("t.meta");
+    std::fs::write(&path, &meta_bytes).unwrap();
+    let cache = Arc::new(MetaCache::<Backlink>::new(64 << 20));
+    let open = |cache: Arc<MetaCache<Backlink>>, serial| {
+        PagedMeta::<Backlink>::open(PageSource::File(std::fs::File::open(&path).unwrap()), cache, serial).unwrap()
+    };
+    let (cached, uncached) = (open(cache.clone(), 1), open(Arc::new(MetaCache::new(0)), 2));
+    assert!(cache.bytes() >= whole.models.as_ref().unwrap().memory_bytes(), "opening cached the models");
+    let mut changed = meta_bytes.clone();
+    changed[models_at + models_len / 2] ^= 0x10;
+    std::fs::write(&path, &changed).unwrap();
+    assert_eq!(cached.models().unwrap().as_deref(), whole.models.as_ref(), "a cache hit reads nothing");
+    let refused = uncached.models().unwrap_err();
+    assert!(matches!(refused, FormatError::Checksum { what: "column models", .. }), "{refused}");
+}
+
+/// A scan (a merge) reads the frame index without keeping it in the meta cache, a lookup keeps
+/// what it reads: merges neither evict the pages queries use nor hold memory for their own.
+#[test]
+fn scans_keep_no_index_chunks_in_the_meta_cache() {
+    use super::paged::MetaCache;
+    use super::paged::{PageSource, PagedMeta};
+    let entries = realistic_backlinks(20_000, 300, 10_000, 5);
+    let (_, meta_bytes, _) = build(&entries, &modelled_options(4 << 10));
+    let frames = TableMeta::<Backlink>::decode(&meta_bytes).unwrap().frames.len();
+    let cache = Arc::new(MetaCache::<Backlink>::new(64 << 20));
+    let paged = PagedMeta::<Backlink>::open(PageSource::Memory(meta_bytes.into()), cache.clone(), 1).unwrap();
+    let models_only = cache.bytes();
+    paged.frame_infos(0..frames, PageUse::Scan).unwrap();
+    paged.byte_range(0..frames, PageUse::Scan).unwrap();
+    assert_eq!(cache.bytes(), models_only, "a scan cached index chunks");
+    paged.frame_infos(0..frames, PageUse::Lookup).unwrap();
+    assert!(cache.bytes() > models_only, "a lookup caches the chunks it read");
 }
 
 /// A flipped bit in any page or chunk of a paged meta is caught by that page's checksum when
@@ -937,7 +999,7 @@ fn paged_meta_pages_carry_their_own_checksums() {
                 .find(|h| h.block_index(whole.filter.shape().blocks) / super::PAGE_BLOCKS == page);
             assert!(probe.is_some_and(|h| paged.may_contain(h).is_err()), "flip at {at} in filter page {page}");
         } else {
-            let read = paged.and_then(|paged| paged.frame_infos(0..whole.frames.len()));
+            let read = paged.and_then(|paged| paged.frame_infos(0..whole.frames.len(), PageUse::Scan));
             assert!(read.is_err(), "flip at {at} outside the filter was read as good");
         }
     }
