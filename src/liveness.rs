@@ -113,6 +113,8 @@ impl KnownRevocations {
         revocations.reverse();
         revocations.dedup_by_key(|r| r.source);
         revocations.reverse();
+        // Held until the next merge resumes from it: without a scan's spare room.
+        revocations.shrink_to_fit();
         let mut by_source = PositionIndex::new();
         let hash_of = |position: usize| source_hash(&revocations[position].source);
         for position in 0..revocations.len() {
@@ -212,31 +214,51 @@ struct NewestRevocations {
     kept: Vec<Revocation>,
     limit: usize,
     capacity: usize,
+    /// Room the buffer is given at once: the revocations the scan expects, up to `capacity`.
+    reserve: usize,
     /// Every revocation pushed with a stamp at or above this is in `kept`.
     floor: u64,
 }
 
 impl NewestRevocations {
-    /// `expected` is how many revocations the scan will push (only sizes the buffer).
+    /// `expected` is how many revocations the scan will push (only sizes the buffer, which is
+    /// allocated at the first push or taken over by `resume`).
     fn new(limit: usize, expected: u64) -> Self {
         let capacity = limit.saturating_add(limit / 2).max(1);
         let reserve = usize::try_from(expected).unwrap_or(usize::MAX).min(capacity);
         // A limit of 0 keeps nothing: the floor starts above every stamp.
         let floor = if limit == 0 { u64::MAX } else { 0 };
-        Self { kept: Vec::with_capacity(reserve), limit, capacity, floor }
+        Self { kept: Vec::new(), limit, capacity, reserve, floor }
     }
 
-    /// Starts from `kept`, complete from `floor`, as a scan that has already pushed them.
+    /// Starts from `kept`, complete from `floor`, as a scan that has already pushed them. Their
+    /// vector becomes the buffer (grown in place), so the earlier revocations are never held twice.
     fn resume(&mut self, kept: Vec<Revocation>, floor: u64) {
+        assert!(self.kept.is_empty(), "a scan resumes before its first push");
         self.floor = self.floor.max(floor);
-        for revocation in kept {
-            self.push(revocation);
+        let floor = self.floor;
+        self.kept = kept;
+        self.kept.retain(|r| r.rev >= floor);
+        self.reserve_room();
+        if self.kept.len() >= self.capacity {
+            self.cut();
+        }
+    }
+
+    /// Grows the buffer to `reserve` in one step (the scan then pushes without reallocating).
+    fn reserve_room(&mut self) {
+        let len = self.kept.len();
+        if self.reserve > len {
+            self.kept.reserve_exact(self.reserve - len);
         }
     }
 
     fn push(&mut self, revocation: Revocation) {
         if revocation.rev < self.floor {
             return;
+        }
+        if self.kept.capacity() == 0 {
+            self.reserve_room();
         }
         self.kept.push(revocation);
         if self.kept.len() >= self.capacity {
