@@ -29,6 +29,7 @@ use crate::model::ids::RecordId;
 use crate::model::ids::TreeKind;
 use crate::store::object::{Store, StoreError};
 use bytes::Bytes;
+use std::borrow::Cow;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
@@ -264,10 +265,13 @@ impl<E: Entry> TableHandle<E> {
         frames: Range<usize>,
         with: PageUse,
     ) -> Result<Decoded<E>, ReadError> {
-        let (start, end) = self.byte_range(frames.clone(), with)?;
+        assert!(!frames.is_empty(), "a read of no frames");
+        let infos = self.span_infos(frames.clone(), with)?;
+        let last = &infos[frames.len() - 1];
+        let (start, end) = (infos[0].offset, last.offset.saturating_add(u64::from(last.len)));
         let replaceable = self.uploaded.load(Ordering::Acquire);
         let failure = match self.read_range(store, start, end - start).await {
-            Ok((bytes, place)) => match self.decode_range(frames.clone(), start, &bytes, with) {
+            Ok((bytes, place)) => match self.decode_range(frames.clone(), &infos, start, &bytes, with) {
                 Ok(entries) => return Ok(entries),
                 Err(source) if place == Place::Local && replaceable => source.to_string(),
                 Err(source) => return Err(self.corrupt(place, source)),
@@ -280,7 +284,25 @@ impl<E: Entry> TableHandle<E> {
         self.drop_local_copy();
         BUCKET_READS.fetch_add(1, Ordering::Relaxed);
         let bytes = store.get_range(&self.data_key(), start, end - start).await?;
-        self.decode_range(frames, start, &bytes, with).map_err(|source| self.corrupt(Place::Bucket, source))
+        self.decode_range(frames, &infos, start, &bytes, with).map_err(|source| self.corrupt(Place::Bucket, source))
+    }
+
+    /// The index records of `frames` and of the frame after them (if any), read once for both the
+    /// byte range a read fetches and the decode (a paged meta's chunks are not cached for a scan).
+    fn span_infos(&self, frames: Range<usize>, with: PageUse) -> Result<Cow<'_, [FrameInfo<E>]>, ReadError> {
+        match &self.meta {
+            MetaView::Resident(meta) if frames.end <= meta.frames.len() => {
+                Ok(Cow::Borrowed(&meta.frames[frames.start..(frames.end + 1).min(meta.frames.len())]))
+            }
+            MetaView::Resident(_) => Err(meta_error(
+                &self.meta_name(),
+                FormatError::Invalid { what: "meta", detail: format!("no frames {frames:?}") },
+            )),
+            MetaView::Paged(meta) => meta
+                .frame_infos(frames.start..(frames.end + 1).min(meta.frame_count()), with)
+                .map(Cow::Owned)
+                .map_err(|e| meta_error(&self.meta_name(), e)),
+        }
     }
 
     /// Every frame of `frames` from the frame cache, or `None` if one is missing.
@@ -288,28 +310,25 @@ impl<E: Entry> TableHandle<E> {
         frames.map(|i| self.frame_cache.get(self.serial, i as u32)).collect()
     }
 
-    /// Decodes `frames` from `bytes` (read from data-file offset `start`), checking every frame.
-    /// For a lookup frame by frame, each one cached as it is (no copy); for a scan all at once.
+    /// Decodes `frames` from `bytes` (read from data-file offset `start`), checking every frame;
+    /// `span` holds their index records and the next frame's (`span_infos`). For a lookup frame
+    /// by frame, each one cached as it is (no copy); for a scan all at once.
     fn decode_range(
         &self,
         frames: Range<usize>,
+        span: &[FrameInfo<E>],
         start: u64,
         bytes: &[u8],
         with: PageUse,
     ) -> Result<Decoded<E>, FormatError> {
-        let (paged_infos, paged_models);
-        let (infos, next, last, models) = match &self.meta {
-            MetaView::Resident(meta) => {
-                if frames.end > meta.frames.len() {
-                    return Err(FormatError::Invalid { what: "frame range", detail: format!("no frames {frames:?}") });
-                }
-                (&meta.frames[frames.clone()], meta.frames.get(frames.end), meta.last, meta.models.as_ref())
-            }
+        let (infos, next) = span.split_at(frames.len());
+        let next = next.first();
+        let paged_models;
+        let (last, models) = match &self.meta {
+            MetaView::Resident(meta) => (meta.last, meta.models.as_ref()),
             MetaView::Paged(meta) => {
-                paged_infos = meta.frame_infos(frames.start..(frames.end + 1).min(meta.frame_count()), with)?;
-                let (infos, next) = paged_infos.split_at(frames.len().min(paged_infos.len()));
                 paged_models = meta.models()?;
-                (infos, next.first(), meta.last, paged_models.as_deref())
+                (meta.last, paged_models.as_deref())
             }
         };
         let span = |at: Range<usize>| FrameSpan {
