@@ -522,6 +522,13 @@ impl Store for MeteredStore {
         result
     }
 
+    async fn put_file(&self, key: &str, path: &std::path::Path, len: u64) -> Result<(), StoreError> {
+        let started = Instant::now();
+        let result = self.inner.put_file(key, path, len).await;
+        self.record("put", started, &result, if result.is_ok() { len } else { 0 });
+        result
+    }
+
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
         let started = Instant::now();
         let result = self.inner.get(key).await;

@@ -36,6 +36,11 @@ async fn round_trip_and_not_found() {
 }
 
 #[tokio::test]
+async fn put_file_sends_exactly_the_named_file() {
+    contract::put_file_sends_exactly_the_named_file(&garage("put-file")).await;
+}
+
+#[tokio::test]
 async fn ranges_are_exact_or_short_read() {
     contract::ranges_are_exact_or_short_read(&garage("ranges")).await;
 }

@@ -25,6 +25,12 @@ async fn round_trip_and_not_found() {
 }
 
 #[tokio::test]
+async fn put_file_sends_exactly_the_named_file() {
+    let (_dir, store) = store();
+    contract::put_file_sends_exactly_the_named_file(&store).await;
+}
+
+#[tokio::test]
 async fn ranges_are_exact_or_short_read() {
     let (_dir, store) = store();
     contract::ranges_are_exact_or_short_read(&store).await;

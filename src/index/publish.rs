@@ -5,6 +5,8 @@
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
 //! - A table's local files are checked (meta decodes, every frame's checksum holds) before upload:
 //!   a copy that rotted on disk never reaches the bucket, where it would pass for the good copy.
+//!   The data file is checked and then sent a buffer at a time (`Store::put_file`): an upload never
+//!   holds a table whole in memory.
 //! - Generations strictly increase, past both the catalog's record and the bucket's CURRENT.
 //! - A manifest names the tables of one look at the catalog, every one of them uploaded. A merge
 //!   may retire tables (and remove their local files) while they upload; the publish then looks
@@ -17,16 +19,19 @@ use crate::catalog::IngestPosition;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::{ReadError, table_key};
 use crate::lsm::record::TableRecord;
-use crate::lsm::table::{FormatError, TableMeta, verify_data_checksums};
+use crate::lsm::table::{FormatError, TableMeta, verify_data_file};
 use crate::manifest::{Manifest, OutlineRange};
 use crate::model::account::AccountState;
 use crate::model::ids::{Backlink, ForwardLink, Revocation, TreeKind};
 use crate::outline::OutlineKind;
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
 /// Looks at the catalog one publish takes when merges retire the tables it was uploading.
 const PUBLISH_ATTEMPTS: usize = 3;
+/// Bytes read at a time while a data file is checked before its upload.
+const CHECK_READ_BYTES: usize = 256 << 10;
 
 /// What a manifest is made of from the catalog: the ingest position, the current tables and the
 /// hidden accounts.
@@ -68,18 +73,16 @@ impl Index {
     async fn upload_tables(&self, records: &[TableRecord]) -> Result<(), IndexError> {
         for record in records {
             let dir = self.tree_files(record.tree).dir();
-            let read = |ext: &str| {
-                let path = dir.join(format!("{}.{ext}", record.id));
-                async move { tokio::fs::read(&path).await.map_err(io_err(&path)) }
-            };
-            let (data, meta) = (read("data").await?, read("meta").await?);
-            check_before_upload(record, &data, &meta)?;
-            for (ext, bytes) in [("data", data), ("meta", meta)] {
-                let (started, len) = (std::time::Instant::now(), bytes.len() as u64);
-                self.store.put(&table_key(record.tree, &record.id, ext), bytes.into()).await?;
-                self.counters.upload_bytes.fetch_add(len, Ordering::Relaxed);
-                add_elapsed(&self.counters.upload_micros, started);
-            }
+            let (data_path, meta_path) =
+                (dir.join(format!("{}.data", record.id)), dir.join(format!("{}.meta", record.id)));
+            let meta = tokio::fs::read(&meta_path).await.map_err(io_err(&meta_path))?;
+            let data_len = check_before_upload(record.clone(), data_path.clone(), meta.clone()).await?;
+            let started = std::time::Instant::now();
+            self.store.put_file(&table_key(record.tree, &record.id, "data"), &data_path, data_len).await?;
+            let meta_len = meta.len() as u64;
+            self.store.put(&table_key(record.tree, &record.id, "meta"), meta.into()).await?;
+            self.counters.upload_bytes.fetch_add(data_len + meta_len, Ordering::Relaxed);
+            add_elapsed(&self.counters.upload_micros, started);
             self.catalog.mark_uploaded(&record.id)?;
             self.tree_files(record.tree).mark_uploaded(&record.id);
         }
@@ -187,24 +190,52 @@ impl Index {
 }
 
 /// A table's local files decode and every frame's checksum holds: a copy that rotted on disk
-/// must never reach the bucket, where it would pass for the good copy.
-fn check_before_upload(record: &TableRecord, data: &[u8], meta: &[u8]) -> Result<(), IndexError> {
-    let checked = match record.tree {
-        TreeKind::Links => check_table_files::<Backlink>(data, meta),
-        TreeKind::Thresholds => check_table_files::<Revocation>(data, meta),
-        TreeKind::Forward => check_table_files::<ForwardLink>(data, meta),
-    };
-    checked.map_err(|(kind, ext, source)| {
-        let object = format!("{} (local copy)", table_key(record.tree, &record.id, ext));
-        report_corruption(kind, Place::Local, &object, &source);
-        IndexError::Read(ReadError::Corrupt { object, source })
-    })
+/// must never reach the bucket, where it would pass for the good copy. The data file is read a
+/// frame at a time (it is up to 64 MiB); its checked length is returned for the upload, which
+/// reads it again (a change in between would be a file rewritten in place, which tables never
+/// are).
+async fn check_before_upload(record: TableRecord, data: PathBuf, meta: Vec<u8>) -> Result<u64, IndexError> {
+    let path = data.clone();
+    let checked = tokio::task::spawn_blocking(move || {
+        let checked = match record.tree {
+            TreeKind::Links => check_table_files::<Backlink>(&data, &meta),
+            TreeKind::Thresholds => check_table_files::<Revocation>(&data, &meta),
+            TreeKind::Forward => check_table_files::<ForwardLink>(&data, &meta),
+        };
+        checked.map_err(|failure| failure.into_error(&record, &data))
+    });
+    checked.await.map_err(|e| io_err(&path)(std::io::Error::other(format!("table check task failed: {e}"))))?
 }
 
-/// Which file of a table failed its check, and why.
-type FileFailure = (ObjectKind, &'static str, FormatError);
+/// Why a table's local files could not be checked.
+enum CheckFailure {
+    /// The data file could not be opened or read: an IO error, not corruption.
+    Unreadable(std::io::Error),
+    /// Which file failed its check, and why.
+    Corrupt(ObjectKind, &'static str, FormatError),
+}
 
-fn check_table_files<E: Entry>(data: &[u8], meta: &[u8]) -> Result<(), FileFailure> {
-    let meta = TableMeta::<E>::decode(meta).map_err(|e| (ObjectKind::Meta, "meta", e))?;
-    verify_data_checksums(&meta, data).map_err(|e| (ObjectKind::Data, "data", e))
+impl CheckFailure {
+    fn into_error(self, record: &TableRecord, data: &Path) -> IndexError {
+        match self {
+            CheckFailure::Unreadable(source) => io_err(data)(source),
+            CheckFailure::Corrupt(kind, ext, source) => {
+                let object = format!("{} (local copy)", table_key(record.tree, &record.id, ext));
+                report_corruption(kind, Place::Local, &object, &source);
+                IndexError::Read(ReadError::Corrupt { object, source })
+            }
+        }
+    }
+}
+
+fn check_table_files<E: Entry>(data: &Path, meta: &[u8]) -> Result<u64, CheckFailure> {
+    let meta = TableMeta::<E>::decode(meta).map_err(|e| CheckFailure::Corrupt(ObjectKind::Meta, "meta", e))?;
+    let file = std::fs::File::open(data).map_err(CheckFailure::Unreadable)?;
+    let file_len = file.metadata().map_err(CheckFailure::Unreadable)?.len();
+    let mut reader = std::io::BufReader::with_capacity(CHECK_READ_BYTES, file);
+    match verify_data_file(&meta, file_len, &mut reader) {
+        Ok(()) => Ok(file_len),
+        Err(FormatError::Unreadable { detail, .. }) => Err(CheckFailure::Unreadable(std::io::Error::other(detail))),
+        Err(e) => Err(CheckFailure::Corrupt(ObjectKind::Data, "data", e)),
+    }
 }

@@ -12,8 +12,8 @@
 //! - All file IO runs on tokio's blocking pool, never on a runtime worker.
 
 use super::object::{
-    MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, split_prefix, validate_key,
-    validate_prefix,
+    MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, check_file_len, check_object_len,
+    split_prefix, validate_key, validate_prefix,
 };
 use crate::base::durable::{sync_dir, write_synced};
 use bytes::Bytes;
@@ -66,11 +66,19 @@ async fn blocking<T: Send + 'static>(
 impl Store for DirStore {
     async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
         validate_key(key)?;
-        if body.len() as u64 > MAX_OBJECT_LEN {
-            return Err(StoreError::Other(format!("object {key} is {} bytes, over the limit", body.len())));
-        }
+        check_object_len(key, body.len() as u64)?;
         let (root, path, suffix, key) = (self.root.clone(), self.path_of(key), self.next_temp_suffix(), key.to_owned());
-        blocking(move || put_file(&root, &path, &suffix, &body).map_err(|e| StoreError::io(&key, e))).await
+        let write = move |temp: &Path| write_synced(temp, &body);
+        blocking(move || write_object(&root, &path, &suffix, write).map_err(|e| StoreError::io(&key, e))).await
+    }
+
+    async fn put_file(&self, key: &str, source: &Path, len: u64) -> Result<(), StoreError> {
+        validate_key(key)?;
+        check_object_len(key, len)?;
+        let (root, path, suffix, key) = (self.root.clone(), self.path_of(key), self.next_temp_suffix(), key.to_owned());
+        let source = source.to_owned();
+        let write = move |temp: &Path| copy_synced(&source, temp, len);
+        blocking(move || write_object(&root, &path, &suffix, write).map_err(|e| StoreError::io(&key, e))).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
@@ -108,20 +116,37 @@ fn is_missing(e: &std::io::Error) -> bool {
     matches!(e.kind(), ErrorKind::NotFound | ErrorKind::NotADirectory)
 }
 
-fn put_file(root: &Path, path: &Path, temp_suffix: &str, body: &[u8]) -> std::io::Result<()> {
+/// Writes an object through a temporary file (`write` fills and fsyncs it), renamed into place
+/// only when `write` succeeded.
+fn write_object(
+    root: &Path,
+    path: &Path,
+    temp_suffix: &str,
+    write: impl FnOnce(&Path) -> std::io::Result<()>,
+) -> std::io::Result<()> {
     let dir = path.parent().ok_or_else(|| std::io::Error::other("object path has no parent"))?;
     let name = path.file_name().ok_or_else(|| std::io::Error::other("object path has no file name"))?;
     ensure_durable_dir(root, dir)?;
     let mut temp_name = name.to_os_string();
     temp_name.push(temp_suffix);
     let temp = dir.join(temp_name);
-    let written = write_synced(&temp, body).and_then(|()| std::fs::rename(&temp, path));
+    let written = write(&temp).and_then(|()| std::fs::rename(&temp, path));
     if written.is_err() {
         // Best effort: the temporary file is invisible to readers either way.
         let _ = std::fs::remove_file(&temp);
     }
     written?;
     sync_dir(dir)
+}
+
+/// Copies `source`, which must be `len` bytes long, into a new file at `temp` and fsyncs it (at
+/// most `len` + 1 bytes are copied: enough to tell that a file is too long).
+fn copy_synced(source: &Path, temp: &Path, len: u64) -> std::io::Result<()> {
+    use std::io::Read;
+    let mut from = File::open(source)?.take(len.saturating_add(1));
+    let mut to = File::create(temp)?;
+    check_file_len(len, std::io::copy(&mut from, &mut to)?)?;
+    to.sync_all()
 }
 
 /// Creates `dir` (under `root`) if needed and, when it did, fsyncs every new directory's parent so

@@ -10,9 +10,13 @@
 //! - `get_range` returns exactly `len` bytes or `ShortRead`; it never returns a partial range.
 //! - `list` is sorted by key; deleting a missing key succeeds.
 //! - Objects are at most `MAX_OBJECT_LEN` bytes (the largest single PUT S3 accepts).
+//! - `put_file` writes exactly the `len` bytes the caller names or fails with nothing written; the
+//!   stores that large tables travel through (S3, the local directory, the wrappers in front of
+//!   them) stream the file instead of holding it in memory.
 
 use bytes::Bytes;
 use std::io::ErrorKind;
+use std::path::Path;
 
 /// Longest key in bytes.
 pub const MAX_KEY_LEN: usize = 512;
@@ -26,6 +30,13 @@ pub const MAX_LIST_OBJECTS: usize = 10_000_000;
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Writes `body` under `key`, replacing any previous object atomically.
     async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError>;
+    /// Writes the local file at `path`, which must be `len` bytes long and not change meanwhile,
+    /// under `key`, as `put` does. This default reads it whole; the stores a table's data (up
+    /// to 64 MiB) goes through in production stream it.
+    async fn put_file(&self, key: &str, path: &Path, len: u64) -> Result<(), StoreError> {
+        let body = read_local_file(key, path, len).await?;
+        self.put(key, body).await
+    }
     /// The whole object; `StoreError::NotFound` when absent.
     async fn get(&self, key: &str) -> Result<Bytes, StoreError>;
     /// Exactly `len` bytes starting at `offset`, or `StoreError::ShortRead`.
@@ -34,6 +45,33 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn list(&self, prefix: &str) -> Result<Vec<ObjectInfo>, StoreError>;
     /// Removes `key`; removing a missing key is not an error.
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
+}
+
+/// The `len` bytes of the local file at `path`, read for an upload to `key`: a file of another
+/// length is an error.
+async fn read_local_file(key: &str, path: &Path, len: u64) -> Result<Bytes, StoreError> {
+    check_object_len(key, len)?;
+    let body = tokio::fs::read(path).await.map_err(|e| StoreError::io(key, e))?;
+    check_file_len(len, body.len() as u64).map_err(|e| StoreError::io(key, e))?;
+    Ok(body.into())
+}
+
+/// An object of `len` bytes may be written at all.
+pub(crate) fn check_object_len(key: &str, len: u64) -> Result<(), StoreError> {
+    if len > MAX_OBJECT_LEN {
+        return Err(StoreError::Other(format!("object {key} is {len} bytes, over the limit")));
+    }
+    Ok(())
+}
+
+/// A local file sent for upload held the `expected` bytes its caller named (`found`: what was
+/// read). Not retryable: files are uploaded once written whole and never change.
+pub(crate) fn check_file_len(expected: u64, found: u64) -> std::io::Result<()> {
+    if found == expected {
+        return Ok(());
+    }
+    let detail = format!("the local file sent is {found} bytes, {expected} were named");
+    Err(std::io::Error::new(ErrorKind::InvalidData, detail))
 }
 
 /// One entry of a listing.

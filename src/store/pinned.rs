@@ -16,6 +16,7 @@
 use crate::store::object::{ObjectInfo, Store, StoreError};
 use bytes::Bytes;
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
@@ -61,6 +62,11 @@ impl Store for PinnedStore {
     async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
         let key = key.to_string();
         self.run(|store| async move { store.put(&key, body).await }).await
+    }
+
+    async fn put_file(&self, key: &str, path: &Path, len: u64) -> Result<(), StoreError> {
+        let (key, path) = (key.to_string(), path.to_owned());
+        self.run(|store| async move { store.put_file(&key, &path, len).await }).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

@@ -14,6 +14,7 @@ use super::object::{ObjectInfo, Store, StoreError};
 use crate::base::rng::splitmix64;
 use bytes::Bytes;
 use std::future::Future;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -136,6 +137,10 @@ impl<S: Store> RetryingStore<S> {
 impl<S: Store> Store for RetryingStore<S> {
     async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
         with_retries(&self.policy, &self.jitter, || self.inner.put(key, body.clone())).await
+    }
+
+    async fn put_file(&self, key: &str, path: &Path, len: u64) -> Result<(), StoreError> {
+        with_retries(&self.policy, &self.jitter, || self.inner.put_file(key, path, len)).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

@@ -8,6 +8,10 @@
 //!   `retry::with_retries`.
 //! - Every attempt is bounded in time: `timeout` for the request and its response headers, plus a
 //!   transfer allowance proportional to the body size (`MIN_TRANSFER_BYTES_PER_SEC`).
+//! - `put_file` streams the file (`UPLOAD_BUFFER_BYTES` at a time) after checking its length;
+//!   each attempt reads it again from the start. Every PUT's body is checked by the server: an
+//!   in-memory body against the request's signature, a streamed one against the SHA-256 the
+//!   file had before the first attempt (`x-amz-checksum-sha256`).
 //! - `get_range` returns exactly the requested bytes, or `ShortRead` when the object is shorter;
 //!   a body is never read past the length the response declared, and never past `MAX_OBJECT_LEN`.
 //! - `list` pages through ListObjectsV2 and stops with an error past `MAX_LIST_OBJECTS` objects or
@@ -15,7 +19,8 @@
 //! - The secret key is only ever held in a `Secret`, whose `Debug` prints no part of it.
 
 use super::object::{
-    MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, validate_key, validate_prefix,
+    MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, check_file_len, check_object_len,
+    validate_key, validate_prefix,
 };
 use super::retry::{Jitter, RetryPolicy, with_retries};
 use aws_sdk_s3::config::http::HttpResponse;
@@ -23,10 +28,11 @@ use aws_sdk_s3::config::retry::RetryConfig;
 use aws_sdk_s3::config::timeout::TimeoutConfig;
 use aws_sdk_s3::config::{BehaviorVersion, Credentials, Region, SharedHttpClient};
 use aws_sdk_s3::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
-use aws_sdk_s3::primitives::ByteStream;
+use aws_sdk_s3::primitives::{ByteStream, Length};
 use bytes::{Bytes, BytesMut};
 use std::future::Future;
 use std::io::ErrorKind;
+use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -43,6 +49,8 @@ const MAX_LIST_PAGES: usize = MAX_LIST_OBJECTS / 100;
 /// Initial buffer for a body; larger bodies grow it as bytes actually arrive, so a hostile
 /// Content-Length costs nothing up front.
 const MAX_PREALLOCATED_BODY: u64 = 64 << 20;
+/// Bytes of a file read at a time while `put_file` sends it.
+const UPLOAD_BUFFER_BYTES: usize = 256 << 10;
 const MAX_ENDPOINT_LEN: usize = 2048;
 const MAX_REGION_LEN: usize = 64;
 const MAX_BUCKET_LEN: usize = 255;
@@ -246,14 +254,39 @@ impl S3Store {
     }
 
     async fn put_once(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
-        let len = body.len() as u64;
+        self.send_put(key, body.len() as u64, ByteStream::from(body), None).await
+    }
+
+    /// One attempt at `put_file`: the body is read from the file while it is sent, a buffer at a
+    /// time, with the SHA-256 the file had before the first attempt (`sha256`, base64), which the
+    /// server checks the body against. The file's length is checked first (the SDK would send a
+    /// longer file's first `len` bytes); one that shrinks while sent fails the attempt.
+    async fn put_file_once(&self, key: &str, path: &Path, len: u64, sha256: &str) -> Result<(), StoreError> {
+        let found = tokio::fs::metadata(path).await.map_err(|e| StoreError::io(key, e))?.len();
+        check_file_len(len, found).map_err(|e| StoreError::io(key, e))?;
+        let body = ByteStream::read_from()
+            .path(path)
+            .length(Length::Exact(len))
+            .buffer_size(UPLOAD_BUFFER_BYTES)
+            .build()
+            .await
+            .map_err(|e| StoreError::io(key, std::io::Error::other(e)))?;
+        self.send_put(key, len, body, Some(sha256)).await
+    }
+
+    /// A PutObject of `body` (`len` bytes). An in-memory body is signed whole by the SDK (the
+    /// server checks it against the signature); a streamed one carries its `sha256` instead
+    /// (`x-amz-checksum-sha256`, itself signed), since the SDK would otherwise send it with a
+    /// chunked signature that S3-compatible servers do not all accept (Garage refuses it).
+    async fn send_put(&self, key: &str, len: u64, body: ByteStream, sha256: Option<&str>) -> Result<(), StoreError> {
         let request = self
             .client
             .put_object()
             .bucket(&self.settings.bucket)
             .key(self.object_key(key))
             .content_length(len as i64)
-            .body(ByteStream::from(body))
+            .set_checksum_sha256(sha256.map(str::to_owned))
+            .body(body)
             .send();
         within(key, self.transfer_limit(len), request).await?.map_err(|e| map_sdk_error(key, e))?;
         Ok(())
@@ -358,10 +391,15 @@ impl S3Store {
 impl Store for S3Store {
     async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
         validate_key(key)?;
-        if body.len() as u64 > MAX_OBJECT_LEN {
-            return Err(StoreError::Other(format!("object {key} is {} bytes, over the limit", body.len())));
-        }
+        check_object_len(key, body.len() as u64)?;
         self.run(|| self.put_once(key, body.clone())).await
+    }
+
+    async fn put_file(&self, key: &str, path: &Path, len: u64) -> Result<(), StoreError> {
+        validate_key(key)?;
+        check_object_len(key, len)?;
+        let sha256 = file_sha256(key, path, len).await?;
+        self.run(|| self.put_file_once(key, path, len, &sha256)).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
@@ -450,6 +488,31 @@ fn default_credentials_chain(
     )
     .or_else("EcsContainer", ecs::EcsCredentialsProvider::builder().configure(&conf).build())
     .or_else("Ec2InstanceMetadata", imds::credentials::ImdsCredentialsProvider::builder().configure(&conf).build())
+}
+
+/// The base64 SHA-256 of the local file at `path`, read `UPLOAD_BUFFER_BYTES` at a time; a file
+/// that is not `len` bytes long is refused.
+async fn file_sha256(key: &str, path: &Path, len: u64) -> Result<String, StoreError> {
+    use sha2::{Digest, Sha256};
+    use std::io::Read;
+    let path = path.to_owned();
+    let digest = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
+        let mut file = std::fs::File::open(&path)?.take(len.saturating_add(1));
+        let (mut hasher, mut buffer, mut read) = (Sha256::new(), vec![0u8; UPLOAD_BUFFER_BYTES], 0u64);
+        loop {
+            match file.read(&mut buffer)? {
+                0 => break,
+                n => {
+                    hasher.update(&buffer[..n]);
+                    read += n as u64;
+                }
+            }
+        }
+        check_file_len(len, read)?;
+        Ok(hasher.finalize())
+    });
+    let digest = digest.await.map_err(|e| StoreError::Other(format!("{key}: hashing task failed: {e}")))?;
+    Ok(data_encoding::BASE64.encode(&digest.map_err(|e| StoreError::io(key, e))?))
 }
 
 /// `future` within `limit`, or a retryable `TimedOut`.

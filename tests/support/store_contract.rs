@@ -108,3 +108,26 @@ pub async fn hostile_keys_are_rejected(store: &dyn Store) {
     assert!(matches!(store.list("../").await, Err(StoreError::InvalidKey { .. })));
     assert!(matches!(store.list("/etc").await, Err(StoreError::InvalidKey { .. })));
 }
+
+/// `put_file` writes exactly the file it is given, and a file of another length than the one
+/// named, or none at all, writes nothing.
+pub async fn put_file_sends_exactly_the_named_file(store: &dyn Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let body: Vec<u8> = (0..5_000_000u32).map(|i| (i % 253) as u8).collect();
+    let path = dir.path().join("table.data");
+    std::fs::write(&path, &body).unwrap();
+    store.put_file("tables/links/1.data", &path, body.len() as u64).await.unwrap();
+    assert_eq!(store.get("tables/links/1.data").await.unwrap(), Bytes::from(body.clone()));
+    for named in [body.len() as u64 - 1, body.len() as u64 + 1, 0] {
+        let outcome = store.put_file("tables/links/2.data", &path, named).await;
+        assert!(matches!(&outcome, Err(StoreError::Io { .. })), "{named} named: {outcome:?}");
+    }
+    let missing = store.put_file("tables/links/2.data", &dir.path().join("missing"), 10).await;
+    assert!(matches!(&missing, Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound));
+    assert!(matches!(store.get("tables/links/2.data").await, Err(StoreError::NotFound { .. })));
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, b"").unwrap();
+    store.put_file("empty", &empty, 0).await.unwrap();
+    assert_eq!(store.get("empty").await.unwrap(), Bytes::new());
+    assert!(matches!(store.put_file("../x", &empty, 0).await, Err(StoreError::InvalidKey { .. })));
+}

@@ -9,7 +9,9 @@
 
 use super::columns::{key_runs_transpose, map_rkeys, split_key_runs, untranspose_xor_undelta, xor_delta_transpose};
 use super::meta::TableMeta;
-use super::{FRAME_OVERHEAD, FrameInfo, MAX_FRAME_PAYLOAD_BYTES, MAX_FRAME_RAW_BYTES, max_frame_entries};
+use super::{
+    FRAME_OVERHEAD, FrameInfo, MAX_FRAME_BYTES, MAX_FRAME_PAYLOAD_BYTES, MAX_FRAME_RAW_BYTES, max_frame_entries,
+};
 use crate::lsm::bytes::{FormatError, Reader, check_range, invalid, untransposed, verify_checksum};
 use crate::lsm::coder::{self, ColumnModels, ModelCounts};
 use crate::lsm::entry::Entry;
@@ -447,13 +449,28 @@ fn decode_span_checked<E: Entry>(span: &FrameSpan<'_, E>, bytes: &[u8], out: &mu
 /// every frame's header and checksum. An upload runs this, so a local copy that rotted on disk
 /// never reaches the bucket (where it would replace the only good copy's chance of existing).
 pub fn verify_data_checksums<E: Entry>(meta: &TableMeta<E>, data: &[u8]) -> Result<(), FormatError> {
-    if data.len() as u64 != meta.data_len {
-        return Err(FormatError::Length { what: "data file", expected: meta.data_len, found: data.len() as u64 });
+    verify_data_file(meta, data.len() as u64, &mut &data[..])
+}
+
+/// `verify_data_checksums` of a data file of `file_len` bytes read from `reader` one frame at a
+/// time (a buffer of at most `MAX_FRAME_BYTES`), so that a large table is never held whole. A
+/// read that fails after the length matched (the file changed meanwhile) is `Unreadable`.
+pub fn verify_data_file<E: Entry>(
+    meta: &TableMeta<E>,
+    file_len: u64,
+    reader: &mut impl io::Read,
+) -> Result<(), FormatError> {
+    const WHAT: &str = "data file";
+    if file_len != meta.data_len {
+        return Err(FormatError::Length { what: WHAT, expected: meta.data_len, found: file_len });
     }
+    let mut frame = Vec::new();
     for info in &meta.frames {
-        let frame = frame_bytes(data, 0, info)?;
-        FrameHeader::parse::<E>(frame)?;
-        verify_checksum("frame", frame)?;
+        assert!(info.len as usize <= MAX_FRAME_BYTES, "a decoded meta bounds its frames");
+        frame.resize(info.len as usize, 0);
+        reader.read_exact(&mut frame).map_err(|e| FormatError::Unreadable { what: WHAT, detail: e.to_string() })?;
+        FrameHeader::parse::<E>(&frame)?;
+        verify_checksum("frame", &frame)?;
     }
     Ok(())
 }

@@ -5,6 +5,7 @@ use super::builder::{Spill, TableBuilder, learn_models};
 use super::columns::{key_runs_transpose, split_key_runs};
 use super::frame::{
     ENCODING_SPREAD_KEY_RUNS_MODELLED, FrameEncoder, FrameHeader, decode_frame, decode_frames, verify_data_checksums,
+    verify_data_file,
 };
 use super::meta::{FRAME_INFO_FIXED_LEN, META_HEADER_LEN, TableMeta, encode_entry, encode_frame_index};
 use super::*;
@@ -283,6 +284,16 @@ fn verifying_checksums_finds_every_flipped_bit_without_decoding() {
     }
     let short = &data[..data.len() - 1];
     assert!(matches!(verify_data_checksums(&meta, short), Err(FormatError::Length { what: "data file", .. })));
+}
+
+#[test]
+fn a_data_file_that_shrinks_while_checked_is_unreadable_not_corrupt() {
+    let (_, data, meta_bytes) = small_backlink_table();
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    let shrunk = &data[..data.len() - 1];
+    let outcome = verify_data_file(&meta, data.len() as u64, &mut &shrunk[..]);
+    assert!(matches!(outcome, Err(FormatError::Unreadable { what: "data file", .. })), "{outcome:?}");
+    assert!(verify_data_file(&meta, data.len() as u64, &mut &data[..]).is_ok());
 }
 
 #[test]
