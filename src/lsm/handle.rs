@@ -18,6 +18,7 @@
 
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
 use crate::lsm::cache::{FrameCache, next_serial};
+use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
 use crate::lsm::record::TableRecord;
@@ -305,6 +306,15 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
+    /// The column models of a paged meta, for a reader to hold while it decodes many batches
+    /// (`None` for a resident meta, which holds its own, or a table of raw frames).
+    pub fn paged_models(&self, with: PageUse) -> Result<Option<Arc<ColumnModels>>, ReadError> {
+        match &self.meta {
+            MetaView::Resident(_) => Ok(None),
+            MetaView::Paged(meta) => meta.models(with).map_err(|e| meta_error(&self.meta_name(), e)),
+        }
+    }
+
     /// Every frame of `frames` from the frame cache, or `None` if one is missing.
     fn cached_frames(&self, frames: Range<usize>) -> Option<Vec<Arc<[E]>>> {
         frames.map(|i| self.frame_cache.get(self.serial, i as u32)).collect()
@@ -327,7 +337,7 @@ impl<E: Entry> TableHandle<E> {
         let (last, models) = match &self.meta {
             MetaView::Resident(meta) => (meta.last, meta.models.as_ref()),
             MetaView::Paged(meta) => {
-                paged_models = meta.models()?;
+                paged_models = meta.models(with)?;
                 (meta.last, paged_models.as_deref())
             }
         };

@@ -3,9 +3,11 @@
 //!
 //! Invariants:
 //! - At most one batch of `frames_per_read` frames is held at a time, and reads bypass the frame
-//!   cache and keep no frame-index chunk in the meta cache (a scan reads each once; caching would
-//!   only evict what queries use).
+//!   cache and keep no frame-index chunk or column models in the meta cache (a scan reads each
+//!   once; caching would only evict what queries use). The scan holds its table's models itself
+//!   from its first read to its end, so each batch finds them without the cache.
 
+use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::table::PageUse;
@@ -19,11 +21,14 @@ pub struct TableScan<E: Entry> {
     frames_per_read: usize,
     buffer: Vec<E>,
     position: usize,
+    /// The table's decoded column models, held for every batch (`TableHandle::paged_models`).
+    _models: Option<Arc<ColumnModels>>,
 }
 
 impl<E: Entry> TableScan<E> {
     pub fn new(table: Arc<TableHandle<E>>, frames_per_read: usize) -> Self {
-        Self { table, next_frame: 0, frames_per_read: frames_per_read.max(1), buffer: Vec::new(), position: 0 }
+        let frames_per_read = frames_per_read.max(1);
+        Self { table, next_frame: 0, frames_per_read, buffer: Vec::new(), position: 0, _models: None }
     }
 
     pub fn next(&mut self, store: &dyn Store, runtime: &tokio::runtime::Handle) -> Result<Option<E>, ReadError> {
@@ -31,6 +36,9 @@ impl<E: Entry> TableScan<E> {
             let frames = self.table.frame_count();
             if self.next_frame == frames {
                 return Ok(None);
+            }
+            if self.next_frame == 0 {
+                self._models = self.table.paged_models(PageUse::Scan)?;
             }
             let batch = self.next_frame..(self.next_frame + self.frames_per_read).min(frames);
             self.next_frame = batch.end;

@@ -13,7 +13,10 @@
 //! Invariants:
 //! - Memory per open table is the directory (one record per `CHUNK_FRAMES` frames, about 90
 //!   bytes per 16,000 entries) and where its models lie: nothing that grows with the filter or the
-//!   index. Decoded models (some 600 KiB a table) live in the cache, under its budget, like pages.
+//!   index. Decoded models (some 600 KiB a table) live in the cache, under its budget, like pages,
+//!   once a lookup needed them. Opening a table decodes them only to check them, and a scan holds
+//!   the ones it uses itself (found again through a weak reference while it does): neither a
+//!   flush, a merge nor an import fills the cache with models no query asked for.
 //! - Every page and chunk is checked against its own checksum before it is used or cached; the
 //!   resident part against its checksum, and every directory record against its neighbours and
 //!   the header, when the table is opened. A chunk must agree with its directory record.
@@ -34,7 +37,7 @@ use crate::model::ids::RecordId;
 use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use xxhash_rust::xxh3::xxh3_64;
 
 pub const META_PAGED_VERSION: u16 = 4;
@@ -262,10 +265,10 @@ fn checked<'a>(what: &'static str, bytes: &'a [u8]) -> Result<&'a [u8], FormatEr
     Ok(&bytes[..bytes.len() - CHECKSUM_LEN])
 }
 
-/// How a read uses the frame-index chunks it reads: a lookup keeps them in the cache; a scan (a
-/// merge reads every chunk of its inputs once) passes them by, so it neither evicts what queries
-/// use nor holds memory for pages it will not read again. Models are cached either way: a scan
-/// needs them for every batch it decodes.
+/// How a read uses the frame-index chunks and column models it reads: a lookup keeps them in the
+/// cache; a scan (a merge reads every chunk of its inputs once) passes them by, so it neither
+/// evicts what queries use nor holds memory for pages it will not read again. A scan holds the
+/// models it decodes with for as long as it runs (`PagedMeta::models`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageUse {
     Lookup,
@@ -292,11 +295,13 @@ pub struct PagedMeta<E: Entry> {
     source: PageSource,
     cache: Arc<MetaCache<E>>,
     serial: u64,
+    /// The decoded models while some reader holds them (a scan), whether or not they are cached.
+    held_models: Mutex<Weak<ColumnModels>>,
 }
 
 impl<E: Entry> PagedMeta<E> {
     /// Reads and checks the header and the resident part of the meta in `source`, and decodes
-    /// its models once (into the cache) so that a table whose models do not decode never opens.
+    /// its models once (and drops them) so that a table whose models do not decode never opens.
     pub fn open(source: PageSource, cache: Arc<MetaCache<E>>, serial: u64) -> Result<Self, FormatError> {
         let file_len = source.len()?;
         let header = parse_header::<E>(&source.read(0, HEADER_LEN.min(file_len as usize))?)?;
@@ -315,36 +320,45 @@ impl<E: Entry> PagedMeta<E> {
             len: header.models_len,
             checksum: xxh3_64(models_bytes),
         });
-        let meta = PagedMeta { header, last, models, chunks, source, cache, serial };
         if header.models_len > 0 {
-            meta.cache_models(models_bytes)?;
+            decode_models::<E>(models_bytes)?;
         }
-        Ok(meta)
+        let held_models = Mutex::new(Weak::new());
+        Ok(PagedMeta { header, last, models, chunks, source, cache, serial, held_models })
     }
 
-    /// The table's column models (`None` for a table of raw frames): in the cache, or read
-    /// again from the meta, checked and cached.
-    pub fn models(&self) -> Result<Option<Arc<ColumnModels>>, FormatError> {
+    /// The table's column models (`None` for a table of raw frames): in the cache, held by
+    /// another reader, or read again from the meta, checked, and (for a lookup) cached.
+    pub fn models(&self, with: PageUse) -> Result<Option<Arc<ColumnModels>>, FormatError> {
         let Some(place) = self.models else { return Ok(None) };
         let cached = self.cache.with(self.serial, MODELS_KEY, |cached| match cached {
             MetaPage::Models(models) => Some(models.clone()),
             _ => None,
         });
-        if let Some(models) = cached.flatten() {
-            return Ok(Some(models));
+        let cached = cached.flatten();
+        let was_cached = cached.is_some();
+        let mut held = self.held_models.lock().expect("held models lock poisoned");
+        let models = match cached.or_else(|| held.upgrade()) {
+            Some(models) => models,
+            None => self.read_models(place)?,
+        };
+        // What the caller may hold is what the next reader finds, even once the cache lost it.
+        *held = Arc::downgrade(&models);
+        drop(held);
+        if with == PageUse::Lookup && !was_cached {
+            self.cache.insert(self.serial, MODELS_KEY, MetaPage::Models(models.clone()));
         }
+        Ok(Some(models))
+    }
+
+    /// The models read from the meta, checked against the checksum taken at open, and decoded.
+    fn read_models(&self, place: ModelsPlace) -> Result<Arc<ColumnModels>, FormatError> {
         let bytes = self.source.read(place.offset, place.len)?;
         let computed = xxh3_64(&bytes);
         if computed != place.checksum {
             return Err(FormatError::Checksum { what: "column models", stored: place.checksum, computed });
         }
-        self.cache_models(&bytes).map(Some)
-    }
-
-    fn cache_models(&self, compressed: &[u8]) -> Result<Arc<ColumnModels>, FormatError> {
-        let models = Arc::new(decode_models::<E>(compressed)?);
-        self.cache.insert(self.serial, MODELS_KEY, MetaPage::Models(models.clone()));
-        Ok(models)
+        Ok(Arc::new(decode_models::<E>(&bytes)?))
     }
 
     pub fn entries(&self) -> u64 {
@@ -729,7 +743,7 @@ pub(super) fn decode_whole<E: Entry>(bytes: &[u8]) -> Result<TableMeta<E>, Forma
     }
     let filter: Filter = crate::lsm::filter::from_blocks(paged.header.shape, &blocks)?;
     let frames = paged.frame_infos(0..paged.header.frames, PageUse::Scan)?;
-    let models = paged.models()?.map(Arc::unwrap_or_clone);
+    let models = paged.models(PageUse::Scan)?.map(Arc::unwrap_or_clone);
     let meta = TableMeta::new(filter, frames, paged.last, paged.header.entries, paged.header.data_len, models);
     meta.check()?;
     Ok(meta)

@@ -921,16 +921,17 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
         ] {
             assert_eq!(paged.byte_range(r.clone(), PageUse::Lookup).unwrap(), whole.byte_range(r.clone()), "{r:?}");
         }
-        for _ in 0..2 {
-            assert_eq!(paged.models().unwrap().as_deref(), whole.models.as_ref(), "models, budget {budget}");
+        for with in [PageUse::Scan, PageUse::Lookup, PageUse::Lookup] {
+            assert_eq!(paged.models(with).unwrap().as_deref(), whole.models.as_ref(), "models, budget {budget}");
         }
         assert!(cache.bytes() <= budget);
     }
 }
 
-/// The decoded column models live in the meta cache, not in the open table: they are read again
-/// from the meta file when the cache lost them, and a models section changed on disk since the
-/// table opened is refused by its checksum, never decoded into wrong entries.
+/// The decoded column models live in the meta cache once a lookup needed them (opening a table
+/// and a scan cache nothing), or with the scan that holds them: they are read again from the meta
+/// file when neither has them, and a models section changed on disk since the table opened is
+/// refused by its checksum, never decoded into wrong entries.
 #[test]
 fn paged_meta_models_are_read_again_and_checked() {
     use super::paged::MetaCache;
@@ -948,20 +949,30 @@ fn paged_meta_models_are_read_again_and_checked() {
     let open = |cache: Arc<MetaCache<Backlink>>, serial| {
         PagedMeta::<Backlink>::open(PageSource::File(std::fs::File::open(&path).unwrap()), cache, serial).unwrap()
     };
-    let (cached, uncached) = (open(cache.clone(), 1), open(Arc::new(MetaCache::new(0)), 2));
-    assert!(cache.bytes() >= whole.models.as_ref().unwrap().memory_bytes(), "opening cached the models");
+    let (cached, held, uncached) = (open(cache.clone(), 1), open(cache.clone(), 2), open(cache.clone(), 3));
+    assert_eq!(cache.bytes(), 0, "opening checks the models and caches nothing");
+    cached.models(PageUse::Lookup).unwrap();
+    assert!(cache.bytes() >= whole.models.as_ref().unwrap().memory_bytes(), "a lookup caches the models");
+    let holding = held.models(PageUse::Scan).unwrap().unwrap();
+    assert_eq!(cache.bytes(), whole.models.as_ref().unwrap().memory_bytes(), "a scan cached its models");
     let mut changed = meta_bytes.clone();
     changed[models_at + models_len / 2] ^= 0x10;
     std::fs::write(&path, &changed).unwrap();
-    assert_eq!(cached.models().unwrap().as_deref(), whole.models.as_ref(), "a cache hit reads nothing");
-    let refused = uncached.models().unwrap_err();
-    assert!(matches!(refused, FormatError::Checksum { what: "column models", .. }), "{refused}");
+    assert_eq!(cached.models(PageUse::Scan).unwrap().as_deref(), whole.models.as_ref(), "a cache hit reads nothing");
+    let again = held.models(PageUse::Scan).unwrap().unwrap();
+    assert!(Arc::ptr_eq(&again, &holding), "models a scan holds are found without a read");
+    drop((again, holding));
+    for (meta, with) in [(&held, PageUse::Scan), (&uncached, PageUse::Lookup)] {
+        let refused = meta.models(with).unwrap_err();
+        assert!(matches!(refused, FormatError::Checksum { what: "column models", .. }), "{refused}");
+    }
 }
 
-/// A scan (a merge) reads the frame index without keeping it in the meta cache, a lookup keeps
-/// what it reads: merges neither evict the pages queries use nor hold memory for their own.
+/// A scan (a merge) reads the frame index and the models without keeping them in the meta cache,
+/// a lookup keeps what it reads: merges neither evict the pages queries use nor hold memory for
+/// their own.
 #[test]
-fn scans_keep_no_index_chunks_in_the_meta_cache() {
+fn scans_keep_nothing_in_the_meta_cache() {
     use super::paged::MetaCache;
     use super::paged::{PageSource, PagedMeta};
     let entries = realistic_backlinks(20_000, 300, 10_000, 5);
@@ -969,12 +980,12 @@ fn scans_keep_no_index_chunks_in_the_meta_cache() {
     let frames = TableMeta::<Backlink>::decode(&meta_bytes).unwrap().frames.len();
     let cache = Arc::new(MetaCache::<Backlink>::new(64 << 20));
     let paged = PagedMeta::<Backlink>::open(PageSource::Memory(meta_bytes.into()), cache.clone(), 1).unwrap();
-    let models_only = cache.bytes();
     paged.frame_infos(0..frames, PageUse::Scan).unwrap();
     paged.byte_range(0..frames, PageUse::Scan).unwrap();
-    assert_eq!(cache.bytes(), models_only, "a scan cached index chunks");
+    paged.models(PageUse::Scan).unwrap();
+    assert_eq!(cache.bytes(), 0, "a scan cached index chunks or models");
     paged.frame_infos(0..frames, PageUse::Lookup).unwrap();
-    assert!(cache.bytes() > models_only, "a lookup caches the chunks it read");
+    assert!(cache.bytes() > 0, "a lookup caches the chunks it read");
 }
 
 /// A flipped bit in any page or chunk of a paged meta is caught by that page's checksum when
