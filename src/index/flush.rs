@@ -124,11 +124,13 @@ impl Drop for FlushTicket<'_> {
 }
 
 impl Index {
-    /// True when the memtables together have reached their byte budget (one budget for all
-    /// trees: memory is bounded by the configuration however the writes split among them).
+    /// True when what the next flush writes has reached its byte budget: the memtables of all
+    /// trees and the new outline strings, which stay in memory until a flush persists them (one
+    /// budget for all of it: memory is bounded by the configuration however the writes split
+    /// among them, and an import's first minutes, when nearly every DID is new, flush sooner).
     pub fn wants_flush(&self) -> bool {
-        let held = self.links.memtable_bytes() + self.thresholds.memtable_bytes() + self.forward.memtable_bytes();
-        held >= self.options.memtable_bytes
+        let memtables = self.links.memtable_bytes() + self.thresholds.memtable_bytes() + self.forward.memtable_bytes();
+        memtables + self.outlines.pending_bytes() >= self.options.memtable_bytes
     }
 
     /// Writes the memtables out as tables, durably (see the module invariants); returns how many
@@ -231,6 +233,28 @@ mod tests {
     use crate::index::{IndexOptions, open_in_dir};
     use crate::model::ids::RecordId;
     use crate::model::operation::{Operation, RecordOp, RecordRef};
+
+    /// New DIDs wait in memory for the flush that persists them: they count in its budget, so
+    /// an import whose every account is new flushes before they pile up.
+    #[test]
+    fn new_outline_strings_count_in_the_flush_budget() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open_in_dir(dir.path(), IndexOptions { memtable_bytes: 1 << 20, ..IndexOptions::default() });
+        let account =
+            |n: usize| Operation::Account { did: format!("did:web:a{n}.example").into(), active: false, status: None };
+        let mut applied = 0;
+        while !index.wants_flush() && applied < 100_000 {
+            index.apply(&account(applied), None).unwrap();
+            applied += 1;
+        }
+        let memtables =
+            index.links.memtable_bytes() + index.thresholds.memtable_bytes() + index.forward.memtable_bytes();
+        assert_eq!(memtables, 0, "account states go to no memtable");
+        assert!((5_000..20_000).contains(&applied), "{applied} new DIDs filled a 1 MiB budget");
+        index.flush().unwrap();
+        assert_eq!(index.outlines.pending_bytes(), 0);
+        assert!(!index.wants_flush(), "the flush persisted them");
+    }
 
     #[test]
     fn a_flush_whose_backlinks_all_died_writes_no_links_table() {

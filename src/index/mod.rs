@@ -67,7 +67,8 @@ pub const DEFAULT_META_CACHE_BYTES: usize = 32 << 20;
 
 #[derive(Debug, Clone)]
 pub struct IndexOptions {
-    /// Flush when the memtables of all trees together hold this many encoded bytes.
+    /// Flush when the memtables of all trees and the new outline strings together hold this
+    /// many bytes.
     pub memtable_bytes: usize,
     pub table: TableOptions,
     pub outline_cache_entries: usize,

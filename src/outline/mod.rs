@@ -19,7 +19,8 @@
 //! - Caches are bounded: did and rkey by `OutlineOptions::cache_entries` each, collection and
 //!   location (a few thousand strings on the real network) by `SMALL_KIND_CACHE_ENTRIES`, which
 //!   in practice holds all of them; they are loaded at open. Pinned strings come on top (at most
-//!   `MAX_PENDING`), and a persist evicts back to the bound.
+//!   `MAX_PENDING`), and a persist evicts back to the bound. The memory pinned strings hold is
+//!   kept (`pending_bytes`) for the writer, which counts it in its flush budget.
 //! - Lock order: persisting, then allocator, then SQLite connection, then a cache. Cache locks are never held while
 //!   taking another lock.
 //! - A cache is *complete* while it holds every stored string of its kind: from an open that found
@@ -39,6 +40,7 @@ use rusqlite_migration::{M, Migrations};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 mod cache;
@@ -56,6 +58,14 @@ pub const SMALL_KIND_CACHE_ENTRIES: usize = 1 << 20;
 const LOCKED_ROWS: usize = 4096;
 /// Most new strings that may wait for `persist`; beyond it `intern` fails until persist runs.
 pub const MAX_PENDING: usize = 1 << 22;
+/// Memory a new string holds until `persist`, beyond its bytes: its cache slot, its buckets in
+/// the cache's two indexes (at most 3/4 full) and its place in the pending list.
+const PENDING_OVERHEAD_BYTES: usize = 72;
+
+/// What a new string of `value` holds until `persist` (see `PENDING_OVERHEAD_BYTES`).
+fn pending_bytes_of(value: &str) -> usize {
+    value.len() + PENDING_OVERHEAD_BYTES
+}
 
 /// Schema versions of `outlines.db`, oldest first. Append only: never edit a released migration.
 fn migrations() -> Migrations<'static> {
@@ -104,6 +114,8 @@ pub enum OutlineError {
 struct Allocator {
     /// New strings in allocation order: their insertion order in `outlines.db`.
     pending: Vec<(OutlineKind, u64)>,
+    /// The memory they hold (`pending_bytes_of`).
+    pending_bytes: usize,
     /// Next counter of each (kind, shard) used since open (at most 4 * 2^16 entries).
     next_counter: HashMap<(OutlineKind, u16), u64>,
     /// Next counters of the sequences advanced since the last persist: what persist writes.
@@ -113,9 +125,14 @@ struct Allocator {
 impl Allocator {
     /// Returns what a failed persist took: its strings go before any interned meanwhile (the
     /// insertion order stays the allocation order), and each sequence keeps its larger counter.
-    fn put_back(&mut self, mut pending: Vec<(OutlineKind, u64)>, advanced: BTreeMap<(OutlineKind, u16), u64>) {
+    fn put_back(
+        &mut self,
+        (mut pending, pending_bytes): (Vec<(OutlineKind, u64)>, usize),
+        advanced: BTreeMap<(OutlineKind, u16), u64>,
+    ) {
         pending.append(&mut self.pending);
         self.pending = pending;
+        self.pending_bytes += pending_bytes;
         for (sequence, next) in advanced {
             let counter = self.advanced.entry(sequence).or_insert(next);
             *counter = (*counter).max(next);
@@ -130,6 +147,8 @@ pub struct Outlines {
     /// Held by the one `persist` or `import_rows` running at a time (taken before the others).
     persisting: Mutex<()>,
     allocator: Mutex<Allocator>,
+    /// `Allocator::pending_bytes`, readable without the lock (the writer asks after every event).
+    pending_bytes: AtomicUsize,
     caches: [RwLock<Cache>; 4],
 }
 
@@ -146,7 +165,8 @@ impl Outlines {
             let large = matches!(kind, OutlineKind::Did | OutlineKind::Rkey);
             RwLock::new(Cache::new(if large { opts.cache_entries } else { SMALL_KIND_CACHE_ENTRIES }))
         });
-        let outlines = Self { db: Mutex::new(conn), persisting: Mutex::new(()), allocator: Mutex::default(), caches };
+        let (db, persisting, allocator) = (Mutex::new(conn), Mutex::new(()), Mutex::default());
+        let outlines = Self { db, persisting, allocator, pending_bytes: AtomicUsize::new(0), caches };
         outlines.preload(OutlineKind::Collection)?;
         outlines.preload(OutlineKind::Location)?;
         outlines.mark_complete_if_empty(OutlineKind::Did)?;
@@ -186,6 +206,8 @@ impl Outlines {
         let id = self.allocate(&mut allocator, kind, shard)?;
         write(&self.caches[kind.index()])?.insert_pinned(id, value);
         allocator.pending.push((kind, id));
+        allocator.pending_bytes += pending_bytes_of(value);
+        self.pending_bytes.store(allocator.pending_bytes, Ordering::Relaxed);
         Ok(id)
     }
 
@@ -235,15 +257,18 @@ impl Outlines {
     /// them there); only taking the list and unpinning need the allocator.
     pub fn persist(&self) -> Result<usize, OutlineError> {
         let _one_at_a_time = self.persisting.lock().map_err(|_| OutlineError::Poisoned)?;
-        let (pending, advanced) = {
+        let (pending, pending_bytes, advanced) = {
             let mut allocator = self.lock_allocator()?;
-            (std::mem::take(&mut allocator.pending), std::mem::take(&mut allocator.advanced))
+            let pending = std::mem::take(&mut allocator.pending);
+            (pending, std::mem::take(&mut allocator.pending_bytes), std::mem::take(&mut allocator.advanced))
         };
         if pending.is_empty() && advanced.is_empty() {
             return Ok(0);
         }
         if let Err(error) = self.write_pending(&pending, &advanced) {
-            self.lock_allocator()?.put_back(pending, advanced);
+            let mut allocator = self.lock_allocator()?;
+            allocator.put_back((pending, pending_bytes), advanced);
+            self.pending_bytes.store(allocator.pending_bytes, Ordering::Relaxed);
             return Err(error);
         }
         for chunk in pending.chunks(LOCKED_ROWS) {
@@ -255,6 +280,8 @@ impl Outlines {
         for cache in &self.caches {
             write(cache)?.shrink_to_capacity();
         }
+        let left = self.lock_allocator()?.pending_bytes;
+        self.pending_bytes.store(left, Ordering::Relaxed);
         Ok(pending.len())
     }
 
@@ -353,6 +380,12 @@ impl Outlines {
     /// Strings interned since the last successful `persist`.
     pub fn pending(&self) -> usize {
         self.allocator.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pending.len()
+    }
+
+    /// The memory the strings interned since the last successful `persist` hold until it (an
+    /// estimate from their lengths), which a flush counts with the memtables it writes.
+    pub fn pending_bytes(&self) -> usize {
+        self.pending_bytes.load(Ordering::Relaxed)
     }
 
     fn write_pending(

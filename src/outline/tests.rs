@@ -306,3 +306,18 @@ fn the_map_setting_reaches_sqlite() {
     assert_eq!(mapped_bytes(0), 0, "nothing mapped by default");
     assert_eq!(mapped_bytes(1 << 20), 1 << 20);
 }
+
+#[test]
+fn pending_bytes_follow_the_new_strings_until_persisted() {
+    let dir = tempfile::tempdir().unwrap();
+    let outlines = open(&dir, 16);
+    assert_eq!(outlines.pending_bytes(), 0);
+    outlines.intern(DID, "did:plc:abc", 0).unwrap();
+    outlines.intern(DID, "did:plc:abc", 0).unwrap();
+    outlines.intern(RKEY, "self", 0).unwrap();
+    assert_eq!(outlines.pending_bytes(), "did:plc:abc".len() + "self".len() + 2 * PENDING_OVERHEAD_BYTES);
+    outlines.persist().unwrap();
+    assert_eq!(outlines.pending_bytes(), 0);
+    outlines.intern(DID, "did:plc:abc", 0).unwrap();
+    assert_eq!(outlines.pending_bytes(), 0, "a stored string is not new");
+}
