@@ -28,7 +28,7 @@ use crate::lsm::entry::Entry;
 use crate::lsm::tree::Tree;
 use crate::model::ids::{Backlink, ForwardLink, Revocation};
 use crate::push::PushCounters;
-use crate::store::object::{ObjectInfo, Store, StoreError};
+use crate::store::object::{LocalFile, ObjectInfo, Store, StoreError};
 use bytes::Bytes;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::encoding::text::{encode_eof, encode_registry};
@@ -522,10 +522,10 @@ impl Store for MeteredStore {
         result
     }
 
-    async fn put_file(&self, key: &str, path: &std::path::Path, len: u64) -> Result<(), StoreError> {
+    async fn put_file(&self, key: &str, file: &LocalFile) -> Result<(), StoreError> {
         let started = Instant::now();
-        let result = self.inner.put_file(key, path, len).await;
-        self.record("put", started, &result, if result.is_ok() { len } else { 0 });
+        let result = self.inner.put_file(key, file).await;
+        self.record("put", started, &result, if result.is_ok() { file.len } else { 0 });
         result
     }
 

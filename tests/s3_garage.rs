@@ -10,8 +10,8 @@ mod support;
 use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::manifest::Manifest;
-use backlinks::store::faulty::{Fault, FaultRule, FaultyStore, Operation, Outcome};
-use backlinks::store::object::{Store, StoreError};
+use backlinks::store::faulty::{Fault, FaultRule, FaultyStore, Operation, Outcome, RequestRecord};
+use backlinks::store::object::{LocalFile, Store, StoreError};
 use backlinks::store::retry::{RetryPolicy, RetryingStore};
 use backlinks::store::s3::{S3Settings, S3Store, Secret};
 use bytes::Bytes;
@@ -36,8 +36,8 @@ async fn round_trip_and_not_found() {
 }
 
 #[tokio::test]
-async fn put_file_sends_exactly_the_named_file() {
-    contract::put_file_sends_exactly_the_named_file(&garage("put-file")).await;
+async fn put_file_sends_exactly_the_checked_file() {
+    contract::put_file_sends_exactly_the_checked_file(&garage("put-file")).await;
 }
 
 #[tokio::test]
@@ -106,6 +106,18 @@ async fn retries_ride_out_injected_faults() {
     assert!(injected >= 5, "p = 0.4 over 40+ calls injected only {injected}");
     assert_eq!(log.len(), 40 + injected, "each injected failure cost exactly one more attempt");
     assert_eq!(store.inner().inner().attempts() as usize, 40, "injected failures never reached Garage");
+    // Streamed uploads ride out the same faults.
+    let dir = tempfile::tempdir().unwrap();
+    for i in 0..8u8 {
+        let path = dir.path().join(format!("f{i}"));
+        std::fs::write(&path, vec![i; 300_000]).unwrap();
+        store.put_file(&format!("f{i}"), &LocalFile::hashed(&path).unwrap()).await.unwrap();
+        assert_eq!(store.get(&format!("f{i}")).await.unwrap(), Bytes::from(vec![i; 300_000]));
+    }
+    let streamed_fault = |r: &RequestRecord| {
+        r.operation == Operation::Put && r.key.starts_with('f') && matches!(r.outcome, Outcome::Injected(_))
+    };
+    assert!(store.inner().log().iter().any(streamed_fault), "no fault was injected into the streamed uploads");
 
     // Every attempt fails: exactly max_attempts attempts, then the retryable error.
     let always = FaultRule::new(Fault::Error).operations(&[Operation::Get]);

@@ -25,9 +25,9 @@ async fn round_trip_and_not_found() {
 }
 
 #[tokio::test]
-async fn put_file_sends_exactly_the_named_file() {
+async fn put_file_sends_exactly_the_checked_file() {
     let (_dir, store) = store();
-    contract::put_file_sends_exactly_the_named_file(&store).await;
+    contract::put_file_sends_exactly_the_checked_file(&store).await;
 }
 
 #[tokio::test]

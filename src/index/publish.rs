@@ -24,6 +24,7 @@ use crate::manifest::{Manifest, OutlineRange};
 use crate::model::account::AccountState;
 use crate::model::ids::{Backlink, ForwardLink, Revocation, TreeKind};
 use crate::outline::OutlineKind;
+use crate::store::object::{HashingReader, LocalFile};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -76,9 +77,10 @@ impl Index {
             let (data_path, meta_path) =
                 (dir.join(format!("{}.data", record.id)), dir.join(format!("{}.meta", record.id)));
             let meta = tokio::fs::read(&meta_path).await.map_err(io_err(&meta_path))?;
-            let data_len = check_before_upload(record.clone(), data_path.clone(), meta.clone()).await?;
+            let data = check_before_upload(record.clone(), data_path, meta.clone()).await?;
+            let data_len = data.len;
             let started = std::time::Instant::now();
-            self.store.put_file(&table_key(record.tree, &record.id, "data"), &data_path, data_len).await?;
+            self.store.put_file(&table_key(record.tree, &record.id, "data"), &data).await?;
             let meta_len = meta.len() as u64;
             self.store.put(&table_key(record.tree, &record.id, "meta"), meta.into()).await?;
             self.counters.upload_bytes.fetch_add(data_len + meta_len, Ordering::Relaxed);
@@ -191,10 +193,9 @@ impl Index {
 
 /// A table's local files decode and every frame's checksum holds: a copy that rotted on disk
 /// must never reach the bucket, where it would pass for the good copy. The data file is read a
-/// frame at a time (it is up to 64 MiB); its checked length is returned for the upload, which
-/// reads it again (a change in between would be a file rewritten in place, which tables never
-/// are).
-async fn check_before_upload(record: TableRecord, data: PathBuf, meta: Vec<u8>) -> Result<u64, IndexError> {
+/// frame at a time (it is up to 64 MiB) and hashed as it is read: the upload, which reads it
+/// again, sends exactly the bytes checked here or nothing.
+async fn check_before_upload(record: TableRecord, data: PathBuf, meta: Vec<u8>) -> Result<LocalFile, IndexError> {
     let path = data.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let checked = match record.tree {
@@ -228,13 +229,15 @@ impl CheckFailure {
     }
 }
 
-fn check_table_files<E: Entry>(data: &Path, meta: &[u8]) -> Result<u64, CheckFailure> {
+fn check_table_files<E: Entry>(data: &Path, meta: &[u8]) -> Result<LocalFile, CheckFailure> {
     let meta = TableMeta::<E>::decode(meta).map_err(|e| CheckFailure::Corrupt(ObjectKind::Meta, "meta", e))?;
     let file = std::fs::File::open(data).map_err(CheckFailure::Unreadable)?;
-    let file_len = file.metadata().map_err(CheckFailure::Unreadable)?.len();
-    let mut reader = std::io::BufReader::with_capacity(CHECK_READ_BYTES, file);
-    match verify_data_file(&meta, file_len, &mut reader) {
-        Ok(()) => Ok(file_len),
+    let len = file.metadata().map_err(CheckFailure::Unreadable)?.len();
+    // Frames cover the whole file (a decoded meta's frames are contiguous up to its length), so
+    // the hash is of every byte the check read.
+    let mut reader = HashingReader::new(std::io::BufReader::with_capacity(CHECK_READ_BYTES, file));
+    match verify_data_file(&meta, len, &mut reader) {
+        Ok(()) => Ok(LocalFile { path: data.to_owned(), len, sha256: reader.finish() }),
         Err(FormatError::Unreadable { detail, .. }) => Err(CheckFailure::Unreadable(std::io::Error::other(detail))),
         Err(e) => Err(CheckFailure::Corrupt(ObjectKind::Data, "data", e)),
     }

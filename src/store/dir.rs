@@ -12,8 +12,8 @@
 //! - All file IO runs on tokio's blocking pool, never on a runtime worker.
 
 use super::object::{
-    MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, check_file_len, check_object_len,
-    split_prefix, validate_key, validate_prefix,
+    HashingReader, LocalFile, MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError,
+    check_object_len, split_prefix, validate_key, validate_prefix,
 };
 use crate::base::durable::{sync_dir, write_synced};
 use bytes::Bytes;
@@ -72,12 +72,12 @@ impl Store for DirStore {
         blocking(move || write_object(&root, &path, &suffix, write).map_err(|e| StoreError::io(&key, e))).await
     }
 
-    async fn put_file(&self, key: &str, source: &Path, len: u64) -> Result<(), StoreError> {
+    async fn put_file(&self, key: &str, file: &LocalFile) -> Result<(), StoreError> {
         validate_key(key)?;
-        check_object_len(key, len)?;
+        check_object_len(key, file.len)?;
         let (root, path, suffix, key) = (self.root.clone(), self.path_of(key), self.next_temp_suffix(), key.to_owned());
-        let source = source.to_owned();
-        let write = move |temp: &Path| copy_synced(&source, temp, len);
+        let file = file.clone();
+        let write = move |temp: &Path| copy_synced(&file, temp);
         blocking(move || write_object(&root, &path, &suffix, write).map_err(|e| StoreError::io(&key, e))).await
     }
 
@@ -139,13 +139,14 @@ fn write_object(
     sync_dir(dir)
 }
 
-/// Copies `source`, which must be `len` bytes long, into a new file at `temp` and fsyncs it (at
-/// most `len` + 1 bytes are copied: enough to tell that a file is too long).
-fn copy_synced(source: &Path, temp: &Path, len: u64) -> std::io::Result<()> {
+/// Copies `file` into a new file at `temp`, hashing what it copies, and fsyncs it if those were
+/// the bytes checked (at most `len` + 1 bytes are copied: enough to tell that a file is too long).
+fn copy_synced(file: &LocalFile, temp: &Path) -> std::io::Result<()> {
     use std::io::Read;
-    let mut from = File::open(source)?.take(len.saturating_add(1));
+    let mut from = HashingReader::new(File::open(&file.path)?.take(file.len.saturating_add(1)));
     let mut to = File::create(temp)?;
-    check_file_len(len, std::io::copy(&mut from, &mut to)?)?;
+    let copied = std::io::copy(&mut from, &mut to)?;
+    file.check(copied, from.finish())?;
     to.sync_all()
 }
 

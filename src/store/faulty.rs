@@ -13,7 +13,7 @@
 //!   most `MAX_LOG_RECORDS` records and counts what it had to drop.
 //! - No lock is held across an `.await`.
 
-use super::object::{ObjectInfo, Store, StoreError};
+use super::object::{LocalFile, ObjectInfo, Store, StoreError};
 use crate::base::rng::splitmix64;
 use bytes::Bytes;
 use std::future::Future;
@@ -395,6 +395,10 @@ fn short_read(key: &str, expected: u64, available: u64, bits: u64) -> Option<Sto
 impl<S: Store> Store for FaultyStore<S> {
     async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
         self.intercept(Operation::Put, key, None, self.inner.put(key, body), |_, _| None).await
+    }
+
+    async fn put_file(&self, key: &str, file: &LocalFile) -> Result<(), StoreError> {
+        self.intercept(Operation::Put, key, None, self.inner.put_file(key, file), |_, _| None).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

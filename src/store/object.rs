@@ -10,13 +10,13 @@
 //! - `get_range` returns exactly `len` bytes or `ShortRead`; it never returns a partial range.
 //! - `list` is sorted by key; deleting a missing key succeeds.
 //! - Objects are at most `MAX_OBJECT_LEN` bytes (the largest single PUT S3 accepts).
-//! - `put_file` writes exactly the `len` bytes the caller names or fails with nothing written; the
-//!   stores that large tables travel through (S3, the local directory, the wrappers in front of
-//!   them) stream the file instead of holding it in memory.
+//! - `put_file` writes exactly the bytes the caller checked (`LocalFile`: their length and
+//!   SHA-256) or fails with nothing written; the stores that large tables travel through (S3, the
+//!   local directory, the wrappers in front of them) stream the file instead of holding it.
 
 use bytes::Bytes;
 use std::io::ErrorKind;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Longest key in bytes.
 pub const MAX_KEY_LEN: usize = 512;
@@ -30,11 +30,11 @@ pub const MAX_LIST_OBJECTS: usize = 10_000_000;
 pub trait Store: Send + Sync + std::fmt::Debug {
     /// Writes `body` under `key`, replacing any previous object atomically.
     async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError>;
-    /// Writes the local file at `path`, which must be `len` bytes long and not change meanwhile,
-    /// under `key`, as `put` does. This default reads it whole; the stores a table's data (up
-    /// to 64 MiB) goes through in production stream it.
-    async fn put_file(&self, key: &str, path: &Path, len: u64) -> Result<(), StoreError> {
-        let body = read_local_file(key, path, len).await?;
+    /// Writes the local file `file` under `key`, as `put` does, if it still holds the bytes its
+    /// caller checked. This default reads it whole; the stores a table's data (up to 64 MiB) goes
+    /// through in production stream it.
+    async fn put_file(&self, key: &str, file: &LocalFile) -> Result<(), StoreError> {
+        let body = read_local_file(key, file).await?;
         self.put(key, body).await
     }
     /// The whole object; `StoreError::NotFound` when absent.
@@ -47,12 +47,65 @@ pub trait Store: Send + Sync + std::fmt::Debug {
     async fn delete(&self, key: &str) -> Result<(), StoreError>;
 }
 
-/// The `len` bytes of the local file at `path`, read for an upload to `key`: a file of another
-/// length is an error.
-async fn read_local_file(key: &str, path: &Path, len: u64) -> Result<Bytes, StoreError> {
-    check_object_len(key, len)?;
-    let body = tokio::fs::read(path).await.map_err(|e| StoreError::io(key, e))?;
-    check_file_len(len, body.len() as u64).map_err(|e| StoreError::io(key, e))?;
+/// A local file to upload, as its caller checked it: its length and the SHA-256 of its bytes.
+/// A store sends exactly these bytes or nothing (a file that changed since is refused).
+#[derive(Debug, Clone)]
+pub struct LocalFile {
+    pub path: PathBuf,
+    pub len: u64,
+    pub sha256: [u8; 32],
+}
+
+impl LocalFile {
+    /// Hashes the file at `path` (for callers that did not read it anyway).
+    pub fn hashed(path: &Path) -> std::io::Result<Self> {
+        let mut hashing = HashingReader::new(std::fs::File::open(path)?);
+        let len = std::io::copy(&mut hashing, &mut std::io::sink())?;
+        Ok(LocalFile { path: path.to_owned(), len, sha256: hashing.finish() })
+    }
+
+    /// Whether the `len` bytes read from the file, of SHA-256 `sha256`, are the ones checked.
+    pub(crate) fn check(&self, len: u64, sha256: [u8; 32]) -> std::io::Result<()> {
+        check_file_len(self.len, len)?;
+        if sha256 != self.sha256 {
+            let detail = "the local file sent changed since it was checked (SHA-256 differs)";
+            return Err(std::io::Error::new(ErrorKind::InvalidData, detail));
+        }
+        Ok(())
+    }
+}
+
+/// A reader that hashes (SHA-256) every byte read through it.
+pub struct HashingReader<R> {
+    inner: R,
+    hasher: sha2::Sha256,
+}
+
+impl<R: std::io::Read> HashingReader<R> {
+    pub fn new(inner: R) -> Self {
+        HashingReader { inner, hasher: <sha2::Sha256 as sha2::Digest>::new() }
+    }
+
+    /// The SHA-256 of everything read so far.
+    pub fn finish(self) -> [u8; 32] {
+        sha2::Digest::finalize(self.hasher).into()
+    }
+}
+
+impl<R: std::io::Read> std::io::Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        sha2::Digest::update(&mut self.hasher, &buf[..n]);
+        Ok(n)
+    }
+}
+
+/// The bytes of the local file `file`, read for an upload to `key`, if they are the ones checked.
+async fn read_local_file(key: &str, file: &LocalFile) -> Result<Bytes, StoreError> {
+    check_object_len(key, file.len)?;
+    let body = tokio::fs::read(&file.path).await.map_err(|e| StoreError::io(key, e))?;
+    let sha256: [u8; 32] = <sha2::Sha256 as sha2::Digest>::digest(&body).into();
+    file.check(body.len() as u64, sha256).map_err(|e| StoreError::io(key, e))?;
     Ok(body.into())
 }
 

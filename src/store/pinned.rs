@@ -13,10 +13,9 @@
 //! - A spawned request lives no longer than its caller: dropping the call (a query cut off by
 //!   its timeout, a client gone) aborts the task, so abandoned reads do not pile up.
 
-use crate::store::object::{ObjectInfo, Store, StoreError};
+use crate::store::object::{LocalFile, ObjectInfo, Store, StoreError};
 use bytes::Bytes;
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use tokio::runtime::Handle;
 use tokio::task::JoinHandle;
@@ -64,9 +63,9 @@ impl Store for PinnedStore {
         self.run(|store| async move { store.put(&key, body).await }).await
     }
 
-    async fn put_file(&self, key: &str, path: &Path, len: u64) -> Result<(), StoreError> {
-        let (key, path) = (key.to_string(), path.to_owned());
-        self.run(|store| async move { store.put_file(&key, &path, len).await }).await
+    async fn put_file(&self, key: &str, file: &LocalFile) -> Result<(), StoreError> {
+        let (key, file) = (key.to_string(), file.clone());
+        self.run(|store| async move { store.put_file(&key, &file).await }).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

@@ -10,11 +10,10 @@
 //! - Each sleep lies in `0..=min(max_delay, base_delay * 2^retry)`; the same seed and the same
 //!   order of draws give the same sleeps.
 
-use super::object::{ObjectInfo, Store, StoreError};
+use super::object::{LocalFile, ObjectInfo, Store, StoreError};
 use crate::base::rng::splitmix64;
 use bytes::Bytes;
 use std::future::Future;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -139,8 +138,8 @@ impl<S: Store> Store for RetryingStore<S> {
         with_retries(&self.policy, &self.jitter, || self.inner.put(key, body.clone())).await
     }
 
-    async fn put_file(&self, key: &str, path: &Path, len: u64) -> Result<(), StoreError> {
-        with_retries(&self.policy, &self.jitter, || self.inner.put_file(key, path, len)).await
+    async fn put_file(&self, key: &str, file: &LocalFile) -> Result<(), StoreError> {
+        with_retries(&self.policy, &self.jitter, || self.inner.put_file(key, file)).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

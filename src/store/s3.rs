@@ -10,8 +10,8 @@
 //!   transfer allowance proportional to the body size (`MIN_TRANSFER_BYTES_PER_SEC`).
 //! - `put_file` streams the file (`UPLOAD_BUFFER_BYTES` at a time) after checking its length;
 //!   each attempt reads it again from the start. Every PUT's body is checked by the server: an
-//!   in-memory body against the request's signature, a streamed one against the SHA-256 the
-//!   file had before the first attempt (`x-amz-checksum-sha256`).
+//!   in-memory body against the request's signature, a streamed one against the SHA-256 its
+//!   caller took when it checked the file (`x-amz-checksum-sha256`).
 //! - `get_range` returns exactly the requested bytes, or `ShortRead` when the object is shorter;
 //!   a body is never read past the length the response declared, and never past `MAX_OBJECT_LEN`.
 //! - `list` pages through ListObjectsV2 and stops with an error past `MAX_LIST_OBJECTS` objects or
@@ -19,8 +19,8 @@
 //! - The secret key is only ever held in a `Secret`, whose `Debug` prints no part of it.
 
 use super::object::{
-    MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, check_file_len, check_object_len,
-    validate_key, validate_prefix,
+    LocalFile, MAX_KEY_LEN, MAX_LIST_OBJECTS, MAX_OBJECT_LEN, ObjectInfo, Store, StoreError, check_file_len,
+    check_object_len, validate_key, validate_prefix,
 };
 use super::retry::{Jitter, RetryPolicy, with_retries};
 use aws_sdk_s3::config::http::HttpResponse;
@@ -32,7 +32,6 @@ use aws_sdk_s3::primitives::{ByteStream, Length};
 use bytes::{Bytes, BytesMut};
 use std::future::Future;
 use std::io::ErrorKind;
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -258,14 +257,15 @@ impl S3Store {
     }
 
     /// One attempt at `put_file`: the body is read from the file while it is sent, a buffer at a
-    /// time, with the SHA-256 the file had before the first attempt (`sha256`, base64), which the
-    /// server checks the body against. The file's length is checked first (the SDK would send a
-    /// longer file's first `len` bytes); one that shrinks while sent fails the attempt.
-    async fn put_file_once(&self, key: &str, path: &Path, len: u64, sha256: &str) -> Result<(), StoreError> {
-        let found = tokio::fs::metadata(path).await.map_err(|e| StoreError::io(key, e))?.len();
-        check_file_len(len, found).map_err(|e| StoreError::io(key, e))?;
+    /// time, with the SHA-256 its caller checked (`sha256`, base64), which the server checks the
+    /// body against. The file's length is checked first (the SDK would send a longer file's first
+    /// `len` bytes); one that shrinks while sent fails the attempt.
+    async fn put_file_once(&self, key: &str, file: &LocalFile, sha256: &str) -> Result<(), StoreError> {
+        let found = tokio::fs::metadata(&file.path).await.map_err(|e| StoreError::io(key, e))?.len();
+        check_file_len(file.len, found).map_err(|e| StoreError::io(key, e))?;
+        let len = file.len;
         let body = ByteStream::read_from()
-            .path(path)
+            .path(&file.path)
             .length(Length::Exact(len))
             .buffer_size(UPLOAD_BUFFER_BYTES)
             .build()
@@ -395,11 +395,11 @@ impl Store for S3Store {
         self.run(|| self.put_once(key, body.clone())).await
     }
 
-    async fn put_file(&self, key: &str, path: &Path, len: u64) -> Result<(), StoreError> {
+    async fn put_file(&self, key: &str, file: &LocalFile) -> Result<(), StoreError> {
         validate_key(key)?;
-        check_object_len(key, len)?;
-        let sha256 = file_sha256(key, path, len).await?;
-        self.run(|| self.put_file_once(key, path, len, &sha256)).await
+        check_object_len(key, file.len)?;
+        let sha256 = data_encoding::BASE64.encode(&file.sha256);
+        self.run(|| self.put_file_once(key, file, &sha256)).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {
@@ -488,31 +488,6 @@ fn default_credentials_chain(
     )
     .or_else("EcsContainer", ecs::EcsCredentialsProvider::builder().configure(&conf).build())
     .or_else("Ec2InstanceMetadata", imds::credentials::ImdsCredentialsProvider::builder().configure(&conf).build())
-}
-
-/// The base64 SHA-256 of the local file at `path`, read `UPLOAD_BUFFER_BYTES` at a time; a file
-/// that is not `len` bytes long is refused.
-async fn file_sha256(key: &str, path: &Path, len: u64) -> Result<String, StoreError> {
-    use sha2::{Digest, Sha256};
-    use std::io::Read;
-    let path = path.to_owned();
-    let digest = tokio::task::spawn_blocking(move || -> std::io::Result<_> {
-        let mut file = std::fs::File::open(&path)?.take(len.saturating_add(1));
-        let (mut hasher, mut buffer, mut read) = (Sha256::new(), vec![0u8; UPLOAD_BUFFER_BYTES], 0u64);
-        loop {
-            match file.read(&mut buffer)? {
-                0 => break,
-                n => {
-                    hasher.update(&buffer[..n]);
-                    read += n as u64;
-                }
-            }
-        }
-        check_file_len(len, read)?;
-        Ok(hasher.finalize())
-    });
-    let digest = digest.await.map_err(|e| StoreError::Other(format!("{key}: hashing task failed: {e}")))?;
-    Ok(data_encoding::BASE64.encode(&digest.map_err(|e| StoreError::io(key, e))?))
 }
 
 /// `future` within `limit`, or a retryable `TimedOut`.

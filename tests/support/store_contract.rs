@@ -1,7 +1,7 @@
 //! The object-store contract (`backlinks::store::object::Store`) as reusable checks: every
 //! backend (the local directory, S3 against Garage) runs the same ones on an empty store.
 
-use backlinks::store::object::{ObjectInfo, Store, StoreError};
+use backlinks::store::object::{LocalFile, ObjectInfo, Store, StoreError};
 use bytes::Bytes;
 use std::sync::Arc;
 
@@ -109,25 +109,40 @@ pub async fn hostile_keys_are_rejected(store: &dyn Store) {
     assert!(matches!(store.list("/etc").await, Err(StoreError::InvalidKey { .. })));
 }
 
-/// `put_file` writes exactly the file it is given, and a file of another length than the one
-/// named, or none at all, writes nothing.
-pub async fn put_file_sends_exactly_the_named_file(store: &dyn Store) {
+/// `put_file` writes exactly the bytes its caller checked, and a file that is not those (another
+/// length, other bytes of the same length, no file at all) writes nothing.
+pub async fn put_file_sends_exactly_the_checked_file(store: &dyn Store) {
     let dir = tempfile::tempdir().unwrap();
     let body: Vec<u8> = (0..5_000_000u32).map(|i| (i % 253) as u8).collect();
     let path = dir.path().join("table.data");
     std::fs::write(&path, &body).unwrap();
-    store.put_file("tables/links/1.data", &path, body.len() as u64).await.unwrap();
+    let checked = LocalFile::hashed(&path).unwrap();
+    assert_eq!(checked.len, body.len() as u64);
+    store.put_file("tables/links/1.data", &checked).await.unwrap();
     assert_eq!(store.get("tables/links/1.data").await.unwrap(), Bytes::from(body.clone()));
-    for named in [body.len() as u64 - 1, body.len() as u64 + 1, 0] {
-        let outcome = store.put_file("tables/links/2.data", &path, named).await;
-        assert!(matches!(&outcome, Err(StoreError::Io { .. })), "{named} named: {outcome:?}");
+    let mut changed = body.clone();
+    changed[4_000_000] ^= 1;
+    let other = dir.path().join("other.data");
+    std::fs::write(&other, &changed).unwrap();
+    let wrong = [
+        LocalFile { len: checked.len - 1, ..checked.clone() },
+        LocalFile { len: checked.len + 1, ..checked.clone() },
+        LocalFile { len: 0, ..checked.clone() },
+        LocalFile { path: other, ..checked.clone() },
+    ];
+    for file in &wrong {
+        // Refused by the store itself or, for other bytes streamed to S3, by the server.
+        let outcome = store.put_file("tables/links/2.data", file).await;
+        assert!(outcome.is_err(), "{file:?} was written");
     }
-    let missing = store.put_file("tables/links/2.data", &dir.path().join("missing"), 10).await;
+    let missing =
+        store.put_file("tables/links/2.data", &LocalFile { path: dir.path().join("missing"), ..checked }).await;
     assert!(matches!(&missing, Err(StoreError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound));
     assert!(matches!(store.get("tables/links/2.data").await, Err(StoreError::NotFound { .. })));
     let empty = dir.path().join("empty");
     std::fs::write(&empty, b"").unwrap();
-    store.put_file("empty", &empty, 0).await.unwrap();
+    let empty = LocalFile::hashed(&empty).unwrap();
+    store.put_file("empty", &empty).await.unwrap();
     assert_eq!(store.get("empty").await.unwrap(), Bytes::new());
-    assert!(matches!(store.put_file("../x", &empty, 0).await, Err(StoreError::InvalidKey { .. })));
+    assert!(matches!(store.put_file("../x", &empty).await, Err(StoreError::InvalidKey { .. })));
 }
