@@ -149,6 +149,8 @@ pub struct Outlines {
     allocator: Mutex<Allocator>,
     /// `Allocator::pending_bytes`, readable without the lock (the writer asks after every event).
     pending_bytes: AtomicUsize,
+    /// The part of them a flush has claimed (`claim_pending`): its persist will write them.
+    claimed_bytes: AtomicUsize,
     caches: [RwLock<Cache>; 4],
 }
 
@@ -166,7 +168,8 @@ impl Outlines {
             RwLock::new(Cache::new(if large { opts.cache_entries } else { SMALL_KIND_CACHE_ENTRIES }))
         });
         let (db, persisting, allocator) = (Mutex::new(conn), Mutex::new(()), Mutex::default());
-        let outlines = Self { db, persisting, allocator, pending_bytes: AtomicUsize::new(0), caches };
+        let (pending_bytes, claimed_bytes) = (AtomicUsize::new(0), AtomicUsize::new(0));
+        let outlines = Self { db, persisting, allocator, pending_bytes, claimed_bytes, caches };
         outlines.preload(OutlineKind::Collection)?;
         outlines.preload(OutlineKind::Location)?;
         outlines.mark_complete_if_empty(OutlineKind::Did)?;
@@ -260,6 +263,8 @@ impl Outlines {
         let (pending, pending_bytes, advanced) = {
             let mut allocator = self.lock_allocator()?;
             let pending = std::mem::take(&mut allocator.pending);
+            self.pending_bytes.store(0, Ordering::Relaxed);
+            self.claimed_bytes.store(0, Ordering::Relaxed);
             (pending, std::mem::take(&mut allocator.pending_bytes), std::mem::take(&mut allocator.advanced))
         };
         if pending.is_empty() && advanced.is_empty() {
@@ -386,6 +391,18 @@ impl Outlines {
     /// estimate from their lengths), which a flush counts with the memtables it writes.
     pub fn pending_bytes(&self) -> usize {
         self.pending_bytes.load(Ordering::Relaxed)
+    }
+
+    /// Marks the strings pending now as a flush's, which persists them: the writer's budget for
+    /// the next flush counts only those interned after (`unclaimed_pending_bytes`), as it counts
+    /// only the memtables after the freeze.
+    pub fn claim_pending(&self) {
+        self.claimed_bytes.store(self.pending_bytes(), Ordering::Relaxed);
+    }
+
+    /// `pending_bytes` less what a flush claimed and has not persisted yet.
+    pub fn unclaimed_pending_bytes(&self) -> usize {
+        self.pending_bytes().saturating_sub(self.claimed_bytes.load(Ordering::Relaxed))
     }
 
     fn write_pending(
