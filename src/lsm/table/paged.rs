@@ -331,20 +331,21 @@ impl<E: Entry> PagedMeta<E> {
     /// another reader, or read again from the meta, checked, and (for a lookup) cached.
     pub fn models(&self, with: PageUse) -> Result<Option<Arc<ColumnModels>>, FormatError> {
         let Some(place) = self.models else { return Ok(None) };
+        // Under the lock (taken before any cache lock, never after), so that two readers that miss
+        // read, decode and cache the models once.
+        let mut held = self.held_models.lock().expect("held models lock poisoned");
         let cached = self.cache.with(self.serial, MODELS_KEY, |cached| match cached {
             MetaPage::Models(models) => Some(models.clone()),
             _ => None,
         });
         let cached = cached.flatten();
         let was_cached = cached.is_some();
-        let mut held = self.held_models.lock().expect("held models lock poisoned");
         let models = match cached.or_else(|| held.upgrade()) {
             Some(models) => models,
             None => self.read_models(place)?,
         };
         // What the caller may hold is what the next reader finds, even once the cache lost it.
         *held = Arc::downgrade(&models);
-        drop(held);
         if with == PageUse::Lookup && !was_cached {
             self.cache.insert(self.serial, MODELS_KEY, MetaPage::Models(models.clone()));
         }

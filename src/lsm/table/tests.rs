@@ -954,7 +954,7 @@ fn paged_meta_models_are_read_again_and_checked() {
     cached.models(PageUse::Lookup).unwrap();
     assert!(cache.bytes() >= whole.models.as_ref().unwrap().memory_bytes(), "a lookup caches the models");
     let holding = held.models(PageUse::Scan).unwrap().unwrap();
-    assert_eq!(cache.bytes(), whole.models.as_ref().unwrap().memory_bytes(), "a scan cached its models");
+    assert_eq!(cache.bytes(), whole.models.as_ref().unwrap().memory_bytes(), "a scan caches nothing");
     let mut changed = meta_bytes.clone();
     changed[models_at + models_len / 2] ^= 0x10;
     std::fs::write(&path, &changed).unwrap();
