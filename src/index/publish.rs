@@ -5,8 +5,8 @@
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
 //! - A table's local files are checked (meta decodes, every frame's checksum holds) before upload:
 //!   a copy that rotted on disk never reaches the bucket, where it would pass for the good copy.
-//!   The data file is checked and then sent a buffer at a time (`Store::put_file`): an upload never
-//!   holds a table whole in memory.
+//!   The data file is checked and hashed in one pass, then sent a buffer at a time with that hash
+//!   (`Store::put_file`): exactly the bytes checked are uploaded, and never held whole in memory.
 //! - Generations strictly increase, past both the catalog's record and the bucket's CURRENT.
 //! - A manifest names the tables of one look at the catalog, every one of them uploaded. A merge
 //!   may retire tables (and remove their local files) while they upload; the publish then looks
