@@ -114,8 +114,6 @@ pub enum OutlineError {
 struct Allocator {
     /// New strings in allocation order: their insertion order in `outlines.db`.
     pending: Vec<(OutlineKind, u64)>,
-    /// The memory they hold (`pending_bytes_of`).
-    pending_bytes: usize,
     /// Next counter of each (kind, shard) used since open (at most 4 * 2^16 entries).
     next_counter: HashMap<(OutlineKind, u16), u64>,
     /// Next counters of the sequences advanced since the last persist: what persist writes.
@@ -125,14 +123,9 @@ struct Allocator {
 impl Allocator {
     /// Returns what a failed persist took: its strings go before any interned meanwhile (the
     /// insertion order stays the allocation order), and each sequence keeps its larger counter.
-    fn put_back(
-        &mut self,
-        (mut pending, pending_bytes): (Vec<(OutlineKind, u64)>, usize),
-        advanced: BTreeMap<(OutlineKind, u16), u64>,
-    ) {
+    fn put_back(&mut self, mut pending: Vec<(OutlineKind, u64)>, advanced: BTreeMap<(OutlineKind, u16), u64>) {
         pending.append(&mut self.pending);
         self.pending = pending;
-        self.pending_bytes += pending_bytes;
         for (sequence, next) in advanced {
             let counter = self.advanced.entry(sequence).or_insert(next);
             *counter = (*counter).max(next);
@@ -147,7 +140,8 @@ pub struct Outlines {
     /// Held by the one `persist` or `import_rows` running at a time (taken before the others).
     persisting: Mutex<()>,
     allocator: Mutex<Allocator>,
-    /// `Allocator::pending_bytes`, readable without the lock (the writer asks after every event).
+    /// The memory the pending strings hold (`pending_bytes_of` each), changed under the
+    /// allocator lock with the list and read without it (the writer asks after every event).
     pending_bytes: AtomicUsize,
     /// The part of them a flush has claimed (`claim_pending`): its persist will write them.
     claimed_bytes: AtomicUsize,
@@ -209,8 +203,7 @@ impl Outlines {
         let id = self.allocate(&mut allocator, kind, shard)?;
         write(&self.caches[kind.index()])?.insert_pinned(id, value);
         allocator.pending.push((kind, id));
-        allocator.pending_bytes += pending_bytes_of(value);
-        self.pending_bytes.store(allocator.pending_bytes, Ordering::Relaxed);
+        self.pending_bytes.fetch_add(pending_bytes_of(value), Ordering::Relaxed);
         Ok(id)
     }
 
@@ -262,18 +255,16 @@ impl Outlines {
         let _one_at_a_time = self.persisting.lock().map_err(|_| OutlineError::Poisoned)?;
         let (pending, pending_bytes, advanced) = {
             let mut allocator = self.lock_allocator()?;
-            let pending = std::mem::take(&mut allocator.pending);
-            self.pending_bytes.store(0, Ordering::Relaxed);
             self.claimed_bytes.store(0, Ordering::Relaxed);
-            (pending, std::mem::take(&mut allocator.pending_bytes), std::mem::take(&mut allocator.advanced))
+            let pending_bytes = self.pending_bytes.swap(0, Ordering::Relaxed);
+            (std::mem::take(&mut allocator.pending), pending_bytes, std::mem::take(&mut allocator.advanced))
         };
         if pending.is_empty() && advanced.is_empty() {
             return Ok(0);
         }
         if let Err(error) = self.write_pending(&pending, &advanced) {
-            let mut allocator = self.lock_allocator()?;
-            allocator.put_back((pending, pending_bytes), advanced);
-            self.pending_bytes.store(allocator.pending_bytes, Ordering::Relaxed);
+            self.lock_allocator()?.put_back(pending, advanced);
+            self.pending_bytes.fetch_add(pending_bytes, Ordering::Relaxed);
             return Err(error);
         }
         for chunk in pending.chunks(LOCKED_ROWS) {
@@ -285,8 +276,6 @@ impl Outlines {
         for cache in &self.caches {
             write(cache)?.shrink_to_capacity();
         }
-        let left = self.lock_allocator()?.pending_bytes;
-        self.pending_bytes.store(left, Ordering::Relaxed);
         Ok(pending.len())
     }
 
