@@ -11,7 +11,7 @@ use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::import_lines;
 use backlinks::manifest::Manifest;
 use backlinks::store::faulty::{Fault, FaultRule, FaultyStore, Operation, Outcome, RequestRecord};
-use backlinks::store::object::{LocalFile, Store, StoreError};
+use backlinks::store::object::{Store, StoreError};
 use backlinks::store::retry::{RetryPolicy, RetryingStore};
 use backlinks::store::s3::{S3Settings, S3Store, Secret};
 use bytes::Bytes;
@@ -111,7 +111,7 @@ async fn retries_ride_out_injected_faults() {
     for i in 0..8u8 {
         let path = dir.path().join(format!("f{i}"));
         std::fs::write(&path, vec![i; 300_000]).unwrap();
-        store.put_file(&format!("f{i}"), &LocalFile::hashed(&path).unwrap()).await.unwrap();
+        store.put_file(&format!("f{i}"), &contract::hashed(&path)).await.unwrap();
         assert_eq!(store.get(&format!("f{i}")).await.unwrap(), Bytes::from(vec![i; 300_000]));
     }
     let streamed_fault = |r: &RequestRecord| {

@@ -25,6 +25,7 @@ use crate::model::account::AccountState;
 use crate::model::ids::{Backlink, ForwardLink, Revocation, TreeKind};
 use crate::outline::OutlineKind;
 use crate::store::object::{HashingReader, LocalFile};
+use bytes::Bytes;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -76,13 +77,13 @@ impl Index {
             let dir = self.tree_files(record.tree).dir();
             let (data_path, meta_path) =
                 (dir.join(format!("{}.data", record.id)), dir.join(format!("{}.meta", record.id)));
-            let meta = tokio::fs::read(&meta_path).await.map_err(io_err(&meta_path))?;
+            let meta = Bytes::from(tokio::fs::read(&meta_path).await.map_err(io_err(&meta_path))?);
             let data = check_before_upload(record.clone(), data_path, meta.clone()).await?;
             let data_len = data.len;
             let started = std::time::Instant::now();
             self.store.put_file(&table_key(record.tree, &record.id, "data"), &data).await?;
             let meta_len = meta.len() as u64;
-            self.store.put(&table_key(record.tree, &record.id, "meta"), meta.into()).await?;
+            self.store.put(&table_key(record.tree, &record.id, "meta"), meta).await?;
             self.counters.upload_bytes.fetch_add(data_len + meta_len, Ordering::Relaxed);
             add_elapsed(&self.counters.upload_micros, started);
             self.catalog.mark_uploaded(&record.id)?;
@@ -195,7 +196,7 @@ impl Index {
 /// must never reach the bucket, where it would pass for the good copy. The data file is read a
 /// frame at a time (it is up to 64 MiB) and hashed as it is read: the upload, which reads it
 /// again, sends exactly the bytes checked here or nothing.
-async fn check_before_upload(record: TableRecord, data: PathBuf, meta: Vec<u8>) -> Result<LocalFile, IndexError> {
+async fn check_before_upload(record: TableRecord, data: PathBuf, meta: Bytes) -> Result<LocalFile, IndexError> {
     let path = data.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let checked = match record.tree {

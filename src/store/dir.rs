@@ -53,6 +53,20 @@ impl DirStore {
         let n = self.temp_counter.fetch_add(1, Ordering::Relaxed);
         format!("{TEMP_MARKER}{}-{n}", std::process::id())
     }
+
+    /// Writes the `len`-byte object `key` with `write` (which fills and fsyncs a temporary file),
+    /// on the blocking pool (`write_object`).
+    async fn write_through_temp(
+        &self,
+        key: &str,
+        len: u64,
+        write: impl FnOnce(&Path) -> std::io::Result<()> + Send + 'static,
+    ) -> Result<(), StoreError> {
+        validate_key(key)?;
+        check_object_len(key, len)?;
+        let (root, path, suffix, key) = (self.root.clone(), self.path_of(key), self.next_temp_suffix(), key.to_owned());
+        blocking(move || write_object(&root, &path, &suffix, write).map_err(|e| StoreError::io(&key, e))).await
+    }
 }
 
 /// Runs blocking file IO on tokio's blocking pool.
@@ -65,20 +79,13 @@ async fn blocking<T: Send + 'static>(
 #[async_trait::async_trait]
 impl Store for DirStore {
     async fn put(&self, key: &str, body: Bytes) -> Result<(), StoreError> {
-        validate_key(key)?;
-        check_object_len(key, body.len() as u64)?;
-        let (root, path, suffix, key) = (self.root.clone(), self.path_of(key), self.next_temp_suffix(), key.to_owned());
-        let write = move |temp: &Path| write_synced(temp, &body);
-        blocking(move || write_object(&root, &path, &suffix, write).map_err(|e| StoreError::io(&key, e))).await
+        let len = body.len() as u64;
+        self.write_through_temp(key, len, move |temp| write_synced(temp, &body)).await
     }
 
     async fn put_file(&self, key: &str, file: &LocalFile) -> Result<(), StoreError> {
-        validate_key(key)?;
-        check_object_len(key, file.len)?;
-        let (root, path, suffix, key) = (self.root.clone(), self.path_of(key), self.next_temp_suffix(), key.to_owned());
         let file = file.clone();
-        let write = move |temp: &Path| copy_synced(&file, temp);
-        blocking(move || write_object(&root, &path, &suffix, write).map_err(|e| StoreError::io(&key, e))).await
+        self.write_through_temp(key, file.len, move |temp| copy_synced(&file, temp)).await
     }
 
     async fn get(&self, key: &str) -> Result<Bytes, StoreError> {

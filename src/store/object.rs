@@ -16,7 +16,7 @@
 
 use bytes::Bytes;
 use std::io::ErrorKind;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// Longest key in bytes.
 pub const MAX_KEY_LEN: usize = 512;
@@ -57,13 +57,6 @@ pub struct LocalFile {
 }
 
 impl LocalFile {
-    /// Hashes the file at `path` (for callers that did not read it anyway).
-    pub fn hashed(path: &Path) -> std::io::Result<Self> {
-        let mut hashing = HashingReader::new(std::fs::File::open(path)?);
-        let len = std::io::copy(&mut hashing, &mut std::io::sink())?;
-        Ok(LocalFile { path: path.to_owned(), len, sha256: hashing.finish() })
-    }
-
     /// Whether the `len` bytes read from the file, of SHA-256 `sha256`, are the ones checked.
     pub(crate) fn check(&self, len: u64, sha256: [u8; 32]) -> std::io::Result<()> {
         check_file_len(self.len, len)?;
