@@ -445,16 +445,12 @@ fn decode_span_checked<E: Entry>(span: &FrameSpan<'_, E>, bytes: &[u8], out: &mu
     })
 }
 
-/// Checks a whole data file against its meta without decompressing it: the exact length, then
-/// every frame's header and checksum. An upload runs this, so a local copy that rotted on disk
-/// never reaches the bucket (where it would replace the only good copy's chance of existing).
-pub fn verify_data_checksums<E: Entry>(meta: &TableMeta<E>, data: &[u8]) -> Result<(), FormatError> {
-    verify_data_file(meta, data.len() as u64, &mut &data[..])
-}
-
-/// `verify_data_checksums` of a data file of `file_len` bytes read from `reader` one frame at a
-/// time (a buffer of at most `MAX_FRAME_BYTES`), so that a large table is never held whole. A
-/// read that fails after the length matched (the file changed meanwhile) is `Unreadable`.
+/// Checks a whole data file of `file_len` bytes against its meta without decompressing it: the
+/// exact length, then every frame's header and checksum, read from `reader` one frame at a time
+/// (a buffer of at most `MAX_FRAME_BYTES`), so that a large table is never held whole. An upload
+/// runs this, so a local copy that rotted on disk never reaches the bucket (where it would
+/// replace the only good copy's chance of existing). A read that fails after the length matched
+/// (the file changed meanwhile) is `Unreadable`.
 pub fn verify_data_file<E: Entry>(
     meta: &TableMeta<E>,
     file_len: u64,
