@@ -8,7 +8,8 @@
 //! Invariants checked (src/lsm/table.rs states them):
 //! - A meta file that decodes re-encodes (as version 3 with models, else 2, or 1) to bytes that decode to the same meta and
 //!   re-encode to themselves; its frame ranges and byte ranges stay in bounds, and reading frames
-//!   from data of the wrong length is an error, not a panic.
+//!   from data of the wrong length is an error, not a panic; checking a data file against it
+//!   (`verify_data_file`) fails for zeros or another length, without panicking.
 //! - A built table decodes to exactly its entries (meta and frames), its filter admits every key,
 //!   and `frames_for_key` covers every entry of the key.
 #![no_main]
@@ -17,7 +18,7 @@ mod common;
 
 use backlinks::lsm::entry::Entry;
 use backlinks::lsm::filter::KeyHash;
-use backlinks::lsm::table::{TableMeta, decode_frames};
+use backlinks::lsm::table::{FormatError, TableMeta, decode_frames, verify_data_file};
 use backlinks::model::ids::{Backlink, Revocation};
 use libfuzzer_sys::fuzz_target;
 
@@ -51,6 +52,14 @@ fn check_decode<E: Entry>(bytes: &[u8], fix_checksum: bool) {
             assert!(decode_frames(&meta, range, &too_short, &mut Vec::new()).is_err(), "short data accepted");
         }
     }
+    // The upload's check of a data file against this meta: zeros of the right length fail their
+    // frame checksums (an error, never a panic), and a file of another length fails before any read.
+    let zeros = vec![0u8; meta.data_len.min(1 << 20) as usize];
+    if !meta.frames.is_empty() {
+        assert!(verify_data_file(&meta, zeros.len() as u64, &mut &zeros[..]).is_err(), "zeros passed the check");
+    }
+    let wrong = meta.data_len.wrapping_add(1);
+    assert!(matches!(verify_data_file(&meta, wrong, &mut std::io::empty()), Err(FormatError::Length { .. })));
 }
 
 fn check_build<E: Entry>(bytes: &[u8], modelled: bool) {
