@@ -73,7 +73,7 @@ for size in "$@"; do
     bucket_total=$(bytes_of "$data/bucket")
     metas=$(bytes_of "$data"/state/tables/*/*.meta)
     cache=$(bytes_of "$data"/state/tables/*/*.data)
-    outlines=$(bytes_of "$data"/outlines.db*)
+    outlines=$(bytes_of "$data"/outlines.*) # outlines.db with its WAL, and the fingerprint table
     state=$(bytes_of "$data"/state/state.db*)
     links=$(jq .links "$dir/workload.json")
 

@@ -31,6 +31,12 @@ impl OutlineKind {
         }
     }
 
+    /// Did and rkey: millions of strings on the network, so their caches hold only part of them
+    /// and the rest are found through the fingerprint table.
+    pub const fn is_large(self) -> bool {
+        matches!(self, OutlineKind::Did | OutlineKind::Rkey)
+    }
+
     pub fn from_code(code: u8) -> Option<Self> {
         Self::ALL.into_iter().find(|kind| kind.code() == code)
     }

@@ -14,8 +14,10 @@
 //!   at every instant it is in the cache, in SQLite, or both (`persist` writes without the
 //!   allocator lock; `persisting` keeps persists and imports one at a time).
 //! - New strings are pinned in their kind's cache (listed in `Allocator::pending`), never evicted,
-//!   until `persist` writes all of them and the advanced counters in one transaction. Only then
-//!   are they unpinned and may the bounded cache forget them (a miss falls back to SQLite).
+//!   until `persist` writes all of them and the advanced counters in one transaction and the
+//!   fingerprint table holds them. Only then are they unpinned and may the bounded cache forget
+//!   them: a miss of a large kind (did, rkey) is answered by the fingerprint table
+//!   (`fingerprints`: one page read) while it holds every stored row, else by SQLite's index.
 //! - Caches are bounded: did and rkey by `OutlineOptions::cache_entries` each, collection and
 //!   location (a few thousand strings on the real network) by `SMALL_KIND_CACHE_ENTRIES`, which
 //!   in practice holds all of them; they are loaded at open. Pinned strings come on top (at most
@@ -35,15 +37,17 @@
 //! a crash may give it a different id than before the crash, which is fine for the same reason.
 
 use cache::Cache;
+use fingerprints::{FingerprintError, Fingerprints};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use rusqlite_migration::{M, Migrations};
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 mod cache;
+pub mod fingerprints;
 mod kind;
 pub mod range;
 #[cfg(test)]
@@ -106,6 +110,8 @@ pub enum OutlineError {
     Corrupt(String),
     #[error("a thread panicked while holding an outlines lock")]
     Poisoned,
+    #[error("outlines.fp: {0}")]
+    Fingerprints(#[from] FingerprintError),
 }
 
 /// Everything `intern` and `persist` change: which strings are new and the sequences' next
@@ -146,6 +152,15 @@ pub struct Outlines {
     /// The part of them a flush has claimed (`claim_pending`): its persist will write them.
     claimed_bytes: AtomicUsize,
     caches: [RwLock<Cache>; 4],
+    /// The ids of the stored did and rkey strings by fingerprint, for the strings the caches
+    /// forgot; it answers only while `fingerprints_current` (else SQLite does).
+    fingerprints: Fingerprints,
+    /// Set when a catch-up left `fingerprints` holding every stored row of its kinds; cleared
+    /// when one fails or a lookup finds a damaged page. Rows are stored only by `persist` and
+    /// `import_rows`, which catch up before the strings can be missed (see `catch_up_fingerprints`).
+    fingerprints_current: AtomicBool,
+    /// Lookups by string that went to SQLite (a cache miss while `fingerprints` could not answer).
+    sqlite_lookups: AtomicU64,
 }
 
 impl Outlines {
@@ -158,12 +173,24 @@ impl Outlines {
         configure(&conn, opts.map_bytes)?;
         migrations().to_latest(&mut conn)?;
         let caches = OutlineKind::ALL.map(|kind| {
-            let large = matches!(kind, OutlineKind::Did | OutlineKind::Rkey);
-            RwLock::new(Cache::new(if large { opts.cache_entries } else { SMALL_KIND_CACHE_ENTRIES }))
+            RwLock::new(Cache::new(if kind.is_large() { opts.cache_entries } else { SMALL_KIND_CACHE_ENTRIES }))
         });
         let (db, persisting, allocator) = (Mutex::new(conn), Mutex::new(()), Mutex::default());
         let (pending_bytes, claimed_bytes) = (AtomicUsize::new(0), AtomicUsize::new(0));
-        let outlines = Self { db, persisting, allocator, pending_bytes, claimed_bytes, caches };
+        let fingerprints = Fingerprints::open(path)?;
+        let (fingerprints_current, sqlite_lookups) = (AtomicBool::new(false), AtomicU64::new(0));
+        let outlines = Self {
+            db,
+            persisting,
+            allocator,
+            pending_bytes,
+            claimed_bytes,
+            caches,
+            fingerprints,
+            fingerprints_current,
+            sqlite_lookups,
+        };
+        outlines.catch_up_fingerprints();
         outlines.preload(OutlineKind::Collection)?;
         outlines.preload(OutlineKind::Location)?;
         outlines.mark_complete_if_empty(OutlineKind::Did)?;
@@ -267,6 +294,7 @@ impl Outlines {
             self.pending_bytes.fetch_add(pending_bytes, Ordering::Relaxed);
             return Err(error);
         }
+        self.catch_up_fingerprints(); // before unpinning: the strings must stay findable
         for chunk in pending.chunks(LOCKED_ROWS) {
             for kind in OutlineKind::ALL {
                 let mut cache = write(&self.caches[kind.index()])?;
@@ -346,13 +374,17 @@ impl Outlines {
         let mut allocator = self.lock_allocator()?; // no interning while counters move
         write(&self.caches[kind.index()])?.complete = false; // the rows go to SQLite only
         allocator.next_counter.retain(|(k, _), _| *k != kind);
-        let mut db = self.lock_db()?;
-        // A range is up to 131,072 rows, each in two indexes: with SQLite's default 2 MiB of
-        // pages most inserts spilled pages to the WAL and read them back.
-        db.pragma_update(None, "cache_size", -IMPORT_CACHE_KIB)?;
-        let added = import_rows_into(&mut db, kind, rows, &next);
-        db.pragma_update(None, "cache_size", -DEFAULT_CACHE_KIB)?;
-        added
+        let added = {
+            let mut db = self.lock_db()?;
+            // A range is up to 131,072 rows, each in two indexes: with SQLite's default 2 MiB of
+            // pages most inserts spilled pages to the WAL and read them back.
+            db.pragma_update(None, "cache_size", -IMPORT_CACHE_KIB)?;
+            let added = import_rows_into(&mut db, kind, rows, &next);
+            db.pragma_update(None, "cache_size", -DEFAULT_CACHE_KIB)?;
+            added?
+        };
+        self.catch_up_fingerprints(); // before interning may look for the rows
+        Ok(added)
     }
 
     /// Makes every row stored from now on get an insertion sequence number above `through`, the
@@ -369,6 +401,12 @@ impl Outlines {
         }
         tx.commit()?;
         Ok(())
+    }
+
+    /// Lookups by string that asked SQLite since open: cache misses of the small kinds, and of
+    /// the large ones while the fingerprint table could not answer.
+    pub fn sqlite_lookups(&self) -> u64 {
+        self.sqlite_lookups.load(Ordering::Relaxed)
     }
 
     /// Strings interned since the last successful `persist`.
@@ -444,7 +482,71 @@ impl Outlines {
         }
     }
 
+    /// Adds to `fingerprints` the did and rkey rows stored after what it covers, a chunk at a
+    /// time, and marks it current once none is left. Runs at open and, under the persisting lock,
+    /// after each write of rows: before `persist` unpins the strings it wrote and before
+    /// `import_rows` lets interning go on, so no stored string is missed by both the cache and
+    /// a current table. A failure is logged and leaves the table behind: lookups ask SQLite until
+    /// a later catch-up succeeds.
+    fn catch_up_fingerprints(&self) {
+        let caught_up = self.add_uncovered_rows();
+        if let Err(error) = &caught_up {
+            tracing::warn!(%error, "the fingerprint table is behind outlines.db: lookups by string ask SQLite");
+        }
+        self.fingerprints_current.store(caught_up.is_ok(), Ordering::Release);
+    }
+
+    fn add_uncovered_rows(&self) -> Result<(), OutlineError> {
+        loop {
+            let after = self.fingerprints.covered_seq();
+            let (rows, through) = self.uncovered_rows(after)?;
+            if through == after {
+                return Ok(());
+            }
+            self.fingerprints.add(rows, through)?;
+        }
+    }
+
+    /// Up to `CATCH_UP_ROWS` fingerprinted did and rkey rows stored after `after`, and the sequence
+    /// number through which they are all of them (the last row's of a full chunk, else the
+    /// largest stored).
+    fn uncovered_rows(&self, after: i64) -> Result<(Vec<fingerprints::Row>, i64), OutlineError> {
+        let db = self.lock_db()?;
+        // NOT INDEXED: a range of the rowid (`seq`), not a search of the (kind, ...) indexes.
+        let mut query = db.prepare_cached(
+            "SELECT seq, kind, id, value FROM outlines NOT INDEXED
+             WHERE seq > ?1 AND kind IN (?2, ?3) ORDER BY seq LIMIT ?4",
+        )?;
+        let large = [OutlineKind::Did.code(), OutlineKind::Rkey.code()];
+        let mut found = query.query(params![after, large[0], large[1], CATCH_UP_ROWS as i64])?;
+        let (mut rows, mut last_seq) = (Vec::new(), after);
+        while let Some(row) = found.next()? {
+            let value = row.get_ref(3)?.as_str().map_err(|error| OutlineError::Corrupt(error.to_string()))?;
+            let kind = row.get::<_, u8>(1)?;
+            rows.push((self.fingerprints.fingerprint(kind, value), row.get::<_, i64>(2)? as u64));
+            last_seq = row.get(0)?;
+        }
+        drop(found);
+        if rows.len() == CATCH_UP_ROWS {
+            return Ok((rows, last_seq));
+        }
+        let stored_through: i64 = db.query_row("SELECT coalesce(max(seq), 0) FROM outlines", [], |row| row.get(0))?;
+        Ok((rows, stored_through.max(after)))
+    }
+
+    /// The id stored for `value`: from the fingerprint table for a large kind while it is
+    /// current, else from SQLite.
     fn stored_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        if kind.is_large() && self.fingerprints_current.load(Ordering::Acquire) {
+            match self.fingerprints.find(self.fingerprints.fingerprint(kind.code(), value)) {
+                Ok(id) => return Ok(id),
+                Err(error) => {
+                    self.fingerprints_current.store(false, Ordering::Release);
+                    tracing::warn!(%error, "the fingerprint table failed: lookups by string ask SQLite");
+                }
+            }
+        }
+        self.sqlite_lookups.fetch_add(1, Ordering::Relaxed);
         let db = self.lock_db()?;
         let mut query = db.prepare_cached("SELECT id FROM outlines WHERE kind = ?1 AND value = ?2")?;
         let id: Option<i64> = query.query_row(params![kind.code(), value], |row| row.get(0)).optional()?;
@@ -487,9 +589,9 @@ impl Outlines {
 
     /// The id `value` already has, looked up under the allocator lock after a cache miss: the
     /// cache again (another writer may have just pinned it; a miss in a complete cache means
-    /// none), else SQLite, remembering what it finds. Nobody can allocate `value` meanwhile, a
-    /// string a persist is writing is still pinned, and an import cannot run (it takes the
-    /// allocator lock). While a persist writes, the SQLite lookup waits for its transaction.
+    /// none), else the stored strings (`stored_id`), remembering what it finds. Nobody can
+    /// allocate `value` meanwhile, a string a persist is writing is still pinned until the
+    /// fingerprint table holds it, and an import cannot run (it takes the allocator lock).
     fn known_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
         {
             let cache = read(&self.caches[kind.index()])?;
@@ -562,6 +664,9 @@ fn read<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockReadGuard<'_, T>, Outlin
 fn write<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockWriteGuard<'_, T>, OutlineError> {
     lock.write().map_err(|_| OutlineError::Poisoned)
 }
+
+/// Rows a catch-up of the fingerprint table reads and adds at a time (24 bytes each in memory).
+const CATCH_UP_ROWS: usize = 1 << 20;
 
 /// SQLite page cache of outlines.db while importing ranges (a restore, a replica), and otherwise.
 const IMPORT_CACHE_KIB: i64 = 64 << 10;

@@ -321,3 +321,69 @@ fn pending_bytes_follow_the_new_strings_until_persisted() {
     outlines.intern(DID, "did:plc:abc", 0).unwrap();
     assert_eq!(outlines.pending_bytes(), 0, "a stored string is not new");
 }
+
+/// Interns `count` DIDs and persists them with a 3-entry cache: nearly all are then forgotten by
+/// the cache and found again only through the fingerprint table or SQLite.
+fn persisted_dids(outlines: &Outlines, count: usize) -> Vec<(String, u64)> {
+    let names: Vec<String> = (0..count).map(|i| format!("did:plc:{i:024}")).collect();
+    let ids: Vec<u64> = names.iter().map(|name| outlines.intern(DID, name, 1).unwrap()).collect();
+    assert_eq!(outlines.persist().unwrap(), count);
+    names.into_iter().zip(ids).collect()
+}
+
+fn assert_found(outlines: &Outlines, dids: &[(String, u64)]) {
+    for (name, id) in dids {
+        assert_eq!(outlines.lookup(DID, name).unwrap(), Some(*id), "{name}");
+        assert_eq!(outlines.intern(DID, name, 2).unwrap(), *id, "{name} interned again");
+    }
+    assert_eq!(outlines.lookup(DID, "did:plc:never-interned").unwrap(), None);
+}
+
+#[test]
+fn forgotten_strings_are_found_by_fingerprint_without_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let outlines = open(&dir, 3);
+    let dids = persisted_dids(&outlines, 2000);
+    let before = outlines.sqlite_lookups();
+    assert_found(&outlines, &dids);
+    assert_eq!(outlines.sqlite_lookups(), before, "every miss answered by the fingerprint table");
+    assert_eq!(outlines.pending(), 0, "nothing interned twice");
+    drop(outlines);
+    let outlines = open(&dir, 3);
+    assert_found(&outlines, &dids);
+    assert_eq!(outlines.sqlite_lookups(), 0);
+}
+
+#[test]
+fn a_lost_or_damaged_fingerprint_table_is_rebuilt_and_lookups_stay_right() {
+    let dir = tempfile::tempdir().unwrap();
+    let dids = persisted_dids(&open(&dir, 3), 2000);
+    std::fs::remove_file(dir.path().join("outlines.fpdir")).unwrap();
+    let outlines = open(&dir, 3);
+    assert_found(&outlines, &dids);
+    assert_eq!(outlines.sqlite_lookups(), 0, "rebuilt from outlines.db at open");
+    // Damage every page: the first lookup meets it, the rest ask SQLite, and no string gets a
+    // second id.
+    let pages = dir.path().join("outlines.fp");
+    let mut bytes = std::fs::read(&pages).unwrap();
+    bytes.iter_mut().step_by(1000).for_each(|byte| *byte ^= 0x40);
+    std::fs::write(&pages, bytes).unwrap();
+    assert_found(&outlines, &dids);
+    assert!(outlines.sqlite_lookups() >= dids.len() as u64);
+    assert_eq!(outlines.pending(), 0);
+    drop(outlines);
+    let outlines = open(&dir, 3);
+    assert_found(&outlines, &dids);
+    assert_eq!(outlines.sqlite_lookups(), 0, "the damaged table was rebuilt at open");
+}
+
+#[test]
+fn imported_rows_are_found_by_fingerprint() {
+    let (source_dir, target_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let dids = persisted_dids(&open(&source_dir, 3), 1000);
+    let outlines = open(&target_dir, 3);
+    let rows: Vec<(u64, String)> = dids.iter().map(|(name, id)| (*id, name.clone())).collect();
+    assert_eq!(outlines.import_rows(DID, &rows).unwrap(), 1000);
+    assert_found(&outlines, &dids);
+    assert_eq!(outlines.sqlite_lookups(), 0);
+}
