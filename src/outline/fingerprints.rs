@@ -12,8 +12,8 @@
 //! - The table is derived data: `outlines.db` is the truth. `covered_seq` says through which of
 //!   its insertion sequence numbers the table holds every row; the caller adds the rest. A table
 //!   whose directory file is missing or damaged starts empty (and is rebuilt by that catching up);
-//!   a damaged page makes the table refuse every later call (`Broken`), so its caller answers
-//!   from SQLite until the next open rebuilds it.
+//!   a damaged page makes the table refuse every later call (`Broken`) until its caller
+//!   `clear`s it and adds every row again.
 //!
 //! Layout (extendible hashing): `outlines.fp` holds pages of `PAGE_BYTES` at `slot * PAGE_BYTES`;
 //! `outlines.fpdir` maps the top `depth` bits of a fingerprint to the slot of its page. A page of
@@ -78,7 +78,7 @@ pub enum FingerprintError {
     Full,
     #[error("fingerprint {0:032x} would have two ids")]
     Conflict(u128),
-    #[error("the fingerprint table met a damaged page; the next open rebuilds it")]
+    #[error("the fingerprint table met a damaged page and must be rebuilt")]
     Broken,
 }
 
@@ -224,10 +224,27 @@ impl Fingerprints {
 
     /// Writes the empty table: one empty page in slot 0 and its directory.
     fn create_empty(&self) -> Result<(), FingerprintError> {
+        self.write_empty(&Directory::empty())
+    }
+
+    fn write_empty(&self, empty: &Directory) -> Result<(), FingerprintError> {
+        debug_assert_eq!(*empty, Directory::empty());
         self.pages.set_len(0).map_err(io_error(&self.pages_path))?;
         self.write_page(0, &Page::default())?;
         self.pages.sync_data().map_err(io_error(&self.pages_path))?;
-        self.write_directory(&self.committed.read().expect("not poisoned").clone())
+        self.write_directory(empty)
+    }
+
+    /// Empties the table (after it met a damaged page), keeping its key: it covers nothing, and
+    /// its caller adds every row again. Waits for lookups and adds in progress.
+    pub fn clear(&self) -> Result<(), FingerprintError> {
+        let mut free = self.free.lock().expect("not poisoned");
+        let mut committed = self.committed.write().expect("not poisoned");
+        *committed = Directory::empty();
+        free.clear();
+        self.write_empty(&committed)?;
+        self.broken.store(false, Ordering::Release);
+        Ok(())
     }
 
     /// The fingerprint of `value` of the kind with `kind_code`.
@@ -326,7 +343,8 @@ impl Fingerprints {
         Ok(replaced)
     }
 
-    fn refuse_if_broken(&self) -> Result<(), FingerprintError> {
+    /// `Broken` once the table has met a damaged page (until `clear`).
+    pub fn refuse_if_broken(&self) -> Result<(), FingerprintError> {
         match self.broken.load(Ordering::Acquire) {
             true => Err(FingerprintError::Broken),
             false => Ok(()),

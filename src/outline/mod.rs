@@ -10,14 +10,18 @@
 //! - An exhausted counter is an error, never a wraparound.
 //! - A string has at most one id per kind and an id at most one string: a string becomes pending
 //!   (pinned in the cache) under the allocator lock, after `intern` looked in the cache and in
-//!   SQLite under that same lock; it stays pinned until after the transaction that stores it, so
-//!   at every instant it is in the cache, in SQLite, or both (`persist` writes without the
-//!   allocator lock; `persisting` keeps persists and imports one at a time).
+//!   the stored strings under that same lock; it stays pinned until its row is stored and, for
+//!   a did or rkey, its fingerprint added, so at every instant it is findable in the cache, in
+//!   the stored strings, or both (`persist` writes without the allocator lock; `persisting`
+//!   keeps persists and imports one at a time). SQLite's unique indexes hold this for ids and for
+//!   the strings of the small kinds; the fingerprint table holds it for dids and rkeys (an
+//!   import of a string under a second id is refused there).
 //! - New strings are pinned in their kind's cache (listed in `Allocator::pending`), never evicted,
 //!   until `persist` writes all of them and the advanced counters in one transaction and the
 //!   fingerprint table holds them. Only then are they unpinned and may the bounded cache forget
 //!   them: a miss of a large kind (did, rkey) is answered by the fingerprint table
-//!   (`fingerprints`: one page read) while it holds every stored row, else by SQLite's index.
+//!   (`fingerprints`: one page read), its only index by string, which must hold every stored
+//!   row to answer (else it is caught up, or rebuilt, first, or the lookup fails).
 //! - Caches are bounded: did and rkey by `OutlineOptions::cache_entries` each, collection and
 //!   location (a few thousand strings on the real network) by `SMALL_KIND_CACHE_ENTRIES`, which
 //!   in practice holds all of them; they are loaded at open. Pinned strings come on top (at most
@@ -41,6 +45,8 @@ use fingerprints::{FingerprintError, Fingerprints};
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use rusqlite_migration::{M, Migrations};
 use std::collections::{BTreeMap, HashMap};
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -73,7 +79,10 @@ fn pending_bytes_of(value: &str) -> usize {
 
 /// Schema versions of `outlines.db`, oldest first. Append only: never edit a released migration.
 fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![M::up(include_str!("../../migrations/outlines/0001_outlines.sql"))])
+    Migrations::new(vec![
+        M::up(include_str!("../../migrations/outlines/0001_outlines.sql")),
+        M::up(include_str!("../../migrations/outlines/0002_value_index_small_kinds.sql")),
+    ])
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,6 +121,8 @@ pub enum OutlineError {
     Poisoned,
     #[error("outlines.fp: {0}")]
     Fingerprints(#[from] FingerprintError),
+    #[error("outlines.fp is being caught up by a persist or an import; try again")]
+    FingerprintsBehind,
 }
 
 /// Everything `intern` and `persist` change: which strings are new and the sequences' next
@@ -143,6 +154,8 @@ impl Allocator {
 #[derive(Debug)]
 pub struct Outlines {
     db: Mutex<Connection>,
+    /// `outlines.db`: the fingerprint table and a large catch-up's spill files go beside it.
+    db_path: PathBuf,
     /// Held by the one `persist` or `import_rows` running at a time (taken before the others).
     persisting: Mutex<()>,
     allocator: Mutex<Allocator>,
@@ -152,15 +165,21 @@ pub struct Outlines {
     /// The part of them a flush has claimed (`claim_pending`): its persist will write them.
     claimed_bytes: AtomicUsize,
     caches: [RwLock<Cache>; 4],
-    /// The ids of the stored did and rkey strings by fingerprint, for the strings the caches
-    /// forgot; it answers only while `fingerprints_current` (else SQLite does).
+    /// The ids of the stored did and rkey strings by fingerprint: the only index by string of
+    /// those kinds, for the strings the caches forgot. It answers only while
+    /// `fingerprints_current`; else it is caught up (or rebuilt) first.
     fingerprints: Fingerprints,
     /// Set when a catch-up left `fingerprints` holding every stored row of its kinds; cleared
     /// when one fails or a lookup finds a damaged page. Rows are stored only by `persist` and
     /// `import_rows`, which catch up before the strings can be missed (see `catch_up_fingerprints`).
     fingerprints_current: AtomicBool,
-    /// Lookups by string that went to SQLite (a cache miss while `fingerprints` could not answer).
+    /// Times `fingerprints` was emptied and rebuilt from `outlines.db` since open (a damaged page).
+    fingerprint_rebuilds: AtomicU64,
+    /// Lookups by string that went to SQLite: cache misses of the small kinds.
     sqlite_lookups: AtomicU64,
+    /// Strings `persist` stored whose fingerprints it could not add: still pinned (findable in
+    /// the cache), unpinned by the next persist that catches the table up.
+    stored_pinned: Mutex<Vec<(OutlineKind, u64)>>,
 }
 
 impl Outlines {
@@ -179,8 +198,10 @@ impl Outlines {
         let (pending_bytes, claimed_bytes) = (AtomicUsize::new(0), AtomicUsize::new(0));
         let fingerprints = Fingerprints::open(path)?;
         let (fingerprints_current, sqlite_lookups) = (AtomicBool::new(false), AtomicU64::new(0));
+        let (fingerprint_rebuilds, stored_pinned) = (AtomicU64::new(0), Mutex::default());
         let outlines = Self {
             db,
+            db_path: path.to_owned(),
             persisting,
             allocator,
             pending_bytes,
@@ -188,9 +209,11 @@ impl Outlines {
             caches,
             fingerprints,
             fingerprints_current,
+            fingerprint_rebuilds,
             sqlite_lookups,
+            stored_pinned,
         };
-        outlines.catch_up_fingerprints();
+        outlines.catch_up_fingerprints()?;
         outlines.preload(OutlineKind::Collection)?;
         outlines.preload(OutlineKind::Location)?;
         outlines.mark_complete_if_empty(OutlineKind::Did)?;
@@ -274,8 +297,10 @@ impl Outlines {
         Ok(())
     }
 
-    /// Writes every pending string and the advanced counters in one transaction; returns how many
-    /// strings it wrote. On error nothing is written and everything stays pending. The strings
+    /// Writes every pending string and the advanced counters in one transaction and adds their
+    /// fingerprints; returns how many strings it wrote. If the write fails, nothing is written and
+    /// everything stays pending; if adding the fingerprints fails, the strings are stored but stay
+    /// pinned until a later persist adds them. The strings
     /// stay pinned in the cache while they are written, so `intern` goes on meanwhile (finding
     /// them there); only taking the list and unpinning need the allocator.
     pub fn persist(&self) -> Result<usize, OutlineError> {
@@ -286,7 +311,8 @@ impl Outlines {
             let pending_bytes = self.pending_bytes.swap(0, Ordering::Relaxed);
             (std::mem::take(&mut allocator.pending), pending_bytes, std::mem::take(&mut allocator.advanced))
         };
-        if pending.is_empty() && advanced.is_empty() {
+        let stranded = !self.stored_pinned.lock().map_err(|_| OutlineError::Poisoned)?.is_empty();
+        if pending.is_empty() && advanced.is_empty() && !stranded {
             return Ok(0);
         }
         if let Err(error) = self.write_pending(&pending, &advanced) {
@@ -294,8 +320,14 @@ impl Outlines {
             self.pending_bytes.fetch_add(pending_bytes, Ordering::Relaxed);
             return Err(error);
         }
-        self.catch_up_fingerprints(); // before unpinning: the strings must stay findable
-        for chunk in pending.chunks(LOCKED_ROWS) {
+        // Before unpinning: a stored string must stay findable, in the cache or by fingerprint.
+        let mut stored = std::mem::take(&mut *self.stored_pinned.lock().map_err(|_| OutlineError::Poisoned)?);
+        stored.extend_from_slice(&pending);
+        if let Err(error) = self.catch_up_fingerprints() {
+            *self.stored_pinned.lock().map_err(|_| OutlineError::Poisoned)? = stored;
+            return Err(error);
+        }
+        for chunk in stored.chunks(LOCKED_ROWS) {
             for kind in OutlineKind::ALL {
                 let mut cache = write(&self.caches[kind.index()])?;
                 chunk.iter().filter(|(k, _)| *k == kind).for_each(|(_, id)| cache.unpin(*id));
@@ -341,8 +373,11 @@ impl Outlines {
         max_bytes: usize,
     ) -> Result<Vec<(i64, u64, String)>, OutlineError> {
         let db = self.lock_db()?;
+        // NOT INDEXED: a range of the rowid (`seq`), read in order. SQLite's own choice, the
+        // (kind, id) index, read and sorted every row of the kind ever stored on each call.
         let mut query = db.prepare_cached(
-            "SELECT seq, id, value FROM outlines WHERE kind = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4",
+            "SELECT seq, id, value FROM outlines NOT INDEXED
+             WHERE kind = ?1 AND seq > ?2 AND seq <= ?3 ORDER BY seq LIMIT ?4",
         )?;
         let mut rows = query.query(params![kind.code(), after, through, max_rows as i64])?;
         let (mut chunk, mut bytes) = (Vec::new(), 0usize);
@@ -374,17 +409,40 @@ impl Outlines {
         let mut allocator = self.lock_allocator()?; // no interning while counters move
         write(&self.caches[kind.index()])?.complete = false; // the rows go to SQLite only
         allocator.next_counter.retain(|(k, _), _| *k != kind);
+        if kind.is_large() {
+            self.check_fingerprints_of(kind, rows)?;
+        }
         let added = {
             let mut db = self.lock_db()?;
-            // A range is up to 131,072 rows, each in two indexes: with SQLite's default 2 MiB of
+            // A range is up to 131,072 rows, each in one or two indexes: with SQLite's default 2 MiB of
             // pages most inserts spilled pages to the WAL and read them back.
             db.pragma_update(None, "cache_size", -IMPORT_CACHE_KIB)?;
             let added = import_rows_into(&mut db, kind, rows, &next);
             db.pragma_update(None, "cache_size", -DEFAULT_CACHE_KIB)?;
             added?
         };
-        self.catch_up_fingerprints(); // before interning may look for the rows
+        self.catch_up_fingerprints()?; // before interning may look for the rows
         Ok(added)
+    }
+
+    /// Refuses rows of a large kind whose string is stored, or given twice, with another id: its
+    /// only index by string is the fingerprint table, so it checks there (caught up first).
+    fn check_fingerprints_of(&self, kind: OutlineKind, rows: &[(u64, String)]) -> Result<(), OutlineError> {
+        if !self.fingerprints_current.load(Ordering::Acquire) {
+            self.catch_up_fingerprints()?;
+        }
+        let mut given = HashMap::with_capacity(rows.len());
+        for (id, value) in rows {
+            let fingerprint = self.fingerprints.fingerprint(kind.code(), value);
+            let other = match given.insert(fingerprint, *id) {
+                Some(earlier) => Some(earlier),
+                None => self.fingerprints.find(fingerprint)?,
+            };
+            if other.is_some_and(|other| other != *id) {
+                return Err(OutlineError::Corrupt(format!("{kind} {value:?} would have two ids")));
+            }
+        }
+        Ok(())
     }
 
     /// Makes every row stored from now on get an insertion sequence number above `through`, the
@@ -403,10 +461,14 @@ impl Outlines {
         Ok(())
     }
 
-    /// Lookups by string that asked SQLite since open: cache misses of the small kinds, and of
-    /// the large ones while the fingerprint table could not answer.
+    /// Lookups by string that asked SQLite since open: cache misses of the small kinds.
     pub fn sqlite_lookups(&self) -> u64 {
         self.sqlite_lookups.load(Ordering::Relaxed)
+    }
+
+    /// Times the fingerprint table was emptied and rebuilt since open (it met a damaged page).
+    pub fn fingerprint_rebuilds(&self) -> u64 {
+        self.fingerprint_rebuilds.load(Ordering::Relaxed)
     }
 
     /// Strings interned since the last successful `persist`.
@@ -482,75 +544,136 @@ impl Outlines {
         }
     }
 
-    /// Adds to `fingerprints` the did and rkey rows stored after what it covers, a chunk at a
-    /// time, and marks it current once none is left. Runs at open and, under the persisting lock,
-    /// after each write of rows: before `persist` unpins the strings it wrote and before
-    /// `import_rows` lets interning go on, so no stored string is missed by both the cache and
-    /// a current table. A failure is logged and leaves the table behind: lookups ask SQLite until
-    /// a later catch-up succeeds.
-    fn catch_up_fingerprints(&self) {
-        let caught_up = self.add_uncovered_rows();
+    /// Adds to `fingerprints` the did and rkey rows stored after what it covers and marks it
+    /// current; a table met damaged is emptied and rebuilt from `outlines.db`. Runs at open and
+    /// under the persisting lock: after each write of rows, before `persist` unpins the strings it
+    /// wrote and before `import_rows` lets interning go on, so a stored string is always in the
+    /// cache or in a current table. On error the table is not current and lookups of its kinds
+    /// fail until a catch-up succeeds.
+    fn catch_up_fingerprints(&self) -> Result<(), OutlineError> {
+        let mut caught_up = self.add_uncovered_rows();
+        if let Err(OutlineError::Fingerprints(FingerprintError::Corrupt { .. } | FingerprintError::Broken)) = caught_up
+        {
+            tracing::warn!("the fingerprint table is damaged: rebuilding it from outlines.db");
+            self.fingerprint_rebuilds.fetch_add(1, Ordering::Relaxed);
+            caught_up = self.fingerprints.clear().map_err(OutlineError::from).and_then(|()| self.add_uncovered_rows());
+        }
         if let Err(error) = &caught_up {
-            tracing::warn!(%error, "the fingerprint table is behind outlines.db: lookups by string ask SQLite");
+            tracing::error!(%error, "the fingerprint table is behind outlines.db: dids and rkeys cannot be looked up");
         }
         self.fingerprints_current.store(caught_up.is_ok(), Ordering::Release);
+        caught_up
     }
 
+    /// Adds the fingerprints of the did and rkey rows stored after the table's `covered_seq`:
+    /// in one step when they are at most `CATCH_UP_ROWS`, else spread over spill files first.
     fn add_uncovered_rows(&self) -> Result<(), OutlineError> {
-        loop {
-            let after = self.fingerprints.covered_seq();
-            let (rows, through) = self.uncovered_rows(after)?;
-            if through == after {
-                return Ok(());
-            }
-            self.fingerprints.add(rows, through)?;
+        self.fingerprints.refuse_if_broken()?;
+        let after = self.fingerprints.covered_seq();
+        let through = self.max_seq()?;
+        if through <= after {
+            return Ok(());
         }
+        if through - after <= CATCH_UP_ROWS as i64 {
+            let mut rows = Vec::new();
+            self.for_each_large_row(after, through, |row| rows.push(row))?;
+            return Ok(self.fingerprints.add(rows, through)?);
+        }
+        self.add_rows_by_part(after, through)
     }
 
-    /// Up to `CATCH_UP_ROWS` fingerprinted did and rkey rows stored after `after`, and the sequence
-    /// number through which they are all of them (the last row's of a full chunk, else the
-    /// largest stored).
-    fn uncovered_rows(&self, after: i64) -> Result<(Vec<fingerprints::Row>, i64), OutlineError> {
+    /// Adds many rows in bounded memory: one scan of `outlines.db` per round writes each row's
+    /// fingerprint to the spill file of its part (the top bits of the fingerprint, so parts lead
+    /// to disjoint pages), then each part, about `CATCH_UP_ROWS` rows, is one `add` that writes
+    /// each of its pages once. Only the last add moves `covered_seq`: a crash before it leaves
+    /// the table covering what it did, and a later catch-up adds the same rows again, which
+    /// `add` skips.
+    fn add_rows_by_part(&self, after: i64, through: i64) -> Result<(), OutlineError> {
+        let parts = ((through - after) as usize).div_ceil(CATCH_UP_ROWS).next_power_of_two();
+        let bits = parts.trailing_zeros();
+        let spill_dir = self.db_path.parent().unwrap_or(Path::new("."));
+        for round in (0..parts).step_by(SPILL_FILES) {
+            let mut spills = (0..SPILL_FILES.min(parts))
+                .map(|_| tempfile::tempfile_in(spill_dir).map(BufWriter::new))
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| OutlineError::Io { path: spill_dir.to_owned(), source })?;
+            let mut spilled = Ok(());
+            self.for_each_large_row(after, through, |(fingerprint, id)| {
+                let part = part_of(fingerprint, bits);
+                if spilled.is_ok() && (round..round + spills.len()).contains(&part) {
+                    let spill = &mut spills[part - round];
+                    spilled =
+                        spill.write_all(&fingerprint.to_be_bytes()).and_then(|()| spill.write_all(&id.to_be_bytes()));
+                }
+            })?;
+            spilled.map_err(|source| OutlineError::Io { path: spill_dir.to_owned(), source })?;
+            for (index, spill) in spills.into_iter().enumerate() {
+                let rows =
+                    read_spill(spill).map_err(|source| OutlineError::Io { path: spill_dir.to_owned(), source })?;
+                let last = round + index + 1 == parts;
+                self.fingerprints.add(rows, if last { through } else { after })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Calls `each` with the fingerprint and id of every did and rkey row with
+    /// `after < seq <= through`, in insertion order.
+    fn for_each_large_row(
+        &self,
+        after: i64,
+        through: i64,
+        mut each: impl FnMut(fingerprints::Row),
+    ) -> Result<(), OutlineError> {
         let db = self.lock_db()?;
         // NOT INDEXED: a range of the rowid (`seq`), not a search of the (kind, ...) indexes.
         let mut query = db.prepare_cached(
-            "SELECT seq, kind, id, value FROM outlines NOT INDEXED
-             WHERE seq > ?1 AND kind IN (?2, ?3) ORDER BY seq LIMIT ?4",
+            "SELECT kind, id, value FROM outlines NOT INDEXED WHERE seq > ?1 AND seq <= ?2 AND kind IN (?3, ?4) ORDER BY seq",
         )?;
         let large = [OutlineKind::Did.code(), OutlineKind::Rkey.code()];
-        let mut found = query.query(params![after, large[0], large[1], CATCH_UP_ROWS as i64])?;
-        let (mut rows, mut last_seq) = (Vec::new(), after);
+        let mut found = query.query(params![after, through, large[0], large[1]])?;
         while let Some(row) = found.next()? {
-            let value = row.get_ref(3)?.as_str().map_err(|error| OutlineError::Corrupt(error.to_string()))?;
-            let kind = row.get::<_, u8>(1)?;
-            rows.push((self.fingerprints.fingerprint(kind, value), row.get::<_, i64>(2)? as u64));
-            last_seq = row.get(0)?;
+            let value = row.get_ref(2)?.as_str().map_err(|error| OutlineError::Corrupt(error.to_string()))?;
+            let kind = row.get::<_, u8>(0)?;
+            each((self.fingerprints.fingerprint(kind, value), row.get::<_, i64>(1)? as u64));
         }
-        drop(found);
-        if rows.len() == CATCH_UP_ROWS {
-            return Ok((rows, last_seq));
-        }
-        let stored_through: i64 = db.query_row("SELECT coalesce(max(seq), 0) FROM outlines", [], |row| row.get(0))?;
-        Ok((rows, stored_through.max(after)))
+        Ok(())
     }
 
-    /// The id stored for `value`: from the fingerprint table for a large kind while it is
-    /// current, else from SQLite.
+    /// The id stored for `value`: by fingerprint for a large kind, else from SQLite's index.
     fn stored_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
-        if kind.is_large() && self.fingerprints_current.load(Ordering::Acquire) {
-            match self.fingerprints.find(self.fingerprints.fingerprint(kind.code(), value)) {
-                Ok(id) => return Ok(id),
-                Err(error) => {
-                    self.fingerprints_current.store(false, Ordering::Release);
-                    tracing::warn!(%error, "the fingerprint table failed: lookups by string ask SQLite");
-                }
-            }
+        if kind.is_large() {
+            return self.id_by_fingerprint(kind, value);
         }
         self.sqlite_lookups.fetch_add(1, Ordering::Relaxed);
         let db = self.lock_db()?;
-        let mut query = db.prepare_cached("SELECT id FROM outlines WHERE kind = ?1 AND value = ?2")?;
+        let mut query =
+            db.prepare_cached("SELECT id FROM outlines WHERE kind = ?1 AND kind IN (2, 4) AND value = ?2")?;
         let id: Option<i64> = query.query_row(params![kind.code(), value], |row| row.get(0)).optional()?;
         Ok(id.map(|id| id as u64))
+    }
+
+    /// The id of a did or rkey from the fingerprint table. A table that is not current (or
+    /// meets a damaged page now) is caught up or rebuilt first, unless a persist or import is
+    /// running, which does that itself: then the lookup fails rather than answer from a table
+    /// that may miss the string.
+    fn id_by_fingerprint(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
+        let fingerprint = self.fingerprints.fingerprint(kind.code(), value);
+        if self.fingerprints_current.load(Ordering::Acquire) {
+            match self.fingerprints.find(fingerprint) {
+                Ok(id) => return Ok(id),
+                Err(error) => {
+                    self.fingerprints_current.store(false, Ordering::Release);
+                    tracing::warn!(%error, "the fingerprint table failed a lookup");
+                }
+            }
+        }
+        // try_lock: the caller may hold the allocator lock, which comes after this one.
+        let Ok(_one_at_a_time) = self.persisting.try_lock() else {
+            return Err(OutlineError::FingerprintsBehind);
+        };
+        self.catch_up_fingerprints()?;
+        Ok(self.fingerprints.find(fingerprint)?)
     }
 
     fn stored_value(&self, kind: OutlineKind, id: u64) -> Result<Option<Arc<str>>, OutlineError> {
@@ -665,8 +788,33 @@ fn write<T>(lock: &RwLock<T>) -> Result<std::sync::RwLockWriteGuard<'_, T>, Outl
     lock.write().map_err(|_| OutlineError::Poisoned)
 }
 
-/// Rows a catch-up of the fingerprint table reads and adds at a time (24 bytes each in memory).
-const CATCH_UP_ROWS: usize = 1 << 20;
+/// Rows a catch-up of the fingerprint table adds at a time (24 bytes each in memory), and about
+/// the rows of each part of a larger one.
+const CATCH_UP_ROWS: usize = if cfg!(test) { 64 } else { 1 << 20 };
+/// Spill files (open descriptors, with a 8 KiB buffer each) of one scan of a large catch-up:
+/// a catch-up of more parts scans `outlines.db` once per this many.
+const SPILL_FILES: usize = if cfg!(test) { 4 } else { 64 };
+
+/// The part of `fingerprint` among `2^bits`: its top bits.
+fn part_of(fingerprint: u128, bits: u32) -> usize {
+    if bits == 0 { 0 } else { (fingerprint >> (128 - bits)) as usize }
+}
+
+/// The rows a spill file holds (a fingerprint u128 BE and an id u64 BE each), in any order.
+fn read_spill(spill: BufWriter<File>) -> std::io::Result<Vec<fingerprints::Row>> {
+    let mut file = spill.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+    let len = file.seek(SeekFrom::End(0))?;
+    file.seek(SeekFrom::Start(0))?;
+    let mut reader = BufReader::new(file);
+    let mut rows = Vec::with_capacity((len / 24) as usize);
+    let mut row = [0u8; 24];
+    for _ in 0..len / 24 {
+        reader.read_exact(&mut row)?;
+        let fingerprint = u128::from_be_bytes(row[..16].try_into().expect("16 bytes"));
+        rows.push((fingerprint, u64::from_be_bytes(row[16..].try_into().expect("8 bytes"))));
+    }
+    Ok(rows)
+}
 
 /// SQLite page cache of outlines.db while importing ranges (a restore, a replica), and otherwise.
 const IMPORT_CACHE_KIB: i64 = 64 << 10;

@@ -362,19 +362,102 @@ fn a_lost_or_damaged_fingerprint_table_is_rebuilt_and_lookups_stay_right() {
     let outlines = open(&dir, 3);
     assert_found(&outlines, &dids);
     assert_eq!(outlines.sqlite_lookups(), 0, "rebuilt from outlines.db at open");
-    // Damage every page: the first lookup meets it, the rest ask SQLite, and no string gets a
-    // second id.
+    assert_eq!(outlines.fingerprint_rebuilds(), 0);
+    // Damage every page: the first lookup meets it and rebuilds the table, and no string gets
+    // a second id.
+    damage_pages(&dir);
+    assert_found(&outlines, &dids);
+    assert_eq!(outlines.fingerprint_rebuilds(), 1);
+    assert_eq!(outlines.pending(), 0);
+    // Met by a persist's catch-up instead: rebuilt there.
+    damage_pages(&dir);
+    outlines.intern(DID, "did:plc:after-the-damage", 0).unwrap();
+    assert_eq!(outlines.persist().unwrap(), 1);
+    assert_eq!(outlines.fingerprint_rebuilds(), 2);
+    assert_found(&outlines, &dids);
+    drop(outlines);
+    damage_pages(&dir);
+    let outlines = open(&dir, 3);
+    assert_found(&outlines, &dids);
+    assert_eq!(outlines.fingerprint_rebuilds(), 1, "the damaged table was rebuilt at open");
+    assert_eq!(outlines.sqlite_lookups(), 0);
+}
+
+fn damage_pages(dir: &tempfile::TempDir) {
     let pages = dir.path().join("outlines.fp");
     let mut bytes = std::fs::read(&pages).unwrap();
     bytes.iter_mut().step_by(1000).for_each(|byte| *byte ^= 0x40);
     std::fs::write(&pages, bytes).unwrap();
-    assert_found(&outlines, &dids);
-    assert!(outlines.sqlite_lookups() >= dids.len() as u64);
-    assert_eq!(outlines.pending(), 0);
-    drop(outlines);
+}
+
+#[test]
+fn a_catch_up_of_many_rows_goes_through_spill_files_in_rounds() {
+    let dir = tempfile::tempdir().unwrap();
+    let dids = persisted_dids(&open(&dir, 3), 3000);
+    let parts = 3000usize.div_ceil(CATCH_UP_ROWS).next_power_of_two();
+    assert!(parts > SPILL_FILES, "more than one scan");
+    std::fs::remove_file(dir.path().join("outlines.fpdir")).unwrap();
     let outlines = open(&dir, 3);
+    assert_eq!(outlines.fingerprints.covered_seq(), 3000);
     assert_found(&outlines, &dids);
-    assert_eq!(outlines.sqlite_lookups(), 0, "the damaged table was rebuilt at open");
+    let spills_left = std::fs::read_dir(dir.path()).unwrap().count();
+    assert_eq!(spills_left, 5, "outlines.db, its WAL and SHM, outlines.fp and .fpdir: {spills_left}");
+}
+
+#[test]
+fn an_import_refuses_a_stored_did_under_another_id() {
+    let dir = tempfile::tempdir().unwrap();
+    let outlines = open(&dir, 3);
+    let dids = persisted_dids(&outlines, 100);
+    let (name, id) = &dids[50];
+    let clash = [(id + 1000, name.clone())];
+    assert!(matches!(outlines.import_rows(DID, &clash), Err(OutlineError::Corrupt(_))));
+    let twice =
+        [(OUTLINED_BIT | 5000, "did:plc:twice".to_string()), (OUTLINED_BIT | 5001, "did:plc:twice".to_string())];
+    assert!(matches!(outlines.import_rows(DID, &twice), Err(OutlineError::Corrupt(_))));
+    assert_eq!(outlines.max_seq().unwrap(), 100, "nothing stored");
+    assert_found(&outlines, &dids);
+}
+
+#[test]
+fn version_one_databases_migrate_keeping_rows_and_the_sequence_mark() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("outlines.db");
+    {
+        let mut db = Connection::open(&path).unwrap();
+        Migrations::new(vec![M::up(include_str!("../../migrations/outlines/0001_outlines.sql"))])
+            .to_latest(&mut db)
+            .unwrap();
+        db.execute_batch(
+            "INSERT INTO outlines (kind, id, value) VALUES (1, -9223372036854775807, 'did:plc:one'), (2, 1, 'app.bsky.feed.like');
+             INSERT INTO sequences (kind, shard, next) VALUES (1, 0, 2), (2, 0, 2);
+             UPDATE sqlite_sequence SET seq = 40 WHERE name = 'outlines';",
+        )
+        .unwrap();
+    }
+    let outlines = open(&dir, 3);
+    assert_eq!(outlines.lookup(DID, "did:plc:one").unwrap(), Some(OUTLINED_BIT | 1));
+    assert_eq!(outlines.lookup(COLLECTION, "app.bsky.feed.like").unwrap(), Some(1));
+    outlines.intern(DID, "did:plc:two", 0).unwrap();
+    outlines.persist().unwrap();
+    assert_eq!(outlines.max_seq().unwrap(), 41, "the high-water mark survived the rebuild");
+    let db = outlines.lock_db().unwrap();
+    let small_only: bool = db
+        .query_row(
+            "SELECT sql LIKE '%WHERE kind IN (2, 4)%' FROM sqlite_master WHERE name = 'outlines_small_values'",
+            [],
+            |row| row.get(0),
+        )
+        .unwrap();
+    assert!(small_only);
+    let plan: String = db
+        .query_row(
+            "EXPLAIN QUERY PLAN SELECT id FROM outlines WHERE kind = ?1 AND kind IN (2, 4) AND value = ?2",
+            [2, 0],
+            |row| row.get(3),
+        )
+        .unwrap();
+    assert!(plan.contains("outlines_small_values"), "{plan}");
 }
 
 #[test]
