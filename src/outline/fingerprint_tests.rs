@@ -50,6 +50,24 @@ fn the_table_finds_exactly_what_was_added_and_keeps_it() {
 }
 
 #[test]
+fn a_large_add_commits_in_parts_so_few_pages_are_copies_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let (table, mut model, mut state) = (open(&dir), HashMap::new(), 11);
+    for (seq, size) in [(1, 120_000), (2, 120_000)] {
+        let rows = random_rows(&mut state, size);
+        model.extend(rows.iter().copied());
+        table.add(rows, seq).unwrap();
+    }
+    assert_eq!(table.covered_seq(), 2);
+    assert_holds_exactly(&table, &model, &mut state);
+    // One add of 120,000 rows into some 1,000 pages changes every page; in one commit the file
+    // would hold the old and the new pages, some 3,000.
+    let pages = std::fs::metadata(dir.path().join("outlines.fp")).unwrap().len() / PAGE_BYTES as u64;
+    let named = table.committed.read().unwrap().slots.iter().copied().collect::<std::collections::HashSet<u32>>().len();
+    assert!(pages <= (named + 2 * COMMIT_ROWS) as u64, "{pages} pages for {named} in use");
+}
+
+#[test]
 fn adding_again_changes_nothing_and_a_second_id_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (table, mut state) = (open(&dir), 3);
@@ -74,9 +92,9 @@ fn a_crash_before_the_new_directory_leaves_the_previous_table_whole() {
     let first = random_rows(&mut state, 20_000);
     table.add(first.clone(), 1).unwrap();
     let committed_then = std::fs::read(&dir_file).unwrap();
-    // The second add rewrites every page (its rows fall everywhere); then the directory file it
-    // wrote is "lost", as if the machine stopped before the rename.
-    let second = random_rows(&mut state, 20_000);
+    // The second add, one commit, rewrites most pages (its rows fall everywhere); then the
+    // directory file it wrote is "lost", as if the machine stopped before the rename.
+    let second = random_rows(&mut state, COMMIT_ROWS);
     table.add(second.clone(), 2).unwrap();
     drop(table);
     std::fs::write(&dir_file, committed_then).unwrap();

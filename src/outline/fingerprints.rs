@@ -22,11 +22,12 @@
 //! directory when `l` reaches `depth`.
 //!
 //! Invariants:
-//! - Copy on write: no page the committed directory names is ever written. `add` writes the pages
-//!   it changes to slots no committed page uses (or past the end), fsyncs them, replaces the
-//!   directory file (written whole, fsynced, renamed, the directory fsynced), then swaps the
-//!   directory in memory and only then frees the slots of the pages it replaced. A crash at any
-//!   point leaves the last directory file naming the intact pages it was written with.
+//! - Copy on write: no page the committed directory names is ever written. A commit (`add` makes
+//!   one per `COMMIT_ROWS` rows) writes the pages it changes to slots no committed page uses (or
+//!   past the end), fsyncs them, replaces the directory file (written whole, fsynced, renamed,
+//!   the directory fsynced), then swaps the directory in memory and only then frees the slots of
+//!   the pages it replaced. A crash at any point leaves the last directory file naming the intact
+//!   pages it was written with; the file holds at most one commit's pages beyond those in use.
 //! - A reader holds the directory's read lock through its page read, so a slot is not rewritten
 //!   while anyone may still read it as a page of the directory that named it.
 //! - Every page carries an xxh3-64 checksum seeded with its slot; a reader checks it, the count,
@@ -59,6 +60,9 @@ const CHECKSUM_AT: usize = PAGE_BYTES - 8;
 pub const PAGE_ENTRIES: usize = (CHECKSUM_AT - PAGE_HEADER) / ENTRY_BYTES;
 /// Deepest directory: 2^24 buckets of 4 bytes.
 const MAX_DEPTH: u8 = 24;
+/// Rows one commit of `add` writes: the pages it changes are copies until its directory is
+/// durable, so the file holds at most this many pages (and their splits) beyond those in use.
+const COMMIT_ROWS: usize = if cfg!(test) { 256 } else { 1 << 14 };
 
 const DIR_MAGIC: &[u8; 4] = b"BLFP";
 const DIR_VERSION: u16 = 1;
@@ -270,9 +274,11 @@ impl Fingerprints {
         Ok(page.rows.binary_search_by_key(&fingerprint, |row| row.0).ok().map(|at| page.rows[at].1))
     }
 
-    /// Adds `rows` and marks the table as holding every row through `through_seq`, durably,
-    /// as one step: on error nothing it did is seen. Rows already stored are skipped; a
-    /// fingerprint stored or given with another id is an error.
+    /// Adds `rows` and marks the table as holding every row through `through_seq`, durably.
+    /// Rows already stored are skipped; a fingerprint stored or given with another id is an
+    /// error. The rows are committed in order, `COMMIT_ROWS` at a time, and `covered_seq` moves
+    /// with the last of them: on error the commits before stay (rows of `outlines.db` all the
+    /// same) and nothing of the failing one is seen.
     pub fn add(&self, mut rows: Vec<Row>, through_seq: i64) -> Result<(), FingerprintError> {
         self.refuse_if_broken()?;
         rows.sort_unstable();
@@ -281,12 +287,25 @@ impl Fingerprints {
             return Err(FingerprintError::Conflict(pair[0].0));
         }
         let mut free = self.free.lock().expect("not poisoned");
-        let mut dir = self.committed.read().expect("not poisoned").clone();
-        if rows.is_empty() && through_seq <= dir.covered_seq {
-            return Ok(());
+        if rows.is_empty() {
+            return match through_seq > self.covered_seq() {
+                true => self.commit(&[], through_seq, &mut free),
+                false => Ok(()),
+            };
         }
+        let parts = rows.len().div_ceil(COMMIT_ROWS);
+        for (index, part) in rows.chunks(COMMIT_ROWS).enumerate() {
+            self.commit(part, if index + 1 == parts { through_seq } else { 0 }, &mut free)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the pages `rows` (sorted) change to free slots, then the directory naming them
+    /// and covering `through_seq`, and only then frees the slots of the pages they replaced.
+    fn commit(&self, rows: &[Row], through_seq: i64, free: &mut Vec<u32>) -> Result<(), FingerprintError> {
+        let mut dir = self.committed.read().expect("not poisoned").clone();
         let mut taken = Vec::new();
-        let written = self.write_changed_pages(&rows, &mut dir, &mut free, &mut taken);
+        let written = self.write_changed_pages(rows, &mut dir, free, &mut taken);
         let committed = written.and_then(|replaced| {
             self.pages.sync_data().map_err(io_error(&self.pages_path))?;
             dir.covered_seq = dir.covered_seq.max(through_seq);
