@@ -68,6 +68,29 @@ fn a_large_add_commits_in_parts_so_few_pages_are_copies_at_once() {
 }
 
 #[test]
+fn a_failed_commit_hands_out_no_slot_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (table, mut model, mut state) = (open(&dir), HashMap::new(), 13);
+    let first = random_rows(&mut state, 2000);
+    model.extend(first.iter().copied());
+    table.add(first, 1).unwrap();
+    // A directory where the new directory file is written first: the commit fails after its
+    // pages, some of them past the end of the file, were written.
+    let blocker = dir.path().join("outlines.tmp");
+    std::fs::create_dir(&blocker).unwrap();
+    let lost = random_rows(&mut state, COMMIT_ROWS);
+    assert!(matches!(table.add(lost.clone(), 2), Err(FingerprintError::Io { .. })));
+    std::fs::remove_dir(&blocker).unwrap();
+    let second = random_rows(&mut state, 5000);
+    model.extend(second.iter().copied());
+    table.add(second, 3).unwrap();
+    assert_holds_exactly(&table, &model, &mut state);
+    assert!(lost.iter().all(|(fingerprint, _)| table.find(*fingerprint).unwrap().is_none()));
+    drop(table);
+    assert_holds_exactly(&open(&dir), &model, &mut state);
+}
+
+#[test]
 fn adding_again_changes_nothing_and_a_second_id_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let (table, mut state) = (open(&dir), 3);

@@ -319,7 +319,10 @@ impl Fingerprints {
                 Ok(())
             }
             Err(error) => {
-                free.extend(taken.into_iter().rev());
+                // Slots past the committed end are not free: the next commit extends the file
+                // from that end again, and would hand one out twice.
+                let end = self.committed.read().expect("not poisoned").file_slots;
+                free.extend(taken.into_iter().rev().filter(|&slot| slot < end));
                 Err(error)
             }
         }

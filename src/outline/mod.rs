@@ -425,17 +425,20 @@ impl Outlines {
         Ok(added)
     }
 
-    /// Refuses rows of a large kind whose string is stored, or given twice, with another id: its
-    /// only index by string is the fingerprint table, so it checks there (caught up first).
+    /// Refuses rows of a large kind whose string is stored, pending, or given twice, with another
+    /// id: its only index by string is the fingerprint table (caught up, or rebuilt, first), and
+    /// a pending string is in the cache. Runs under the persisting and allocator locks.
     fn check_fingerprints_of(&self, kind: OutlineKind, rows: &[(u64, String)]) -> Result<(), OutlineError> {
-        if !self.fingerprints_current.load(Ordering::Acquire) {
+        let broken = self.fingerprints.refuse_if_broken().is_err();
+        if broken || !self.fingerprints_current.load(Ordering::Acquire) {
             self.catch_up_fingerprints()?;
         }
         let mut given = HashMap::with_capacity(rows.len());
         for (id, value) in rows {
             let fingerprint = self.fingerprints.fingerprint(kind.code(), value);
-            let other = match given.insert(fingerprint, *id) {
-                Some(earlier) => Some(earlier),
+            let cached = read(&self.caches[kind.index()])?.id_of(value); // released at once
+            let other = match given.insert(fingerprint, *id).or(cached) {
+                Some(known) => Some(known),
                 None => self.fingerprints.find(fingerprint)?,
             };
             if other.is_some_and(|other| other != *id) {
@@ -555,6 +558,8 @@ impl Outlines {
         if let Err(OutlineError::Fingerprints(FingerprintError::Corrupt { .. } | FingerprintError::Broken)) = caught_up
         {
             tracing::warn!("the fingerprint table is damaged: rebuilding it from outlines.db");
+            // Before `clear`: a lookup must not take the emptied table for a current one.
+            self.fingerprints_current.store(false, Ordering::Release);
             self.fingerprint_rebuilds.fetch_add(1, Ordering::Relaxed);
             caught_up = self.fingerprints.clear().map_err(OutlineError::from).and_then(|()| self.add_uncovered_rows());
         }

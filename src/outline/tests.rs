@@ -415,6 +415,9 @@ fn an_import_refuses_a_stored_did_under_another_id() {
     let twice =
         [(OUTLINED_BIT | 5000, "did:plc:twice".to_string()), (OUTLINED_BIT | 5001, "did:plc:twice".to_string())];
     assert!(matches!(outlines.import_rows(DID, &twice), Err(OutlineError::Corrupt(_))));
+    let pending = outlines.intern(DID, "did:plc:pending", 0).unwrap();
+    let under_another = [(pending + 1000, "did:plc:pending".to_string())];
+    assert!(matches!(outlines.import_rows(DID, &under_another), Err(OutlineError::Corrupt(_))));
     assert_eq!(outlines.max_seq().unwrap(), 100, "nothing stored");
     assert_found(&outlines, &dids);
 }
