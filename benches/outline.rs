@@ -47,7 +47,6 @@ fn bench_miss_path(c: &mut Criterion) {
                 outlines.lookup(OutlineKind::Did, name).unwrap().expect("stored")
             })
         });
-        assert_eq!(outlines.sqlite_lookups(), 0, "every miss went through the fingerprint table");
     } // closed: outlines.db is opened by one connection at a time
     let db = rusqlite::Connection::open(&path).unwrap();
     db.execute_batch("CREATE UNIQUE INDEX bench_values ON outlines (kind, value)").unwrap();

@@ -23,6 +23,10 @@ fn assert_holds_exactly(table: &Fingerprints, model: &HashMap<u128, u64>, state:
     }
 }
 
+fn assert_absent(table: &Fingerprints, rows: &[Row]) {
+    assert!(rows.iter().all(|(fingerprint, _)| table.find(*fingerprint).unwrap().is_none()));
+}
+
 fn depth(table: &Fingerprints) -> u8 {
     table.committed.read().unwrap().depth
 }
@@ -85,7 +89,7 @@ fn a_failed_commit_hands_out_no_slot_twice() {
     model.extend(second.iter().copied());
     table.add(second, 3).unwrap();
     assert_holds_exactly(&table, &model, &mut state);
-    assert!(lost.iter().all(|(fingerprint, _)| table.find(*fingerprint).unwrap().is_none()));
+    assert_absent(&table, &lost);
     drop(table);
     assert_holds_exactly(&open(&dir), &model, &mut state);
 }
@@ -124,7 +128,7 @@ fn a_crash_before_the_new_directory_leaves_the_previous_table_whole() {
     let table = open(&dir);
     assert_eq!(table.covered_seq(), 1);
     assert_holds_exactly(&table, &first.iter().copied().collect(), &mut state);
-    assert!(second.iter().all(|(fingerprint, _)| table.find(*fingerprint).unwrap().is_none()));
+    assert_absent(&table, &second);
     table.add(second.clone(), 2).unwrap(); // the slots of the lost pages are free again
     assert_holds_exactly(&table, &first.into_iter().chain(second).collect(), &mut state);
 }

@@ -175,8 +175,6 @@ pub struct Outlines {
     fingerprints_current: AtomicBool,
     /// Times `fingerprints` was emptied and rebuilt from `outlines.db` since open (a damaged page).
     fingerprint_rebuilds: AtomicU64,
-    /// Lookups by string that went to SQLite: cache misses of the small kinds.
-    sqlite_lookups: AtomicU64,
     /// Strings `persist` stored whose fingerprints it could not add: still pinned (findable in
     /// the cache), unpinned by the next persist that catches the table up.
     stored_pinned: Mutex<Vec<(OutlineKind, u64)>>,
@@ -197,8 +195,8 @@ impl Outlines {
         let (db, persisting, allocator) = (Mutex::new(conn), Mutex::new(()), Mutex::default());
         let (pending_bytes, claimed_bytes) = (AtomicUsize::new(0), AtomicUsize::new(0));
         let fingerprints = Fingerprints::open(path)?;
-        let (fingerprints_current, sqlite_lookups) = (AtomicBool::new(false), AtomicU64::new(0));
-        let (fingerprint_rebuilds, stored_pinned) = (AtomicU64::new(0), Mutex::default());
+        let (fingerprints_current, fingerprint_rebuilds) = (AtomicBool::new(false), AtomicU64::new(0));
+        let stored_pinned = Mutex::default();
         let outlines = Self {
             db,
             db_path: path.to_owned(),
@@ -210,7 +208,6 @@ impl Outlines {
             fingerprints,
             fingerprints_current,
             fingerprint_rebuilds,
-            sqlite_lookups,
             stored_pinned,
         };
         outlines.catch_up_fingerprints()?;
@@ -464,11 +461,6 @@ impl Outlines {
         Ok(())
     }
 
-    /// Lookups by string that asked SQLite since open: cache misses of the small kinds.
-    pub fn sqlite_lookups(&self) -> u64 {
-        self.sqlite_lookups.load(Ordering::Relaxed)
-    }
-
     /// Times the fingerprint table was emptied and rebuilt since open (it met a damaged page).
     pub fn fingerprint_rebuilds(&self) -> u64 {
         self.fingerprint_rebuilds.load(Ordering::Relaxed)
@@ -597,11 +589,12 @@ impl Outlines {
         let parts = ((through - after) as usize).div_ceil(CATCH_UP_ROWS).next_power_of_two();
         let bits = parts.trailing_zeros();
         let spill_dir = self.db_path.parent().unwrap_or(Path::new("."));
+        let spill_error = |source| OutlineError::Io { path: spill_dir.to_owned(), source };
         for round in (0..parts).step_by(SPILL_FILES) {
             let mut spills = (0..SPILL_FILES.min(parts))
                 .map(|_| tempfile::tempfile_in(spill_dir).map(BufWriter::new))
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|source| OutlineError::Io { path: spill_dir.to_owned(), source })?;
+                .map_err(spill_error)?;
             let mut spilled = Ok(());
             self.for_each_large_row(after, through, |(fingerprint, id)| {
                 let part = part_of(fingerprint, bits);
@@ -611,10 +604,9 @@ impl Outlines {
                         spill.write_all(&fingerprint.to_be_bytes()).and_then(|()| spill.write_all(&id.to_be_bytes()));
                 }
             })?;
-            spilled.map_err(|source| OutlineError::Io { path: spill_dir.to_owned(), source })?;
+            spilled.map_err(spill_error)?;
             for (index, spill) in spills.into_iter().enumerate() {
-                let rows =
-                    read_spill(spill).map_err(|source| OutlineError::Io { path: spill_dir.to_owned(), source })?;
+                let rows = read_spill(spill).map_err(spill_error)?;
                 let last = round + index + 1 == parts;
                 self.fingerprints.add(rows, if last { through } else { after })?;
             }
@@ -650,7 +642,6 @@ impl Outlines {
         if kind.is_large() {
             return self.id_by_fingerprint(kind, value);
         }
-        self.sqlite_lookups.fetch_add(1, Ordering::Relaxed);
         let db = self.lock_db()?;
         let mut query =
             db.prepare_cached("SELECT id FROM outlines WHERE kind = ?1 AND kind IN (2, 4) AND value = ?2")?;
