@@ -232,9 +232,9 @@ fn index_registry(index: &Index) -> Registry {
         ("upload_duration_microseconds", "Time spent uploading table files", &counters.upload_micros),
         ("upload_bytes", "Bytes of table files uploaded", &counters.upload_bytes),
         (
-            "publish_rescans",
-            "Publishes that looked again because a merge retired tables mid-upload",
-            &counters.publish_rescans,
+            "retired_files_kept_for_publish",
+            "Retired tables whose local files waited for a publish in flight",
+            &counters.retired_files_kept_for_publish,
         ),
         ("cache_evicted_bytes", "Bytes of local table data evicted by the cache budget", &counters.cache_evicted_bytes),
     ] {

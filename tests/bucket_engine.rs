@@ -369,9 +369,9 @@ async fn background_compaction_during_ingest_keeps_answers() {
     assert_eq!(answers(&index).await, answers(&reference).await);
 }
 
-/// A merge that retires tables while a publish uploads them (their local files go with them)
-/// does not fail the publish: it looks at the catalog again, and its manifest names only tables
-/// that are in the bucket.
+/// A merge that retires tables while a publish uploads them does not fail the publish: their
+/// local files wait for it to end, its manifest names only tables that are in the bucket, and
+/// the files are gone once it ended.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_merge_during_a_publish_does_not_fail_it() {
     let root = tempfile::tempdir().unwrap();
@@ -395,8 +395,17 @@ async fn a_merge_during_a_publish_does_not_fail_it() {
     let after = ids(&index);
     assert!(before.iter().any(|id| !after.contains(id)), "the merges retired tables: {before:?} {after:?}");
     let name = publish.await.unwrap().expect("the publish survives the merge");
-    let rescans = index.counters.publish_rescans.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(rescans >= 1, "the merge overtook an upload, and the publish looked again");
+    let kept = index.counters.retired_files_kept_for_publish.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(kept >= 1, "the merges overtook the uploads, and left their inputs' files to the publish");
+    let tables_dir = root.path().join("data").join("state").join("tables");
+    for id in before.iter().filter(|id| !after.contains(id)) {
+        let left: Vec<_> = ["links", "thresholds", "forward"]
+            .iter()
+            .flat_map(|tree| ["data", "meta"].map(|ext| tables_dir.join(tree).join(format!("{id}.{ext}"))))
+            .filter(|path| path.exists())
+            .collect();
+        assert!(left.is_empty(), "a retired table's files outlived the publish: {left:?}");
+    }
     let manifest = Manifest::decode(&name, &bucket.get(&format!("manifests/{name}")).await.unwrap()).unwrap();
     for table in &manifest.tables {
         let key = format!("tables/{}/{}.data", table.tree, table.id);

@@ -10,9 +10,10 @@
 //!   the runs earlier merges read it knows from them (`RevocationsRead`, kept under the
 //!   compaction lock), the others it scans.
 //! - The catalog retires the inputs and adds the output in one transaction before the tree swaps
-//!   them; the inputs' local files go only after that.
+//!   them; the inputs' local files go only after that, and only once no publish that may be
+//!   uploading them is in flight (`retired`).
 
-use super::{Index, IndexError, add_elapsed, io_err};
+use super::{Index, IndexError, add_elapsed};
 use crate::liveness::{KnownRevocations, Revocable, RevocationsRead};
 use crate::lsm::compaction::{self, CompactionOptions};
 use crate::lsm::entry::Entry;
@@ -109,9 +110,8 @@ impl Index {
         let tables = records.into_iter().map(|r| tree.open_table(r).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
         let run = Run::from_tables(tables).expect("a compaction writes every shard of its run");
         tree.replace_runs(&removed, run);
-        for table in inputs.iter().flat_map(|r| r.tables.iter()) {
-            tree.remove_local(&table.record.id).map_err(io_err(tree.dir()))?;
-        }
+        let retired: Vec<String> = inputs.iter().flat_map(|r| r.tables.iter()).map(|t| t.record.id.clone()).collect();
+        self.remove_retired_files(E::TREE, &retired)?;
         self.counters.compactions.fetch_add(1, Ordering::Relaxed);
         let bytes_out: u64 = output.tables.iter().map(|(_, summary)| summary.data_len + summary.meta_len).sum();
         self.counters.compaction_bytes_in.fetch_add(bytes_in, Ordering::Relaxed);

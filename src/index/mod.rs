@@ -7,6 +7,7 @@
 //! - `publish`: tables and outline ranges uploaded, then a manifest and CURRENT;
 //! - `follow`: restore from the bucket, and a replica following the writer's manifests;
 //! - `gc`: retired tables and orphan objects deleted after their grace period;
+//! - `retired`: a merge's retired local files, removed once no publish may be uploading them;
 //! - `cache`: the local data cache kept within its byte budget;
 //! - `render`: ids back to `at://` URIs, and targets to ids.
 //!
@@ -37,6 +38,7 @@ mod follow;
 mod gc;
 mod publish;
 mod render;
+mod retired;
 mod write;
 
 pub use flush::FlushJob;
@@ -154,8 +156,8 @@ pub struct WriteCounters {
     /// Time spent and bytes put by table uploads.
     pub upload_micros: AtomicU64,
     pub upload_bytes: AtomicU64,
-    /// Publishes that looked at the catalog again because a merge retired tables mid-upload.
-    pub publish_rescans: AtomicU64,
+    /// Retired tables whose local files a merge left for a publish in flight to finish with.
+    pub retired_files_kept_for_publish: AtomicU64,
     /// Bytes of local data copies evicted by the cache budget.
     pub cache_evicted_bytes: AtomicU64,
 }
@@ -199,6 +201,8 @@ pub struct Index {
     /// The newest manifest this process published or followed (loaded from the bucket on first
     /// use): GC never deletes a table it names, and publishing extends its outline ranges.
     published: Mutex<Option<Published>>,
+    /// Publishes in flight, and the local files of retired tables that wait for them.
+    retired_files: retired::RetiredFiles,
     _lock: Option<File>,
 }
 
@@ -249,6 +253,7 @@ impl Index {
             flushing: FlushGate::default(),
             flush_failed: AtomicBool::new(false),
             published: Mutex::new(None),
+            retired_files: retired::RetiredFiles::default(),
             _lock: lock,
         };
         index.reload_trees()?;

@@ -9,9 +9,9 @@
 //!   (`Store::put_file`): exactly the bytes checked are uploaded, and never held whole in memory.
 //! - Generations strictly increase, past both the catalog's record and the bucket's CURRENT.
 //! - A manifest names the tables of one look at the catalog, every one of them uploaded. A merge
-//!   may retire tables (and remove their local files) while they upload; the publish then looks
-//!   again (`PUBLISH_ATTEMPTS` looks in all) rather than fail. A table retired after the look
-//!   that named it is in the bucket, where GC leaves it for the grace period.
+//!   may retire tables while they upload; their local files stay until the publish ends
+//!   (`retired`). A table retired after the look that named it is in the bucket, where GC
+//!   leaves it for the grace period.
 
 use super::{Index, IndexError, add_elapsed, io_err};
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
@@ -30,8 +30,6 @@ use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 
-/// Looks at the catalog one publish takes when merges retire the tables it was uploading.
-const PUBLISH_ATTEMPTS: usize = 3;
 /// Bytes read at a time while a data file is checked before its upload.
 const CHECK_READ_BYTES: usize = 256 << 10;
 
@@ -133,38 +131,15 @@ impl Index {
         Ok(name)
     }
 
-    /// The catalog's position, tables and hidden accounts, every table uploaded. When an upload
-    /// fails because a merge retired its table meanwhile, looks at the catalog again.
-    /// Whether a merge retired any of `tables` (a catalog that cannot say is logged: no retry).
-    fn retired_during_upload(&self, tables: &[TableRecord]) -> bool {
-        self.any_retired(tables).unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "cannot tell whether a merge retired tables during the upload");
-            false
-        })
-    }
-
+    /// The catalog's position, tables and hidden accounts, every table uploaded. In flight from
+    /// before the look (`enter_publish`), so no merge removes the files of a table it names.
     async fn upload_current_tables(&self) -> Result<CatalogLook, IndexError> {
-        let mut attempt = 1;
-        loop {
-            let (position, tables, hidden) =
-                (self.catalog.position()?, self.catalog.tables()?, self.catalog.hidden_accounts()?);
-            let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
-            match self.upload_tables(&not_uploaded).await {
-                Ok(()) => return Ok((position, tables, hidden)),
-                Err(e) if attempt < PUBLISH_ATTEMPTS && self.retired_during_upload(&not_uploaded) => {
-                    tracing::debug!(error = %e, attempt, "a merge retired tables during the upload; looking again");
-                    self.counters.publish_rescans.fetch_add(1, Ordering::Relaxed);
-                    attempt += 1;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-    }
-
-    /// Whether the catalog no longer holds some of `records` (a merge retired them).
-    fn any_retired(&self, records: &[TableRecord]) -> Result<bool, IndexError> {
-        let current: HashSet<String> = self.catalog.tables()?.into_iter().map(|t| t.id).collect();
-        Ok(records.iter().any(|record| !current.contains(&record.id)))
+        let _in_flight = self.enter_publish();
+        let (position, tables, hidden) =
+            (self.catalog.position()?, self.catalog.tables()?, self.catalog.hidden_accounts()?);
+        let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
+        self.upload_tables(&not_uploaded).await?;
+        Ok((position, tables, hidden))
     }
 
     /// Uploads the outline rows stored after `after`: per kind that has any, one object per chunk
