@@ -164,8 +164,12 @@ fn a_page_checks_its_slot_prefix_and_order() {
     assert_eq!(decode_page(&bytes, 5, 1 << 127, 3).unwrap_err(), "checksum mismatch");
     assert_eq!(decode_page(&bytes, 4, 1, 3).unwrap_err(), "an entry outside the page's prefix");
     assert_eq!(decode_page(&bytes, 4, 1 << 127, 0).unwrap_err(), "header out of range");
-    let swapped = Page { local: 1, rows: page.rows.iter().rev().copied().collect() };
-    assert_eq!(decode_page(&encode_page(&swapped, 4), 4, 1 << 127, 3).unwrap_err(), "entries out of order");
+    // Swapped in the bytes and sealed again: `encode_page` itself asserts the order.
+    let mut swapped = bytes;
+    swapped[PAGE_HEADER..PAGE_HEADER + 2 * ENTRY_BYTES].rotate_left(ENTRY_BYTES);
+    let checksum = xxh3_64_with_seed(&swapped[..CHECKSUM_AT], 4);
+    swapped[CHECKSUM_AT..].copy_from_slice(&checksum.to_le_bytes());
+    assert_eq!(decode_page(&swapped, 4, 1 << 127, 3).unwrap_err(), "entries out of order");
 }
 
 #[test]
