@@ -1,6 +1,7 @@
 //! The bounded two-way cache of one outline kind (id <-> string), compact enough to hold the
 //! network's accounts: about `56 + len` bytes per pair instead of ~145 with an `Arc<str>` per
-//! string and two `HashMap`s.
+//! string and two `HashMap`s, where a `did:plc` DID's `len` is 15, not 32 (`plc`: the arena
+//! keeps it packed).
 //!
 //! The cache also holds the kind's new strings until they are persisted ("pinned": never evicted),
 //! so a new string is stored in memory once, not in a pending map and again in the cache.
@@ -11,7 +12,10 @@
 //!   evicts back down to `max(capacity, pinned)`.
 //!   Every pair has one slot, one bucket in `by_value` and one in `by_id`; every occupied bucket
 //!   names a live slot whose value (or id) hashes to it. `pinned` counts the pinned slots.
-//! - Values live back to back in `arena`. An evicted value stays there as garbage until the arena
+//! - Values live back to back in `arena`, each as `Kept`: a `did:plc` DID packed, any other
+//!   value as written; a slot says which, so a value that happens to be 15 bytes long is never
+//!   taken for a packed one. Lookups pack the string they look for and compare kept bytes; the
+//!   value index hashes kept bytes. An evicted value stays there as garbage until the arena
 //!   is rewritten, which happens as soon as garbage passes half the live bytes, so the arena holds
 //!   at most 1.5 times the live bytes (plus one value).
 //! - Both indexes are `crate::buckets` tables of slot numbers (linear probing, at most 3/4 full,
@@ -21,7 +25,9 @@
 //!   bits, to the first clear unpinned one. It only sweeps when an unpinned slot exists, and each
 //!   step clears a bit or passes a pinned slot, so it ends within two turns.
 
+use super::plc;
 use crate::base::positions::PositionIndex;
+use std::ops::Deref;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use xxhash_rust::xxh3::xxh3_64;
@@ -38,6 +44,49 @@ struct Slot {
     referenced: AtomicBool,
     /// Not yet persisted: never evicted.
     pinned: bool,
+    /// The arena holds the value as a packed `did:plc` DID.
+    packed: bool,
+}
+
+/// A value as the arena keeps it.
+#[derive(Clone, Copy)]
+enum Kept<'a> {
+    Packed(plc::Packed),
+    Text(&'a [u8]),
+}
+
+impl<'a> Kept<'a> {
+    fn of(value: &'a str) -> Self {
+        plc::pack(value).map_or(Kept::Text(value.as_bytes()), Kept::Packed)
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Kept::Packed(packed) => packed,
+            Kept::Text(text) => text,
+        }
+    }
+
+    fn is_packed(&self) -> bool {
+        matches!(self, Kept::Packed(_))
+    }
+}
+
+/// A cached string: borrowed from the arena, or a packed DID written out.
+pub(super) enum CachedStr<'a> {
+    Borrowed(&'a str),
+    Unpacked(plc::Text),
+}
+
+impl Deref for CachedStr<'_> {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        match self {
+            CachedStr::Borrowed(value) => value,
+            CachedStr::Unpacked(text) => text.as_str(),
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -80,19 +129,22 @@ impl Cache {
     }
 
     pub fn id_of(&self, value: &str) -> Option<u64> {
-        let wanted = value.as_bytes();
-        let slot =
-            &self.slots[self.by_value.find(hash_value(value), |slot| self.bytes(&self.slots[slot]) == wanted)?];
+        let wanted = Kept::of(value);
+        let holds_wanted = |slot: usize| {
+            let slot = &self.slots[slot];
+            slot.packed == wanted.is_packed() && self.bytes(slot) == wanted.bytes()
+        };
+        let slot = &self.slots[self.by_value.find(xxh3_64(wanted.bytes()), holds_wanted)?];
         mark_referenced(slot);
         Some(slot.id)
     }
 
     pub fn value_of(&self, id: u64) -> Option<Arc<str>> {
-        self.get(id).map(Arc::from)
+        self.get(id).map(|value| Arc::from(&*value))
     }
 
-    /// The cached string of `id`, borrowed (no copy).
-    pub fn get(&self, id: u64) -> Option<&str> {
+    /// The cached string of `id` (borrowed unless it is kept packed).
+    pub fn get(&self, id: u64) -> Option<CachedStr<'_>> {
         let slot = &self.slots[self.slot_of_id(id)?];
         mark_referenced(slot);
         Some(self.value_of_slot(slot))
@@ -102,19 +154,19 @@ impl Cache {
     /// id always comes with the same string), evicting the clock's victim when full.
     pub fn insert(&mut self, id: u64, value: &str) {
         if self.capacity > 0 && self.slot_of_id(id).is_none() {
-            self.add(id, value, false);
+            self.add(id, Kept::of(value), false);
         }
     }
 
     /// Adds a new, not yet persisted pair that stays until `unpin`, whatever the capacity.
     pub fn insert_pinned(&mut self, id: u64, value: &str) {
         assert!(self.slot_of_id(id).is_none(), "a new id is not cached yet");
-        self.add(id, value, true);
+        self.add(id, Kept::of(value), true);
         self.pinned += 1;
     }
 
     /// The value of a pinned pair (`persist` writes it).
-    pub fn pinned_value(&self, id: u64) -> Option<&str> {
+    pub fn pinned_value(&self, id: u64) -> Option<CachedStr<'_>> {
         self.slot_of_id(id).filter(|&slot| self.slots[slot].pinned).map(|slot| self.value(slot))
     }
 
@@ -135,11 +187,12 @@ impl Cache {
         }
         let mut shrunk = Cache::new(self.capacity);
         for slot in (0..self.slots.len()).filter(|&slot| self.slots[slot].pinned) {
-            shrunk.insert_pinned(self.slots[slot].id, self.value(slot));
+            shrunk.add(self.slots[slot].id, self.kept(slot), true);
+            shrunk.pinned += 1;
         }
         let room = self.capacity.saturating_sub(self.pinned);
         for slot in (0..self.slots.len()).rev().filter(|&slot| !self.slots[slot].pinned).take(room) {
-            shrunk.add(self.slots[slot].id, self.value(slot), false);
+            shrunk.add(self.slots[slot].id, self.kept(slot), false);
         }
         *self = shrunk;
     }
@@ -148,7 +201,7 @@ impl Cache {
         self.by_id.find(hash_id(id), |slot| self.slots[slot].id == id)
     }
 
-    fn add(&mut self, id: u64, value: &str, pinned: bool) {
+    fn add(&mut self, id: u64, value: Kept<'_>, pinned: bool) {
         let full = self.slots.len() >= self.capacity && self.slots.len() > self.pinned;
         let slot = if full { self.reuse_slot(id, value, pinned) } else { self.push_slot(id, value, pinned) };
         self.index_slot(slot);
@@ -156,14 +209,14 @@ impl Cache {
         debug_assert_eq!(self.by_id.len(), self.slots.len());
     }
 
-    fn push_slot(&mut self, id: u64, value: &str, pinned: bool) -> usize {
-        let start = self.append(value);
-        let len = value.len() as u32;
-        self.slots.push(Slot { id, start, len, referenced: AtomicBool::new(false), pinned });
+    fn push_slot(&mut self, id: u64, value: Kept<'_>, pinned: bool) -> usize {
+        let start = self.append(value.bytes());
+        let (len, packed) = (value.bytes().len() as u32, value.is_packed());
+        self.slots.push(Slot { id, start, len, referenced: AtomicBool::new(false), pinned, packed });
         self.slots.len() - 1
     }
 
-    fn reuse_slot(&mut self, id: u64, value: &str, pinned: bool) -> usize {
+    fn reuse_slot(&mut self, id: u64, value: Kept<'_>, pinned: bool) -> usize {
         self.complete = false;
         while self.slots[self.hand].pinned || self.slots[self.hand].referenced.swap(false, Ordering::Relaxed) {
             self.hand = (self.hand + 1) % self.slots.len();
@@ -172,9 +225,9 @@ impl Cache {
         self.hand = (self.hand + 1) % self.slots.len();
         self.unindex_slot(victim);
         self.garbage += self.slots[victim].len as usize;
-        let start = self.append(value);
-        let len = value.len() as u32;
-        self.slots[victim] = Slot { id, start, len, referenced: AtomicBool::new(false), pinned };
+        let start = self.append(value.bytes());
+        let (len, packed) = (value.bytes().len() as u32, value.is_packed());
+        self.slots[victim] = Slot { id, start, len, referenced: AtomicBool::new(false), pinned, packed };
         self.compact_arena_if_wasteful();
         victim
     }
@@ -196,9 +249,9 @@ impl Cache {
         self.by_id.remove(id_hash, slot, |i| hash_id(slots[i].id));
     }
 
-    fn append(&mut self, value: &str) -> usize {
+    fn append(&mut self, bytes: &[u8]) -> usize {
         let start = self.arena.len();
-        self.arena.extend_from_slice(value.as_bytes());
+        self.arena.extend_from_slice(bytes);
         start
     }
 
@@ -220,15 +273,31 @@ impl Cache {
         self.arena = arena;
     }
 
-    fn value(&self, slot: usize) -> &str {
+    fn value(&self, slot: usize) -> CachedStr<'_> {
         self.value_of_slot(&self.slots[slot])
     }
 
-    fn value_of_slot(&self, slot: &Slot) -> &str {
-        std::str::from_utf8(self.bytes(slot)).expect("the arena holds whole UTF-8 strings")
+    fn value_of_slot(&self, slot: &Slot) -> CachedStr<'_> {
+        match self.kept_of_slot(slot) {
+            Kept::Packed(packed) => CachedStr::Unpacked(plc::Text::unpack(&packed)),
+            Kept::Text(text) => {
+                CachedStr::Borrowed(std::str::from_utf8(text).expect("the arena holds whole UTF-8 strings"))
+            }
+        }
     }
 
-    /// The value's bytes: lookups compare these, skipping the UTF-8 check a `&str` needs.
+    fn kept(&self, slot: usize) -> Kept<'_> {
+        self.kept_of_slot(&self.slots[slot])
+    }
+
+    fn kept_of_slot(&self, slot: &Slot) -> Kept<'_> {
+        match slot.packed {
+            true => Kept::Packed(self.bytes(slot).try_into().expect("a packed value is 15 bytes")),
+            false => Kept::Text(self.bytes(slot)),
+        }
+    }
+
+    /// The value's kept bytes: lookups compare these, skipping the UTF-8 check a `&str` needs.
     fn bytes(&self, slot: &Slot) -> &[u8] {
         &self.arena[slot.start..slot.start + slot.len as usize]
     }
@@ -244,10 +313,6 @@ fn mark_referenced(slot: &Slot) {
 
 fn value_hash_of(arena: &[u8], slot: &Slot) -> u64 {
     xxh3_64(&arena[slot.start..slot.start + slot.len as usize])
-}
-
-fn hash_value(value: &str) -> u64 {
-    xxh3_64(value.as_bytes())
 }
 
 /// Ids come from our own sequences (never from the network), so a multiply-and-fold mixes them
@@ -292,6 +357,38 @@ mod tests {
         assert_eq!(cache.id_of(&format!("did:plc:{:024}", 49_999)), Some(50_000));
     }
 
+    /// The `did:plc` DID whose packed bytes end in `n`.
+    fn plc_did(n: u64) -> String {
+        let mut packed = [0u8; plc::PACKED_LEN];
+        packed[plc::PACKED_LEN - 8..].copy_from_slice(&n.to_be_bytes());
+        plc::unpack(&packed)
+    }
+
+    #[test]
+    fn plc_dids_are_kept_packed_and_never_taken_for_other_values() {
+        let mut cache = Cache::new(100);
+        for id in 1..=10u64 {
+            cache.insert(id, &plc_did(id));
+        }
+        assert_eq!(cache.arena.len(), 10 * plc::PACKED_LEN, "15 bytes a did:plc DID");
+        let text = "abcdefghijklmno"; // 15 bytes: the packed bytes of `lookalike`
+        let lookalike = plc::unpack(text.as_bytes().try_into().unwrap());
+        cache.insert(11, text);
+        cache.insert_pinned(12, &lookalike);
+        cache.insert(13, "did:plc:notbase32_0189aaaaaa"); // kept as written
+        for (id, value) in (1..=10u64).map(|id| (id, plc_did(id))).chain([
+            (11, text.to_string()),
+            (12, lookalike.clone()),
+            (13, "did:plc:notbase32_0189aaaaaa".to_string()),
+        ]) {
+            assert_eq!(cache.id_of(&value), Some(id), "{value}");
+            assert_eq!(cache.value_of(id).as_deref(), Some(value.as_str()));
+            assert_eq!(cache.get(id).as_deref(), Some(value.as_str()));
+        }
+        assert_eq!(cache.pinned_value(12).as_deref(), Some(lookalike.as_str()));
+        assert_eq!(cache.id_of(&plc_did(99)), None);
+    }
+
     #[test]
     fn id_hashes_spread_sequential_ids_over_homes_and_tags() {
         let ids: Vec<u64> = (1..=4096u64).map(|counter| crate::model::ids::OUTLINED_BIT | counter).collect();
@@ -310,10 +407,10 @@ mod tests {
         }
         cache.insert(9, "did:plc:nine"); // evicts nothing pinned: none is unpinned
         for id in 1..=5u64 {
-            assert_eq!(cache.pinned_value(id), Some(format!("did:plc:{id}").as_str()));
+            assert_eq!(cache.pinned_value(id).as_deref(), Some(format!("did:plc:{id}").as_str()));
             assert_eq!(cache.id_of(&format!("did:plc:{id}")), Some(id));
         }
-        assert_eq!(cache.pinned_value(9), None, "not pinned");
+        assert_eq!(cache.pinned_value(9).as_deref(), None, "not pinned");
         for id in 1..=5u64 {
             cache.unpin(id);
         }
@@ -344,7 +441,8 @@ mod tests {
                     }
                     for id in &pinned {
                         let value = format!("new{id}");
-                        prop_assert_eq!(cache.pinned_value(*id), Some(value.as_str()));
+                        let found = cache.pinned_value(*id);
+                        prop_assert_eq!(found.as_deref(), Some(value.as_str()));
                         prop_assert_eq!(cache.id_of(&value), Some(*id));
                     }
                     prop_assert!(cache.len() <= capacity.max(pinned.len() + capacity));
@@ -361,12 +459,12 @@ mod tests {
         #[test]
         fn answers_agree_with_a_plain_map(
             capacity in 0usize..40,
-            operations in prop::collection::vec((0u64..120, any::<bool>(), 0usize..3), 1..600),
+            operations in prop::collection::vec((0u64..120, any::<bool>(), 0usize..4), 1..600),
         ) {
             let mut cache = Cache::new(capacity);
             let mut truth: HashMap<u64, String> = HashMap::new();
             for (id, lookup, width) in operations {
-                let value = format!("{}{id}", "x".repeat(width * 7));
+                let value = if width == 3 { plc_did(id) } else { format!("{}{id}", "x".repeat(width * 7)) };
                 let value = truth.entry(id).or_insert(value).clone();
                 if lookup {
                     if let Some(found) = cache.id_of(&value) { prop_assert_eq!(found, id); }

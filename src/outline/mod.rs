@@ -55,6 +55,7 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 mod cache;
 pub mod fingerprints;
 mod kind;
+mod plc;
 pub mod range;
 #[cfg(test)]
 mod tests;
@@ -283,7 +284,7 @@ impl Outlines {
             let cache = read(&self.caches[kind.index()])?;
             for (i, &id) in ids.iter().enumerate() {
                 match cache.get(id) {
-                    Some(value) => found(i, Some(value)),
+                    Some(value) => found(i, Some(&value)),
                     None => missed.push(i),
                 }
             }
@@ -344,7 +345,7 @@ impl Outlines {
             let cache = read(&self.caches[kind.index()])?;
             for (span, (_, id)) in spans.iter_mut().zip(rows).filter(|(_, (k, _))| *k == kind) {
                 let start = text.len();
-                text.push_str(cache.pinned_value(*id).expect("a pending string is pinned in its cache"));
+                text.push_str(&cache.pinned_value(*id).expect("a pending string is pinned in its cache"));
                 *span = start..text.len();
             }
         }
