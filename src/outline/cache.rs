@@ -55,6 +55,11 @@ enum Kept<'a> {
     Text(&'a [u8]),
 }
 
+/// Bytes the arena takes for `value`.
+pub(super) fn kept_len(value: &str) -> usize {
+    Kept::of(value).bytes().len()
+}
+
 impl<'a> Kept<'a> {
     fn of(value: &'a str) -> Self {
         plc::pack(value).map_or(Kept::Text(value.as_bytes()), Kept::Packed)
@@ -161,8 +166,7 @@ impl Cache {
     /// Adds a new, not yet persisted pair that stays until `unpin`, whatever the capacity.
     pub fn insert_pinned(&mut self, id: u64, value: &str) {
         assert!(self.slot_of_id(id).is_none(), "a new id is not cached yet");
-        self.add(id, Kept::of(value), true);
-        self.pinned += 1;
+        self.add_pinned(id, Kept::of(value));
     }
 
     /// The value of a pinned pair (`persist` writes it).
@@ -187,8 +191,7 @@ impl Cache {
         }
         let mut shrunk = Cache::new(self.capacity);
         for slot in (0..self.slots.len()).filter(|&slot| self.slots[slot].pinned) {
-            shrunk.add(self.slots[slot].id, self.kept(slot), true);
-            shrunk.pinned += 1;
+            shrunk.add_pinned(self.slots[slot].id, self.kept(slot));
         }
         let room = self.capacity.saturating_sub(self.pinned);
         for slot in (0..self.slots.len()).rev().filter(|&slot| !self.slots[slot].pinned).take(room) {
@@ -199,6 +202,11 @@ impl Cache {
 
     fn slot_of_id(&self, id: u64) -> Option<usize> {
         self.by_id.find(hash_id(id), |slot| self.slots[slot].id == id)
+    }
+
+    fn add_pinned(&mut self, id: u64, value: Kept<'_>) {
+        self.add(id, value, true);
+        self.pinned += 1;
     }
 
     fn add(&mut self, id: u64, value: Kept<'_>, pinned: bool) {

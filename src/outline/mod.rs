@@ -69,13 +69,14 @@ pub const SMALL_KIND_CACHE_ENTRIES: usize = 1 << 20;
 const LOCKED_ROWS: usize = 4096;
 /// Most new strings that may wait for `persist`; beyond it `intern` fails until persist runs.
 pub const MAX_PENDING: usize = 1 << 22;
-/// Memory a new string holds until `persist`, beyond its bytes: its cache slot, its buckets in
-/// the cache's two indexes (at most 3/4 full) and its place in the pending list.
+/// Memory a new string holds until `persist`, beyond its bytes in the cache's arena: its cache
+/// slot, its buckets in the cache's two indexes (at most 3/4 full) and its place in the pending
+/// list.
 const PENDING_OVERHEAD_BYTES: usize = 72;
 
 /// What a new string of `value` holds until `persist` (see `PENDING_OVERHEAD_BYTES`).
 fn pending_bytes_of(value: &str) -> usize {
-    value.len() + PENDING_OVERHEAD_BYTES
+    cache::kept_len(value) + PENDING_OVERHEAD_BYTES
 }
 
 /// Schema versions of `outlines.db`, oldest first. Append only: never edit a released migration.

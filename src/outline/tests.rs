@@ -316,6 +316,8 @@ fn pending_bytes_follow_the_new_strings_until_persisted() {
     outlines.intern(DID, "did:plc:abc", 0).unwrap();
     outlines.intern(RKEY, "self", 0).unwrap();
     assert_eq!(outlines.pending_bytes(), "did:plc:abc".len() + "self".len() + 2 * PENDING_OVERHEAD_BYTES);
+    outlines.intern(DID, "did:plc:vfnmgxg2yscfliemmcxzyfyh", 0).unwrap(); // kept packed: 15 bytes
+    assert_eq!(outlines.pending_bytes(), "did:plc:abc".len() + "self".len() + 15 + 3 * PENDING_OVERHEAD_BYTES);
     outlines.persist().unwrap();
     assert_eq!(outlines.pending_bytes(), 0);
     outlines.intern(DID, "did:plc:abc", 0).unwrap();
