@@ -1,7 +1,7 @@
 //! The bounded two-way cache of one outline kind (id <-> string), compact enough to hold the
-//! network's accounts: about `56 + len` bytes per pair instead of ~145 with an `Arc<str>` per
-//! string and two `HashMap`s, where a `did:plc` DID's `len` is 15, not 32 (`plc`: the arena
-//! keeps it packed).
+//! network's accounts: about `52 + len` bytes per pair (a 16-byte slot, its 4 bytes in the clock
+//! and two index buckets at half load) instead of ~145 with an `Arc<str>` per string and two
+//! `HashMap`s, where a `did:plc` DID's `len` is 15, not 32 (`plc`: the arena keeps it packed).
 //!
 //! The cache also holds the kind's new strings until they are persisted ("pinned": never evicted),
 //! so a new string is stored in memory once, not in a pending map and again in the cache.
@@ -11,41 +11,117 @@
 //!   even to a full cache (evicting unpinned ones while there are any), and `shrink_to_capacity`
 //!   evicts back down to `max(capacity, pinned)`.
 //!   Every pair has one slot, one bucket in `by_value` and one in `by_id`; every occupied bucket
-//!   names a live slot whose value (or id) hashes to it. `pinned` counts the pinned slots.
+//!   names a live slot whose value (or id) hashes to it. `clock` lists every unpinned slot once
+//!   and no pinned one, so the pinned slots are the others.
 //! - Values live back to back in `arena`, each as `Kept`: a `did:plc` DID packed, any other
 //!   value as written; a slot says which, so a value that happens to be 15 bytes long is never
 //!   taken for a packed one. Lookups pack the string they look for and compare kept bytes; the
 //!   value index hashes kept bytes. An evicted value stays there as garbage until the arena
 //!   is rewritten, which happens as soon as garbage passes half the live bytes, so the arena holds
 //!   at most 1.5 times the live bytes (plus one value).
-//! - Both indexes are `crate::buckets` tables of slot numbers (linear probing, at most 3/4 full,
+//! - Both indexes are `base::positions` tables of slot numbers (linear probing, at most 3/4 full,
 //!   backward-shift deletion, a hash tag beside each slot).
-//! - Eviction is clock (second chance) over unpinned slots: a hit sets the slot's bit under the
-//!   read lock; an insert into a full cache sweeps the hand forward past pinned slots, clearing set
-//!   bits, to the first clear unpinned one. It only sweeps when an unpinned slot exists, and each
-//!   step clears a bit or passes a pinned slot, so it ends within two turns.
+//! - Eviction is clock (second chance) over `clock`, the unpinned slots alone: a hit sets the
+//!   slot's bit under the read lock; an insert into a full cache sweeps the hand forward over
+//!   `clock`, clearing set bits, to the first clear one. It only sweeps when `clock` is not
+//!   empty, and each step clears a bit, so it ends within two turns of `clock` whatever the
+//!   number of pinned slots. (With more new strings than the capacity nearly every slot is
+//!   pinned: a sweep over all slots would pass each of them on every insert.)
 
 use super::plc;
 use crate::base::positions::PositionIndex;
 use std::ops::Deref;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use xxhash_rust::xxh3::xxh3_64;
 
 /// Slots are numbered in 32 bits (the bucket's low half, minus the empty marker).
 const MAX_CAPACITY: usize = u32::MAX as usize - 1;
 
+/// One pair in 16 bytes (the cache holds millions): its id, and one word that packs where its
+/// value lies in the arena with the pair's flags.
 #[derive(Debug)]
 struct Slot {
     id: u64,
-    /// The value is `arena[start..start + len]`.
-    start: usize,
-    len: u32,
-    referenced: AtomicBool,
-    /// Not yet persisted: never evicted.
-    pinned: bool,
-    /// The arena holds the value as a packed `did:plc` DID.
-    packed: bool,
+    /// `start << START_SHIFT | len << LEN_SHIFT | flags`. Atomic for the referenced bit alone,
+    /// which hits set under the read lock; every other change holds the write lock.
+    word: AtomicU64,
+}
+
+const _: () = assert!(std::mem::size_of::<Slot>() == 16, "a slot is an id and one word");
+
+/// The clock's bit: used since the hand last passed.
+const REFERENCED: u64 = 1;
+/// Not yet persisted: never evicted.
+const PINNED: u64 = 1 << 1;
+/// The arena holds the value as a packed `did:plc` DID.
+const PACKED: u64 = 1 << 2;
+const LEN_SHIFT: u32 = 3;
+/// No kind allows a string over 2 KiB (`OutlineKind::max_len`), so 16 bits hold any length.
+const LEN_BITS: u32 = 16;
+const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
+/// Arena offsets get the word's top 45 bits.
+const START_SHIFT: u32 = LEN_SHIFT + LEN_BITS;
+
+impl Slot {
+    fn new(id: u64, start: usize, len: usize, pinned: bool, packed: bool) -> Self {
+        assert!(len as u64 <= LEN_MASK, "a cached value of {len} bytes");
+        assert!((start as u64) < 1 << (64 - START_SHIFT), "an arena offset of {start}");
+        let flags = if pinned { PINNED } else { 0 } | if packed { PACKED } else { 0 };
+        let word = (start as u64) << START_SHIFT | (len as u64) << LEN_SHIFT | flags;
+        Self { id, word: AtomicU64::new(word) }
+    }
+
+    fn word(&self) -> u64 {
+        self.word.load(Ordering::Relaxed)
+    }
+
+    fn len(&self) -> usize {
+        ((self.word() >> LEN_SHIFT) & LEN_MASK) as usize
+    }
+
+    /// Where the value lies in the arena (one load: a hit may set the referenced bit meanwhile).
+    fn range(&self) -> std::ops::Range<usize> {
+        let word = self.word();
+        let start = (word >> START_SHIFT) as usize;
+        start..start + ((word >> LEN_SHIFT) & LEN_MASK) as usize
+    }
+
+    fn pinned(&self) -> bool {
+        self.word() & PINNED != 0
+    }
+
+    fn packed(&self) -> bool {
+        self.word() & PACKED != 0
+    }
+
+    fn unpin(&mut self) {
+        *self.word.get_mut() &= !PINNED;
+    }
+
+    /// Points the slot at `start` (the arena was rewritten), keeping its length and flags.
+    fn move_to(&mut self, start: usize) {
+        assert!((start as u64) < 1 << (64 - START_SHIFT), "an arena offset of {start}");
+        let word = self.word.get_mut();
+        *word = (start as u64) << START_SHIFT | (*word & ((1 << START_SHIFT) - 1));
+    }
+
+    /// Tells the clock the slot was used. Only the first use writes: readers on other cores
+    /// keep their copy of the slot's cache line instead of taking it from each other on every
+    /// lookup.
+    fn mark_referenced(&self) {
+        if self.word() & REFERENCED == 0 {
+            self.word.fetch_or(REFERENCED, Ordering::Relaxed);
+        }
+    }
+
+    /// Clears the referenced bit and tells whether it was set (the clock's second chance).
+    fn take_referenced(&mut self) -> bool {
+        let word = self.word.get_mut();
+        let was = *word & REFERENCED != 0;
+        *word &= !REFERENCED;
+        was
+    }
 }
 
 /// A value as the arena keeps it.
@@ -103,8 +179,10 @@ pub(super) struct Cache {
     garbage: usize,
     by_value: PositionIndex,
     by_id: PositionIndex,
+    /// The unpinned slots, in the clock's order.
+    clock: Vec<u32>,
+    /// The clock's next candidate: an index into `clock`.
     hand: usize,
-    pinned: usize,
     /// Holds every string of its kind that outlines.db stores (see the outline invariants).
     pub complete: bool,
 }
@@ -119,8 +197,8 @@ impl Cache {
             garbage: 0,
             by_value: PositionIndex::new(),
             by_id: PositionIndex::new(),
+            clock: Vec::new(),
             hand: 0,
-            pinned: 0,
             complete: false,
         }
     }
@@ -137,10 +215,10 @@ impl Cache {
         let wanted = Kept::of(value);
         let holds_wanted = |slot: usize| {
             let slot = &self.slots[slot];
-            slot.packed == wanted.is_packed() && self.bytes(slot) == wanted.bytes()
+            slot.packed() == wanted.is_packed() && self.bytes(slot) == wanted.bytes()
         };
         let slot = &self.slots[self.by_value.find(xxh3_64(wanted.bytes()), holds_wanted)?];
-        mark_referenced(slot);
+        slot.mark_referenced();
         Some(slot.id)
     }
 
@@ -151,7 +229,7 @@ impl Cache {
     /// The cached string of `id` (borrowed unless it is kept packed).
     pub fn get(&self, id: u64) -> Option<CachedStr<'_>> {
         let slot = &self.slots[self.slot_of_id(id)?];
-        mark_referenced(slot);
+        slot.mark_referenced();
         Some(self.value_of_slot(slot))
     }
 
@@ -171,30 +249,30 @@ impl Cache {
 
     /// The value of a pinned pair (`persist` writes it).
     pub fn pinned_value(&self, id: u64) -> Option<CachedStr<'_>> {
-        self.slot_of_id(id).filter(|&slot| self.slots[slot].pinned).map(|slot| self.value(slot))
+        self.slot_of_id(id).filter(|&slot| self.slots[slot].pinned()).map(|slot| self.value(slot))
     }
 
     /// Makes a pinned pair an ordinary cached one (it is persisted now).
     pub fn unpin(&mut self, id: u64) {
         let slot = self.slot_of_id(id).expect("a pinned id is cached");
-        assert!(self.slots[slot].pinned, "unpin of a pair that is not pinned");
-        self.slots[slot].pinned = false;
-        self.pinned -= 1;
+        assert!(self.slots[slot].pinned(), "unpin of a pair that is not pinned");
+        self.slots[slot].unpin();
+        self.clock.push(slot as u32);
     }
 
     /// Evicts down to `capacity` pairs, or to the pinned ones if more than that are pinned (after
     /// more were pinned at once than the cache holds): keeps every pinned pair and the last
     /// unpinned slots, rebuilding the arena and both indexes. Cheap when nothing is over.
     pub fn shrink_to_capacity(&mut self) {
-        if self.slots.len() <= self.capacity.max(self.pinned) {
+        if self.slots.len() <= self.capacity.max(self.pinned()) {
             return;
         }
         let mut shrunk = Cache::new(self.capacity);
-        for slot in (0..self.slots.len()).filter(|&slot| self.slots[slot].pinned) {
+        for slot in (0..self.slots.len()).filter(|&slot| self.slots[slot].pinned()) {
             shrunk.add_pinned(self.slots[slot].id, self.kept(slot));
         }
-        let room = self.capacity.saturating_sub(self.pinned);
-        for slot in (0..self.slots.len()).rev().filter(|&slot| !self.slots[slot].pinned).take(room) {
+        let room = self.capacity.saturating_sub(self.pinned());
+        for slot in (0..self.slots.len()).rev().filter(|&slot| !self.slots[slot].pinned()).take(room) {
             shrunk.add(self.slots[slot].id, self.kept(slot), false);
         }
         *self = shrunk;
@@ -204,13 +282,16 @@ impl Cache {
         self.by_id.find(hash_id(id), |slot| self.slots[slot].id == id)
     }
 
+    fn pinned(&self) -> usize {
+        self.slots.len() - self.clock.len()
+    }
+
     fn add_pinned(&mut self, id: u64, value: Kept<'_>) {
         self.add(id, value, true);
-        self.pinned += 1;
     }
 
     fn add(&mut self, id: u64, value: Kept<'_>, pinned: bool) {
-        let full = self.slots.len() >= self.capacity && self.slots.len() > self.pinned;
+        let full = self.slots.len() >= self.capacity && !self.clock.is_empty();
         let slot = if full { self.reuse_slot(id, value, pinned) } else { self.push_slot(id, value, pinned) };
         self.index_slot(slot);
         debug_assert_eq!(self.by_value.len(), self.slots.len());
@@ -219,24 +300,41 @@ impl Cache {
 
     fn push_slot(&mut self, id: u64, value: Kept<'_>, pinned: bool) -> usize {
         let start = self.append(value.bytes());
-        let (len, packed) = (value.bytes().len() as u32, value.is_packed());
-        self.slots.push(Slot { id, start, len, referenced: AtomicBool::new(false), pinned, packed });
-        self.slots.len() - 1
+        self.slots.push(Slot::new(id, start, value.bytes().len(), pinned, value.is_packed()));
+        let slot = self.slots.len() - 1;
+        if !pinned {
+            self.clock.push(slot as u32);
+        }
+        slot
     }
 
     fn reuse_slot(&mut self, id: u64, value: Kept<'_>, pinned: bool) -> usize {
         self.complete = false;
-        while self.slots[self.hand].pinned || self.slots[self.hand].referenced.swap(false, Ordering::Relaxed) {
-            self.hand = (self.hand + 1) % self.slots.len();
-        }
-        let victim = self.hand;
-        self.hand = (self.hand + 1) % self.slots.len();
+        let victim = self.clock_victim(pinned);
         self.unindex_slot(victim);
-        self.garbage += self.slots[victim].len as usize;
+        self.garbage += self.slots[victim].len();
         let start = self.append(value.bytes());
-        let (len, packed) = (value.bytes().len() as u32, value.is_packed());
-        self.slots[victim] = Slot { id, start, len, referenced: AtomicBool::new(false), pinned, packed };
+        self.slots[victim] = Slot::new(id, start, value.bytes().len(), pinned, value.is_packed());
         self.compact_arena_if_wasteful();
+        victim
+    }
+
+    /// Takes the clock's victim: the first unpinned slot from the hand whose bit is clear. A slot
+    /// that is to hold a pinned pair leaves the clock (the last one takes its place); otherwise
+    /// the hand moves past it.
+    fn clock_victim(&mut self, pinned: bool) -> usize {
+        assert!(!self.clock.is_empty(), "a victim is taken only from a clock with slots");
+        self.hand %= self.clock.len();
+        while self.slots[self.clock[self.hand] as usize].take_referenced() {
+            self.hand = (self.hand + 1) % self.clock.len();
+        }
+        let victim = self.clock[self.hand] as usize;
+        debug_assert!(!self.slots[victim].pinned(), "the clock holds unpinned slots only");
+        if pinned {
+            self.clock.swap_remove(self.hand);
+        } else {
+            self.hand += 1;
+        }
         victim
     }
 
@@ -272,9 +370,9 @@ impl Cache {
         }
         let mut arena = Vec::with_capacity(live + live / 4);
         for slot in &mut self.slots {
-            let old = slot.start;
-            slot.start = arena.len();
-            arena.extend_from_slice(&self.arena[old..old + slot.len as usize]);
+            let old = slot.range();
+            slot.move_to(arena.len());
+            arena.extend_from_slice(&self.arena[old]);
         }
         assert_eq!(arena.len(), live, "every live byte copied once");
         self.garbage = 0;
@@ -299,7 +397,7 @@ impl Cache {
     }
 
     fn kept_of_slot(&self, slot: &Slot) -> Kept<'_> {
-        match slot.packed {
+        match slot.packed() {
             true => Kept::Packed(self.bytes(slot).try_into().expect("a packed value is 15 bytes")),
             false => Kept::Text(self.bytes(slot)),
         }
@@ -307,20 +405,12 @@ impl Cache {
 
     /// The value's kept bytes: lookups compare these, skipping the UTF-8 check a `&str` needs.
     fn bytes(&self, slot: &Slot) -> &[u8] {
-        &self.arena[slot.start..slot.start + slot.len as usize]
-    }
-}
-
-/// Tells the clock the slot was used. Only the first use writes: readers on other cores keep
-/// their copy of the slot's cache line instead of taking it from each other on every lookup.
-fn mark_referenced(slot: &Slot) {
-    if !slot.referenced.load(Ordering::Relaxed) {
-        slot.referenced.store(true, Ordering::Relaxed);
+        &self.arena[slot.range()]
     }
 }
 
 fn value_hash_of(arena: &[u8], slot: &Slot) -> u64 {
-    xxh3_64(&arena[slot.start..slot.start + slot.len as usize])
+    xxh3_64(&arena[slot.range()])
 }
 
 /// Ids come from our own sequences (never from the network), so a multiply-and-fold mixes them
@@ -353,16 +443,40 @@ mod tests {
     }
 
     #[test]
+    fn a_slot_word_keeps_each_field_apart() {
+        let far = (1usize << (64 - START_SHIFT)) - 1;
+        let mut slot = Slot::new(7, far, 2048, true, true);
+        assert_eq!((slot.range(), slot.pinned(), slot.packed()), (far..far + 2048, true, true));
+        slot.mark_referenced();
+        slot.move_to(3);
+        assert_eq!((slot.range(), slot.pinned(), slot.packed()), (3..2051, true, true));
+        assert!(slot.take_referenced(), "moving keeps the clock's bit");
+        assert!(!slot.take_referenced());
+        slot.unpin();
+        assert_eq!((slot.id, slot.range(), slot.pinned(), slot.packed()), (7, 3..2051, false, true));
+        let plain = Slot::new(1, 0, LEN_MASK as usize, false, false);
+        assert_eq!((plain.range(), plain.pinned(), plain.packed()), (0..LEN_MASK as usize, false, false));
+    }
+
+    #[test]
     fn the_arena_stays_within_one_and_a_half_times_the_live_bytes() {
         let mut cache = Cache::new(1_000);
         for id in 0..50_000u64 {
             cache.insert(id + 1, &format!("did:plc:{id:024}"));
-            let live: usize = cache.slots.iter().map(|slot| slot.len as usize).sum();
+            let live: usize = cache.slots.iter().map(Slot::len).sum();
             assert_eq!(cache.arena.len() - cache.garbage, live, "garbage is counted exactly");
             assert!(cache.arena.len() <= live + live / 2 + 64, "arena {} for {live} live", cache.arena.len());
         }
         assert_eq!(cache.len(), 1_000);
         assert_eq!(cache.id_of(&format!("did:plc:{:024}", 49_999)), Some(50_000));
+    }
+
+    /// `clock` lists exactly the unpinned slots, each once.
+    fn assert_clock_holds_the_unpinned_slots(cache: &Cache) {
+        let mut clock: Vec<usize> = cache.clock.iter().map(|&slot| slot as usize).collect();
+        clock.sort_unstable();
+        let unpinned: Vec<usize> = (0..cache.slots.len()).filter(|&slot| !cache.slots[slot].pinned()).collect();
+        assert_eq!(clock, unpinned);
     }
 
     /// The `did:plc` DID whose packed bytes end in `n`.
@@ -454,10 +568,13 @@ mod tests {
                         prop_assert_eq!(cache.id_of(&value), Some(*id));
                     }
                     prop_assert!(cache.len() <= capacity.max(pinned.len() + capacity));
+                    assert_clock_holds_the_unpinned_slots(&cache);
                 }
                 pinned.iter().for_each(|id| cache.unpin(*id));
+                assert_clock_holds_the_unpinned_slots(&cache);
                 cache.shrink_to_capacity();
                 prop_assert!(cache.len() <= capacity);
+                assert_clock_holds_the_unpinned_slots(&cache);
             }
         }
 
@@ -488,6 +605,7 @@ mod tests {
                 prop_assert!(cache.len() <= capacity);
                 prop_assert_eq!(cache.by_value.len(), cache.len());
                 prop_assert_eq!(cache.by_id.len(), cache.len());
+                assert_clock_holds_the_unpinned_slots(&cache);
             }
             for (id, value) in &truth {
                 prop_assert_eq!(cache.id_of(value).is_some(), cache.value_of(*id).is_some());
