@@ -63,12 +63,21 @@ const LEN_MASK: u64 = (1 << LEN_BITS) - 1;
 /// Arena offsets get the word's top 45 bits.
 const START_SHIFT: u32 = LEN_SHIFT + LEN_BITS;
 
+/// The word's bits for an arena offset.
+fn start_bits(start: usize) -> u64 {
+    assert!((start as u64) < 1 << (64 - START_SHIFT), "an arena offset of {start}");
+    (start as u64) << START_SHIFT
+}
+
+fn len_of(word: u64) -> usize {
+    ((word >> LEN_SHIFT) & LEN_MASK) as usize
+}
+
 impl Slot {
     fn new(id: u64, start: usize, len: usize, pinned: bool, packed: bool) -> Self {
         assert!(len as u64 <= LEN_MASK, "a cached value of {len} bytes");
-        assert!((start as u64) < 1 << (64 - START_SHIFT), "an arena offset of {start}");
         let flags = if pinned { PINNED } else { 0 } | if packed { PACKED } else { 0 };
-        let word = (start as u64) << START_SHIFT | (len as u64) << LEN_SHIFT | flags;
+        let word = start_bits(start) | (len as u64) << LEN_SHIFT | flags;
         Self { id, word: AtomicU64::new(word) }
     }
 
@@ -77,14 +86,14 @@ impl Slot {
     }
 
     fn len(&self) -> usize {
-        ((self.word() >> LEN_SHIFT) & LEN_MASK) as usize
+        len_of(self.word())
     }
 
     /// Where the value lies in the arena (one load: a hit may set the referenced bit meanwhile).
     fn range(&self) -> std::ops::Range<usize> {
         let word = self.word();
         let start = (word >> START_SHIFT) as usize;
-        start..start + ((word >> LEN_SHIFT) & LEN_MASK) as usize
+        start..start + len_of(word)
     }
 
     fn pinned(&self) -> bool {
@@ -101,9 +110,8 @@ impl Slot {
 
     /// Points the slot at `start` (the arena was rewritten), keeping its length and flags.
     fn move_to(&mut self, start: usize) {
-        assert!((start as u64) < 1 << (64 - START_SHIFT), "an arena offset of {start}");
         let word = self.word.get_mut();
-        *word = (start as u64) << START_SHIFT | (*word & ((1 << START_SHIFT) - 1));
+        *word = start_bits(start) | (*word & ((1 << START_SHIFT) - 1));
     }
 
     /// Tells the clock the slot was used. Only the first use writes: readers on other cores
