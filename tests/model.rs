@@ -79,6 +79,8 @@ enum Op {
     Flush,
     /// Compact until no tier is full.
     Compact,
+    /// Merge each tree's tier 0 into one run, as a quiet or finishing writer does.
+    Settle,
     /// Upload, publish a manifest, collect garbage.
     Publish,
     Check {
@@ -99,6 +101,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..DIDS).prop_map(|did| Op::Activate { did }),
         1 => Just(Op::Flush),
         1 => Just(Op::Compact),
+        1 => Just(Op::Settle),
         1 => Just(Op::Publish),
         2 => (0..TARGETS, 1..6usize, any::<bool>()).prop_map(|(target, limit, reverse)| Op::Check { target, limit, reverse }),
     ]
@@ -277,6 +280,10 @@ impl Harness {
             Op::Compact => {
                 self.time_us += 1;
                 while self.index.compact_once(self.runtime.handle(), self.time_us as u64).unwrap() {}
+            }
+            Op::Settle => {
+                self.time_us += 1;
+                while self.index.settle_once(self.runtime.handle(), self.time_us as u64).unwrap() {}
             }
             Op::Publish => {
                 self.time_us += 1;
@@ -466,6 +473,61 @@ fn compaction_generations_keep_answers() {
     harness.reopen();
     for t in 0..TARGETS {
         harness.check(&target(t), 3, false);
+    }
+}
+
+/// With tier 0 wide enough to hold every flushed delta, settling merges each tree's deltas into
+/// one run, leaves a tree with a single run alone, and the answers stay equal to the model.
+#[test]
+fn settling_merges_tier_zero_into_one_run() {
+    let mut options = Harness::options();
+    options.compaction.min_run_bytes = 1 << 20;
+    options.compaction.fan_in = 8;
+    let mut harness = Harness::with(options);
+    let mut state = 5u64;
+    let mut next = |n: usize| (backlinks::base::rng::splitmix64(&mut state) % n as u64) as usize;
+    for step in 0..150 {
+        let record = (next(DIDS), next(3), next(RKEYS));
+        let op = match next(8) {
+            0 => Op::Delete { did: record.0, collection: record.1, rkey: record.2 },
+            1 => Op::AccountDeleted { did: next(DIDS) },
+            2 => Op::Write {
+                update: true,
+                did: record.0,
+                collection: record.1,
+                rkey: record.2,
+                links: vec![(next(TARGETS), 0)],
+            },
+            _ => Op::Write {
+                update: false,
+                did: record.0,
+                collection: record.1,
+                rkey: record.2,
+                links: vec![(next(TARGETS), next(3)), (next(TARGETS), 1)],
+            },
+        };
+        harness.run(&op);
+        if step % 30 == 29 {
+            harness.run(&Op::Flush);
+        }
+    }
+    let (links, thresholds) = (harness.index.links.runs().len(), harness.index.thresholds.runs().len());
+    assert!(links >= 4 && thresholds >= 4, "{links} links runs and {thresholds} revocation runs before settling");
+    harness.run(&Op::Settle);
+    assert_eq!(harness.index.links.runs().len(), 1);
+    assert_eq!(harness.index.thresholds.runs().len(), 1);
+    assert!(harness.index.forward.runs().len() <= 1);
+    let merges = harness.index.counters.compactions.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(!harness.index.settle_once(harness.runtime.handle(), 1).unwrap(), "nothing left to settle");
+    assert_eq!(harness.index.counters.compactions.load(std::sync::atomic::Ordering::Relaxed), merges);
+    for t in 0..TARGETS {
+        harness.check(&target(t), 2, false);
+        harness.check(&target(t), 50, true);
+    }
+    harness.check_forward();
+    harness.reopen();
+    for t in 0..TARGETS {
+        harness.check(&target(t), 3, t % 2 == 0);
     }
 }
 

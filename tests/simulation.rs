@@ -26,7 +26,7 @@ mod support;
 
 use backlinks::base::rng::splitmix64;
 use backlinks::count::{Count, CountOptions, count_backlinks};
-use backlinks::index::{Index, IndexOptions};
+use backlinks::index::{Index, IndexError, IndexOptions};
 use backlinks::ingest::jetstream::parse_event;
 use backlinks::lsm::compaction::CompactionOptions;
 use backlinks::lsm::table::TableOptions;
@@ -151,7 +151,8 @@ fn index_options(rng: &mut Rng) -> IndexOptions {
         table: TableOptions { frame_bytes: 128 + 64 * rng.below(8), ..TableOptions::default() },
         compaction: CompactionOptions {
             fan_in: 2 + rng.below(3),
-            min_run_bytes: 64,
+            // Up to 2 KiB: a tier 0 that holds some flushed deltas, for settling to merge.
+            min_run_bytes: 64 << rng.below(6),
             shard_bytes: 200 + 100 * rng.below(6) as u64,
             frames_per_read: 1 + rng.below(3),
             max_bytes_per_sec: None,
@@ -203,6 +204,9 @@ fn is_store_crash(error: &dyn std::fmt::Display) -> bool {
     error.to_string().contains("the store crashed")
 }
 
+/// One merge step of the index: `compact_once` or `settle_once`.
+type MergeStep = fn(&Index, &tokio::runtime::Handle, u64) -> Result<bool, IndexError>;
+
 /// What happened in a run, for the report and the replay check.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 struct Tally {
@@ -212,6 +216,8 @@ struct Tally {
     replayed: usize,
     publishes: usize,
     compactions: usize,
+    /// Merges of tier 0 (`Index::settle_once`).
+    settles: usize,
     checks: usize,
     injected: usize,
     store_crashes: usize,
@@ -444,18 +450,38 @@ impl World {
         }
     }
 
-    /// Compacts until no tier is full; an injected read failure leaves the inputs in place.
+    /// Compacts until no tier is full, and one time in three then settles tier 0 (as a quiet
+    /// writer does); an injected read failure leaves the inputs in place.
     fn compact(&mut self) {
+        let settle = self.rng.below(3) == 0;
+        if let Some(merged) = self.merge_while(Index::compact_once) {
+            self.tally.compactions += merged;
+            if settle && let Some(settled) = self.merge_while(Index::settle_once) {
+                self.tally.settles += settled;
+            }
+        }
+    }
+
+    /// Runs `merge` until it has nothing to merge: how many merges it made, or `None` if a fault
+    /// stopped it.
+    fn merge_while(&mut self, merge: MergeStep) -> Option<usize> {
         let handle = self.runtime.handle().clone();
+        let mut merged = 0;
         loop {
-            match self.index().compact_once(&handle, self.now_ms) {
+            match merge(self.index(), &handle, self.now_ms) {
                 Ok(true) => {
-                    self.tally.compactions += 1;
+                    merged += 1;
                     self.note("compacted");
                 }
-                Ok(false) => return,
-                Err(e) if is_store_crash(&e) => return self.restart_with_fresh_store(),
-                Err(e) if is_injected(&e) => return self.injected("compaction"),
+                Ok(false) => return Some(merged),
+                Err(e) if is_store_crash(&e) => {
+                    self.restart_with_fresh_store();
+                    return None;
+                }
+                Err(e) if is_injected(&e) => {
+                    self.injected("compaction");
+                    return None;
+                }
                 Err(e) => panic!("compaction failed: {e}"),
             }
         }
@@ -659,6 +685,7 @@ fn seeded_workloads_with_faults_and_crashes_match_the_model() {
         total.replayed += tally.replayed;
         total.publishes += tally.publishes;
         total.compactions += tally.compactions;
+        total.settles += tally.settles;
         total.checks += tally.checks;
         total.injected += tally.injected;
         total.store_crashes += tally.store_crashes;
@@ -667,7 +694,14 @@ fn seeded_workloads_with_faults_and_crashes_match_the_model() {
     // The workload must really exercise what it claims to.
     assert!(total.restarts >= seeds.len() && total.checks >= total.restarts);
     if seeds.len() >= DEFAULT_SEEDS as usize {
-        assert!(total.restores > 0 && total.compactions > 0 && total.publishes > 0 && total.injected > 0, "{total:?}");
+        assert!(
+            total.restores > 0
+                && total.compactions > 0
+                && total.settles > 0
+                && total.publishes > 0
+                && total.injected > 0,
+            "{total:?}"
+        );
     }
 }
 

@@ -23,6 +23,24 @@ use crate::lsm::tree::Tree;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+/// Which merge a tree is asked for.
+#[derive(Clone, Copy)]
+enum Picker {
+    /// A full tier (`compaction::pick`).
+    FullTier,
+    /// Every run of tier 0 (`compaction::pick_settle`).
+    Settle,
+}
+
+impl Picker {
+    fn pick<E: Entry>(self, runs: &[Arc<Run<E>>], options: &CompactionOptions) -> Option<Vec<Arc<Run<E>>>> {
+        match self {
+            Picker::FullTier => compaction::pick(runs, options),
+            Picker::Settle => compaction::pick_settle(runs, options),
+        }
+    }
+}
+
 impl Index {
     /// One compaction, if a tier of any tree is full: merges its oldest `fan_in` runs into one
     /// sharded run and retires them at `now_ms`. Blocking (it reads through `runtime` when a table
@@ -38,16 +56,36 @@ impl Index {
         now_ms: u64,
         options: &CompactionOptions,
     ) -> Result<bool, IndexError> {
+        self.merge_picked(runtime, now_ms, options, Picker::FullTier)
+    }
+
+    /// One settling merge, if any tree has two or more runs in its lowest tier: merges them all
+    /// (`compaction::pick_settle`). For a quiet tree and a writer about to stop: what an import
+    /// leaves in tier 0 is otherwise up to `fan_in - 1` runs every query visits. Blocking, as
+    /// `compact_once`; returns whether it merged anything.
+    pub fn settle_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {
+        self.merge_picked(runtime, now_ms, &self.options.compaction, Picker::Settle)
+    }
+
+    /// Merges what `picker` chooses in the first tree it chooses anything in (backlinks, then
+    /// forward links, then revocations).
+    fn merge_picked(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        now_ms: u64,
+        options: &CompactionOptions,
+        picker: Picker,
+    ) -> Result<bool, IndexError> {
         let mut read = self.compacting.lock().expect("compaction lock poisoned");
-        if let Some(inputs) = compaction::pick(&self.links.runs(), options) {
+        if let Some(inputs) = picker.pick(&self.links.runs(), options) {
             self.compact_revoked(&self.links, &inputs, runtime, now_ms, options, &mut read)?;
             return Ok(true);
         }
-        if let Some(inputs) = compaction::pick(&self.forward.runs(), options) {
+        if let Some(inputs) = picker.pick(&self.forward.runs(), options) {
             self.compact_revoked(&self.forward, &inputs, runtime, now_ms, options, &mut read)?;
             return Ok(true);
         }
-        if let Some(inputs) = compaction::pick(&self.thresholds.runs(), options) {
+        if let Some(inputs) = picker.pick(&self.thresholds.runs(), options) {
             let output = self.compact_tree(&self.thresholds, &inputs, runtime, now_ms, options, &mut Some)?;
             read.replaced(&inputs.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), &output);
             return Ok(true);

@@ -88,6 +88,16 @@ pub fn pick<E: Entry>(runs: &[Arc<Run<E>>], options: &CompactionOptions) -> Opti
     })
 }
 
+/// Every run of tier 0 when it holds two or more, oldest first: the merge a quiet tree (or a
+/// writer about to stop) makes so that a query visits one small run rather than up to
+/// `fan_in - 1`. Bounded like any merge: tier 0 holds fewer than `fan_in` runs of fewer than
+/// `min_run_bytes * fan_in` bytes each once `pick` has nothing to do, and never more are taken.
+pub fn pick_settle<E: Entry>(runs: &[Arc<Run<E>>], options: &CompactionOptions) -> Option<Vec<Arc<Run<E>>>> {
+    let lowest: Vec<Arc<Run<E>>> =
+        runs.iter().filter(|run| tier(run.data_bytes(), options) == 0).take(options.fan_in.max(2)).cloned().collect();
+    (lowest.len() >= 2).then_some(lowest)
+}
+
 /// Shards for an output of about `bytes` compressed bytes: a power of two near bytes / shard_bytes.
 pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
     let wanted = bytes.div_ceil(options.shard_bytes.max(1)).clamp(1, MAX_SHARDS as u64);
