@@ -1,11 +1,12 @@
 //! Table benchmarks: building a 1M-backlink table, decoding all of its frames (with column models,
-//! payload encoding 4, and without, zstd), point lookups (filter, frame search, decode) on a
+//! payload encoding 4, and without, zstd), decoding its column models, point lookups (filter, frame search, decode) on a
 //! built in-memory table, and the key filter alone.
 //!
 //! Run: `cargo bench --bench table -- --warm-up-time 1 --measurement-time 3`.
 //! The data is synthetic but shaped like the firehose (see `realistic_backlinks`) and seeded, so
 //! runs are comparable.
 
+use backlinks::lsm::coder::ColumnModels;
 use backlinks::lsm::filter::KeyHash;
 use backlinks::lsm::table::{TableBuilder, TableMeta, TableOptions, decode_frames};
 use backlinks::model::ids::{Backlink, OUTLINED_BIT, RecordId};
@@ -128,6 +129,14 @@ fn benches(c: &mut Criterion) {
         });
     }
     group.finish();
+
+    // What a query pays when a table's models fell out of the meta cache: decoding them again.
+    let models = meta.models.as_ref().expect("a 1M-link table has column models");
+    let (layout, encoded) = (models.layout(), models.encode());
+    println!("column models: {} bytes encoded, {} bytes decoded", encoded.len(), models.memory_bytes());
+    c.bench_function("decode_column_models", |b| {
+        b.iter(|| ColumnModels::decode(layout, black_box(&encoded)).expect("valid models"))
+    });
 
     // Targets in popularity-independent order: most are rare, a few span many frames.
     let mut out = Vec::new();
