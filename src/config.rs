@@ -51,9 +51,12 @@ pub struct FileConfig {
     pub outline_map_bytes: Option<u64>,
     /// Local bytes of table data kept as a cache; colder uploaded tables are read by range.
     pub cache_bytes: Option<u64>,
+    /// Memory for decoded frames, all trees together (default 128 MiB): a warm query's frames
+    /// skip the read and the decode.
+    pub frame_cache_bytes: Option<usize>,
     /// Memory for the pages of the tables' metas (filter pages, frame-index chunks, decoded
-    /// column models), per tree (default 32 MiB): all a meta costs in memory beyond a small
-    /// directory per table.
+    /// column models), all trees together (default 64 MiB): all a meta costs in memory beyond a
+    /// small directory per table.
     pub meta_cache_bytes: Option<usize>,
     /// Runs of one size tier that trigger a compaction (and that it merges).
     pub compaction_fan_in: Option<usize>,
@@ -214,6 +217,9 @@ impl FileConfig {
         if let Some(bytes) = self.cache_bytes {
             options.cache_bytes = bytes;
         }
+        if let Some(bytes) = self.frame_cache_bytes {
+            options.frame_cache_bytes = bounded("frame_cache_bytes", bytes, 0, 16 << 30)?;
+        }
         if let Some(bytes) = self.meta_cache_bytes {
             options.meta_cache_bytes = bounded("meta_cache_bytes", bytes, 0, 16 << 30)?;
         }
@@ -363,6 +369,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("outline_cache_entries", EnvKind::Scalar),
     ("outline_map_bytes", EnvKind::Scalar),
     ("cache_bytes", EnvKind::Scalar),
+    ("frame_cache_bytes", EnvKind::Scalar),
     ("meta_cache_bytes", EnvKind::Scalar),
     ("compaction_fan_in", EnvKind::Scalar),
     ("compaction_shard_bytes", EnvKind::Scalar),

@@ -64,8 +64,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+/// Default of `IndexOptions::frame_cache_bytes`.
+pub const DEFAULT_FRAME_CACHE_BYTES: usize = 128 << 20;
 /// Default of `IndexOptions::meta_cache_bytes`.
-pub const DEFAULT_META_CACHE_BYTES: usize = 32 << 20;
+pub const DEFAULT_META_CACHE_BYTES: usize = 64 << 20;
 
 #[derive(Debug, Clone)]
 pub struct IndexOptions {
@@ -80,10 +82,12 @@ pub struct IndexOptions {
     pub compaction: CompactionOptions,
     /// Local bytes of table data kept as a cache; uploaded tables past it are read by range.
     pub cache_bytes: u64,
-    /// Memory for decoded frames, per tree (warm queries skip the read and the decode).
+    /// Memory for decoded frames, all trees together (warm queries skip the read and the
+    /// decode; the trees queries use take what the others leave).
     pub frame_cache_bytes: usize,
     /// Memory for the pages of paged metas (filter pages, frame-index chunks, decoded column
-    /// models), per tree: the only part of the metas held beyond a small directory per table.
+    /// models), all trees together: the only part of the metas held beyond a small directory
+    /// per table.
     pub meta_cache_bytes: usize,
     /// Open without taking the writer lock (for `backlinks query` next to a running server).
     /// Such an index must not be written to.
@@ -100,7 +104,7 @@ impl Default for IndexOptions {
             extract: ExtractLimits::default(),
             compaction: CompactionOptions::default(),
             cache_bytes: 4 << 30,
-            frame_cache_bytes: 64 << 20,
+            frame_cache_bytes: DEFAULT_FRAME_CACHE_BYTES,
             meta_cache_bytes: DEFAULT_META_CACHE_BYTES,
             read_only: false,
         }
@@ -217,10 +221,10 @@ impl Index {
         )?;
         let catalog = Catalog::open(&data_dir.join("state").join("state.db"))?;
         let tables_dir = data_dir.join("state").join("tables");
-        let caches = TreeCaches { frame_bytes: options.frame_cache_bytes, meta_bytes: options.meta_cache_bytes };
-        let links = Tree::new(tables_dir.join(TreeKind::Links.name()), options.table.clone(), caches)
+        let caches = TreeCaches::of_bytes(options.frame_cache_bytes, options.meta_cache_bytes);
+        let links = Tree::new(tables_dir.join(TreeKind::Links.name()), options.table.clone(), caches.clone())
             .map_err(io_err(&tables_dir))?;
-        let thresholds = Tree::new(tables_dir.join(TreeKind::Thresholds.name()), options.table.clone(), caches)
+        let thresholds = Tree::new(tables_dir.join(TreeKind::Thresholds.name()), options.table.clone(), caches.clone())
             .map_err(io_err(&tables_dir))?;
         let forward = Tree::new(tables_dir.join(TreeKind::Forward.name()), options.table.clone(), caches)
             .map_err(io_err(&tables_dir))?;

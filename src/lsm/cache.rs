@@ -1,13 +1,16 @@
 //! What readers keep in memory between queries, within a byte budget: decoded frames (a hit skips
 //! the read and the zstd decode) and the pages of paged metas (`table::MetaCache`: filter pages
 //! and frame-index chunks; a meta is never resident whole, so memory does not grow with the index).
+//! Caches of several trees may share one `Budget`: the tree queries use takes what the others
+//! leave (a server answering listBacklinks has little use for the forward tree's share).
 //!
 //! Invariants:
-//! - Bounded: the values held never exceed `capacity_bytes` (counted by `CacheValue::bytes`)
-//!   but for the moment of an insert racing another (each frees room before it adds): a key has
-//!   one set of `WAYS` slots, a newer value replaces the older one of its key or else the set's
-//!   oldest, and a clock hand frees room when the budget needs it (cheap, and a hot value is
-//!   simply read again).
+//! - Bounded: the values of every cache of a budget together never exceed its `capacity_bytes`
+//!   (counted by `CacheValue::bytes`) but for the moment of an insert racing another (each frees
+//!   room before it adds): a key has one set of `WAYS` slots, a newer value replaces the older
+//!   one of its key or else the set's oldest, and a clock frees room when the budget needs it,
+//!   emptying the next set of each member cache in turn (cheap, and a hot value is simply read
+//!   again).
 //! - A key is (table serial, index); serials are unique per process and never reused, so a value
 //!   of a retired table can never be served for another table. Retired tables' values age out
 //!   like any other.
@@ -15,7 +18,7 @@
 
 use crate::lsm::entry::Entry;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// Source of table serials (cache keys).
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
@@ -53,14 +56,80 @@ struct Set<V> {
     misses: u64,
 }
 
+/// Memory that one or more caches share.
+pub struct Budget {
+    capacity_bytes: usize,
+    /// Bytes the members hold together.
+    bytes: AtomicUsize,
+    members: RwLock<Vec<Weak<dyn Evict>>>,
+    /// Sets of all members: a full turn of the clock.
+    sets: AtomicUsize,
+    /// Which member the clock empties a set of next.
+    turn: AtomicUsize,
+}
+
+impl std::fmt::Debug for Budget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Budget").field("capacity_bytes", &self.capacity_bytes).field("bytes", &self.bytes).finish()
+    }
+}
+
+/// A member of a budget, as the budget's clock sees it.
+trait Evict: Send + Sync {
+    /// Empties the set at the member's hand and moves the hand on.
+    fn empty_next_set(&self);
+}
+
+impl Budget {
+    pub fn new(capacity_bytes: usize) -> Arc<Self> {
+        Arc::new(Budget {
+            capacity_bytes,
+            bytes: AtomicUsize::new(0),
+            members: RwLock::new(Vec::new()),
+            sets: AtomicUsize::new(0),
+            turn: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn capacity_bytes(&self) -> usize {
+        self.capacity_bytes
+    }
+
+    /// Bytes all members hold.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::Acquire)
+    }
+
+    fn join(&self, member: Weak<dyn Evict>, sets: usize) {
+        self.members.write().expect("budget poisoned").push(member);
+        self.sets.fetch_add(sets, Ordering::Relaxed);
+    }
+
+    /// Empties sets of the members in turn until `size` more bytes fit (or a full turn of every
+    /// member's sets has passed: everything was freed).
+    fn make_room(&self, size: usize) {
+        let members = self.members.read().expect("budget poisoned");
+        for _ in 0..self.sets.load(Ordering::Relaxed) {
+            if self.bytes() + size <= self.capacity_bytes {
+                return;
+            }
+            let turn = self.turn.fetch_add(1, Ordering::Relaxed) % members.len();
+            if let Some(member) = members[turn].upgrade() {
+                member.empty_next_set();
+            }
+        }
+    }
+}
+
 /// A set-associative cache: a key lives in one of the `WAYS` slots of the set its hash names,
 /// each set behind its own lock (readers of different sets never wait for each other, and a hit
-/// takes one short, uncontended lock). When the values' bytes would pass the budget, a clock
-/// hand empties sets in turn until the new value fits.
+/// takes one short, uncontended lock). When the values' bytes would pass the budget, the
+/// budget's clock empties sets until the new value fits.
 #[derive(Debug)]
 pub struct BudgetCache<V> {
-    capacity_bytes: usize,
+    budget: Arc<Budget>,
     sets: Box<[Mutex<Set<V>>]>,
+    /// Bytes this cache holds (its part of the budget's).
     bytes: AtomicUsize,
     hand: AtomicUsize,
 }
@@ -73,12 +142,25 @@ pub type FrameCache<E> = BudgetCache<Arc<[E]>>;
 const TYPICAL_VALUE_BYTES: usize = 4 << 10;
 const MAX_SETS: usize = 1 << 20;
 
-impl<V: CacheValue> BudgetCache<V> {
-    pub fn new(capacity_bytes: usize) -> Self {
-        let sets = (capacity_bytes / TYPICAL_VALUE_BYTES / WAYS).clamp(1, MAX_SETS).next_power_of_two();
+impl<V: CacheValue + Send + 'static> BudgetCache<V> {
+    /// A cache with a budget of its own.
+    pub fn new(capacity_bytes: usize) -> Arc<Self> {
+        Self::within(&Budget::new(capacity_bytes))
+    }
+
+    /// A cache sharing `budget` with its other members (sized as if it held all of it).
+    pub fn within(budget: &Arc<Budget>) -> Arc<Self> {
+        let sets = (budget.capacity_bytes / TYPICAL_VALUE_BYTES / WAYS).clamp(1, MAX_SETS).next_power_of_two();
         let empty = || Mutex::new(Set { slots: std::array::from_fn(|_| None), next: 0, hits: 0, misses: 0 });
-        let sets = (0..sets).map(|_| empty()).collect();
-        BudgetCache { capacity_bytes, sets, bytes: AtomicUsize::new(0), hand: AtomicUsize::new(0) }
+        let cache = Arc::new(BudgetCache {
+            budget: budget.clone(),
+            sets: (0..sets).map(|_| empty()).collect(),
+            bytes: AtomicUsize::new(0),
+            hand: AtomicUsize::new(0),
+        });
+        let member: Weak<dyn Evict> = Arc::downgrade(&cache) as Weak<BudgetCache<V>>;
+        budget.join(member, sets);
+        cache
     }
 
     fn set_of(&self, key: Key) -> &Mutex<Set<V>> {
@@ -109,21 +191,10 @@ impl<V: CacheValue> BudgetCache<V> {
     /// in turn first if the budget needs it.
     pub fn insert(&self, serial: u64, index: u32, value: V) {
         let (key, size) = ((serial, index), value.bytes());
-        if size > self.capacity_bytes {
+        if size > self.budget.capacity_bytes {
             return;
         }
-        // Room for the new value: empty sets in clock order until it fits. Each turn frees a
-        // set or passes an empty one; a full turn over all of them frees everything.
-        for _ in 0..self.sets.len() {
-            if self.bytes.load(Ordering::Acquire) + size <= self.capacity_bytes {
-                break;
-            }
-            let hand = self.hand.fetch_add(1, Ordering::Relaxed) & (self.sets.len() - 1);
-            let mut set = self.sets[hand].lock().expect("cache poisoned");
-            for (_, old) in set.slots.iter_mut().filter_map(Option::take) {
-                self.bytes.fetch_sub(old.bytes(), Ordering::AcqRel);
-            }
-        }
+        self.budget.make_room(size);
         let mut set = self.set_of(key).lock().expect("cache poisoned");
         let at = match set.slots.iter().position(|slot| slot.as_ref().is_some_and(|(k, _)| *k == key)) {
             Some(at) => at,
@@ -134,11 +205,18 @@ impl<V: CacheValue> BudgetCache<V> {
             }),
         };
         if let Some((_, old)) = set.slots[at].replace((key, value)) {
-            self.bytes.fetch_sub(old.bytes(), Ordering::AcqRel);
+            self.released(old.bytes());
         }
         self.bytes.fetch_add(size, Ordering::AcqRel);
+        self.budget.bytes.fetch_add(size, Ordering::AcqRel);
     }
 
+    fn released(&self, size: usize) {
+        self.bytes.fetch_sub(size, Ordering::AcqRel);
+        self.budget.bytes.fetch_sub(size, Ordering::AcqRel);
+    }
+
+    /// Bytes this cache holds.
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Acquire)
     }
@@ -147,6 +225,23 @@ impl<V: CacheValue> BudgetCache<V> {
     pub fn hits_and_misses(&self) -> (u64, u64) {
         let sets = self.sets.iter().map(|set| set.lock().expect("cache poisoned"));
         sets.fold((0, 0), |(hits, misses), set| (hits + set.hits, misses + set.misses))
+    }
+}
+
+impl<V> Drop for BudgetCache<V> {
+    /// The values go with the cache: the budget no longer counts them.
+    fn drop(&mut self) {
+        self.budget.bytes.fetch_sub(*self.bytes.get_mut(), Ordering::AcqRel);
+    }
+}
+
+impl<V: CacheValue + Send + 'static> Evict for BudgetCache<V> {
+    fn empty_next_set(&self) {
+        let hand = self.hand.fetch_add(1, Ordering::Relaxed) & (self.sets.len() - 1);
+        let mut set = self.sets[hand].lock().expect("cache poisoned");
+        for (_, old) in set.slots.iter_mut().filter_map(Option::take) {
+            self.released(old.bytes());
+        }
     }
 }
 
@@ -172,7 +267,7 @@ mod tests {
         assert!(cache.get(3, 0).is_none());
         assert_eq!(cache.hits_and_misses(), (2, 1));
         // Values of the size slots are made for (4 KiB): 256 fit in 1 MiB.
-        let big: FrameCache<Revocation> = BudgetCache::new(1 << 20);
+        let big = FrameCache::<Revocation>::new(1 << 20);
         for i in 0..1_000u32 {
             big.insert(u64::from(i % 7), i, frame(128));
             assert!(big.bytes() <= 1 << 20);
@@ -194,6 +289,39 @@ mod tests {
                 panic!("key (6, {i}) found {found:?}");
             }
         }
+    }
+
+    /// Caches of two value types in one budget: either may hold nearly all of it while the
+    /// other is idle, together they never pass it, and room for one is made from both.
+    #[test]
+    fn caches_sharing_a_budget_stay_within_it_together() {
+        use crate::model::ids::Backlink;
+        let budget = Budget::new(1 << 20);
+        let (revocations, links) = (FrameCache::<Revocation>::within(&budget), FrameCache::<Backlink>::within(&budget));
+        let links_frame = |n: u64| -> Arc<[Backlink]> {
+            (0..n)
+                .map(|i| Backlink { target: RecordId::repo(i), source: RecordId::repo(i), location: 1, source_rev: i })
+                .collect()
+        };
+        for i in 0..1_000u32 {
+            revocations.insert(1, i, frame(128)); // 4 KiB each
+            assert!(budget.bytes() <= 1 << 20);
+        }
+        assert!(revocations.bytes() > (1 << 20) / 2, "alone, one cache uses the budget: {}", revocations.bytes());
+        for i in 0..1_000u32 {
+            links.insert(2, i, links_frame(64)); // 4 KiB each
+            assert!(budget.bytes() <= 1 << 20);
+            assert_eq!(budget.bytes(), revocations.bytes() + links.bytes());
+        }
+        assert!(links.bytes() > revocations.bytes(), "the cache in use took room from the idle one");
+        assert!(links.get(2, 999).is_some());
+        drop(revocations);
+        assert_eq!(budget.bytes(), links.bytes(), "a dropped member gives its bytes back");
+        for i in 1_000..2_000u32 {
+            links.insert(2, i, links_frame(64));
+            assert!(budget.bytes() <= 1 << 20);
+        }
+        assert!(links.bytes() > (1 << 20) / 2, "the remaining member uses the budget: {}", links.bytes());
     }
 
     #[test]

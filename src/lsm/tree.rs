@@ -12,7 +12,7 @@
 //!   changes under it. Runs are kept oldest first.
 
 use crate::base::durable::{sync_dir, write_durably};
-use crate::lsm::cache::FrameCache;
+use crate::lsm::cache::{Budget, FrameCache};
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
 use crate::lsm::handle::{ReadError, TableHandle, fetch_meta_start, fetch_whole_meta};
@@ -105,11 +105,19 @@ fn keys_by_table<E: Entry>(
     by_table
 }
 
-/// The memory a tree's readers may keep, in bytes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The memory a tree's readers may keep: decoded frames and meta pages, each within a budget
+/// the tree may share with others.
+#[derive(Debug, Clone)]
 pub struct TreeCaches {
-    pub frame_bytes: usize,
-    pub meta_bytes: usize,
+    pub frames: Arc<Budget>,
+    pub metas: Arc<Budget>,
+}
+
+impl TreeCaches {
+    /// Budgets of their own, of these many bytes.
+    pub fn of_bytes(frame_bytes: usize, meta_bytes: usize) -> Self {
+        TreeCaches { frames: Budget::new(frame_bytes), metas: Budget::new(meta_bytes) }
+    }
 }
 
 #[derive(Debug)]
@@ -125,12 +133,12 @@ pub struct Tree<E: Entry> {
 
 impl<E: Entry> Tree<E> {
     /// `dir` holds this tree's local table files; `caches` bound its decoded frames and its
-    /// meta pages, in bytes.
+    /// meta pages.
     pub fn new(dir: PathBuf, options: TableOptions, caches: TreeCaches) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
         let state = TreeState { active: Memtable::default(), frozen: Vec::new(), runs: Arc::new(Vec::new()) };
-        let frame_cache = Arc::new(FrameCache::new(caches.frame_bytes));
-        let meta_cache = Arc::new(MetaCache::new(caches.meta_bytes));
+        let frame_cache = FrameCache::within(&caches.frames);
+        let meta_cache = MetaCache::within(&caches.metas);
         Ok(Self { dir, options, frame_cache, meta_cache, state: RwLock::new(state) })
     }
 

@@ -737,7 +737,7 @@ fn check_chunk<E: Entry>(
 /// for version 4.
 pub(super) fn decode_whole<E: Entry>(bytes: &[u8]) -> Result<TableMeta<E>, FormatError> {
     crate::lsm::bytes::verify_checksum("meta", bytes)?;
-    let paged = PagedMeta::<E>::open(PageSource::Memory(bytes.into()), Arc::new(MetaCache::new(0)), 0)?;
+    let paged = PagedMeta::<E>::open(PageSource::Memory(bytes.into()), MetaCache::new(0), 0)?;
     let mut blocks = Vec::with_capacity(paged.header.shape.blocks * BLOCK_BYTES);
     for page in 0..paged.header.pages() {
         blocks.extend_from_slice(&paged.filter_page(page)?);

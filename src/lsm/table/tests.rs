@@ -890,7 +890,7 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
     assert!(whole.frames.len() > 3 * super::CHUNK_FRAMES, "several chunks: {}", whole.frames.len());
     assert!(whole.models.is_some());
     for budget in [64 << 20, 0] {
-        let cache = Arc::new(MetaCache::<Backlink>::new(budget));
+        let cache = MetaCache::<Backlink>::new(budget);
         let paged =
             PagedMeta::<Backlink>::open(PageSource::Memory(meta_bytes.clone().into()), cache.clone(), 1).unwrap();
         assert_eq!(
@@ -945,7 +945,7 @@ fn paged_meta_models_are_read_again_and_checked() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("t.meta");
     std::fs::write(&path, &meta_bytes).unwrap();
-    let cache = Arc::new(MetaCache::<Backlink>::new(64 << 20));
+    let cache = MetaCache::<Backlink>::new(64 << 20);
     let open = |cache: Arc<MetaCache<Backlink>>, serial| {
         PagedMeta::<Backlink>::open(PageSource::File(std::fs::File::open(&path).unwrap()), cache, serial).unwrap()
     };
@@ -978,7 +978,7 @@ fn scans_keep_nothing_in_the_meta_cache() {
     let entries = realistic_backlinks(20_000, 300, 10_000, 5);
     let (_, meta_bytes, _) = build(&entries, &modelled_options(4 << 10));
     let frames = TableMeta::<Backlink>::decode(&meta_bytes).unwrap().frames.len();
-    let cache = Arc::new(MetaCache::<Backlink>::new(64 << 20));
+    let cache = MetaCache::<Backlink>::new(64 << 20);
     let paged = PagedMeta::<Backlink>::open(PageSource::Memory(meta_bytes.into()), cache.clone(), 1).unwrap();
     paged.frame_infos(0..frames, PageUse::Scan).unwrap();
     paged.byte_range(0..frames, PageUse::Scan).unwrap();
@@ -1002,8 +1002,7 @@ fn paged_meta_pages_carry_their_own_checksums() {
     let filter_len = u64::from_le_bytes(meta_bytes[52..60].try_into().unwrap()) as usize;
     let filter_start = 68 + u32_at(44) + u32_at(48) + CHECKSUM_LEN;
     let filter = filter_start..filter_start + filter_len;
-    let open =
-        |bytes: Vec<u8>| PagedMeta::<Backlink>::open(PageSource::Memory(bytes.into()), Arc::new(MetaCache::new(0)), 2);
+    let open = |bytes: Vec<u8>| PagedMeta::<Backlink>::open(PageSource::Memory(bytes.into()), MetaCache::new(0), 2);
     for at in (0..meta_bytes.len()).step_by(13) {
         let mut corrupt = meta_bytes.clone();
         corrupt[at] ^= 0x20;
@@ -1030,8 +1029,8 @@ fn paged_meta_pages_carry_their_own_checksums() {
 #[test]
 fn meta_pages_count_their_bytes() {
     use super::paged::{MetaCache, MetaPage};
-    use crate::lsm::cache::{BudgetCache, CacheValue};
-    let cache: MetaCache<Revocation> = BudgetCache::new(100);
+    use crate::lsm::cache::CacheValue;
+    let cache = MetaCache::<Revocation>::new(100);
     cache.insert(1, 0, MetaPage::Filter(vec![0u8; 64].into()));
     assert_eq!(cache.bytes(), 64);
     cache.insert(1, 1, MetaPage::Filter(vec![0u8; 64].into()));
