@@ -415,59 +415,76 @@ async fn a_merge_during_a_publish_does_not_fail_it() {
     assert_eq!(as_sets(answers(&index).await), model(1500));
 }
 
-/// A writer settles its trees when no flush came for `settle_after_ms` on its clock, and again
-/// when it finishes: each tree's tier 0 ends as one run, with the answers of a plain import.
+/// A writer settles its trees after a window in which it flushed little (a live writer) or
+/// nothing (an import gone quiet), not after one in which it flushed more than tier 0 holds, and
+/// again when it finishes: each tree's tier 0 ends as one run, with the answers of a plain import.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_quiet_or_finishing_writer_settles_tier_zero() {
+async fn a_slow_quiet_or_finishing_writer_settles_tier_zero() {
+    use std::sync::atomic::Ordering::Relaxed;
     let runtime = tokio::runtime::Handle::current();
     let reference_root = tempfile::tempdir().unwrap();
     let reference =
         build(reference_root.path(), Arc::new(DirStore::new(reference_root.path().join("bucket"))), &runtime);
     let root = tempfile::tempdir().unwrap();
-    let mut wide_tier_zero = options();
-    // Every flushed delta stays in tier 0, and a full tier is out of reach: only settling merges.
-    wide_tier_zero.compaction.min_run_bytes = 1 << 20;
-    wide_tier_zero.compaction.fan_in = 1 << 10;
+    let mut small_tier_zero = options();
+    // Tier 0 holds runs under 16 KiB (every flushed delta here) and a full tier is out of
+    // reach: only settling merges.
+    small_tier_zero.compaction.min_run_bytes = 16;
+    small_tier_zero.compaction.fan_in = 1 << 10;
     let store = Arc::new(DirStore::new(root.path().join("bucket")));
-    let index = Arc::new(Index::open(root.path(), store, wide_tier_zero, 9).unwrap());
+    let index = Arc::new(Index::open(root.path(), store, small_tier_zero, 9).unwrap());
     let now = Arc::new(std::sync::atomic::AtomicU64::new(1_000));
     let clock_now = now.clone();
-    let clock: backlinks::base::clock::Clock = Arc::new(move || clock_now.load(std::sync::atomic::Ordering::Relaxed));
-    let options = WriterOptions { publish_every_ms: None, settle_after_ms: Some(60_000), ..WriterOptions::default() };
+    let clock: backlinks::base::clock::Clock = Arc::new(move || clock_now.load(Relaxed));
+    let options = WriterOptions { publish_every_ms: None, settle_window_ms: Some(60_000), ..WriterOptions::default() };
     let mut writer = Writer::start(index.clone(), None, clock, options, runtime.clone()).await.unwrap();
     let text = events(1500);
-    let (lines, half) = (text.lines().collect::<Vec<_>>(), text.lines().count() / 2);
+    let lines = text.lines().collect::<Vec<_>>();
     let import = |writer: &Writer, lines: &[&str]| {
         let progress = backlinks::ingest::import_progress::ImportProgress::default();
         let flushed = &mut |_: &Index| {
             writer.flushed();
             Ok(())
         };
-        backlinks::ingest::import_lines_with(writer.index(), lines.join("\n").as_bytes(), flushed, &progress).unwrap();
+        tokio::task::block_in_place(|| {
+            let text = lines.join("\n");
+            backlinks::ingest::import_lines_with(writer.index(), text.as_bytes(), flushed, &progress).unwrap();
+            writer.index().flush().unwrap();
+            writer.flushed();
+        });
     };
     let runs = |index: &Index| (index.links.runs().len(), index.thresholds.runs().len());
-    tokio::task::block_in_place(|| import(&writer, &lines[..half]));
-    index.flush().unwrap();
-    writer.flushed();
+    let settled_within_30_s = async |index: &Index| {
+        for _ in 0..600 {
+            if runs(index) == (1, 1) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        false
+    };
+    import(&writer, &lines[..700]);
     let before = runs(&index);
     assert!(before.0 >= 4 && before.1 >= 4, "deltas before settling: {before:?}");
-    now.fetch_add(59_999, std::sync::atomic::Ordering::Relaxed);
+    assert!(index.counters.flush_bytes.load(Relaxed) > index.tier_zero_bytes(), "a fast window");
+    now.fetch_add(59_999, Relaxed);
+    writer.tick().await.unwrap();
+    now.fetch_add(1, Relaxed);
     writer.tick().await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(runs(&index), before, "not quiet long enough yet");
-    now.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(runs(&index), before, "no settle while the window is open, nor after a fast one");
+    now.fetch_add(60_000, Relaxed);
     writer.tick().await.unwrap();
-    for _ in 0..600 {
-        if runs(&index) == (1, 1) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(runs(&index), (1, 1), "a quiet writer settled its trees");
-    tokio::task::block_in_place(|| import(&writer, &lines[half..]));
+    assert!(settled_within_30_s(&index).await, "a writer gone quiet settled its trees: {:?}", runs(&index));
+    import(&writer, &lines[700..720]);
+    assert_eq!(runs(&index).0, 2, "one small flush: {:?}", runs(&index));
+    now.fetch_add(60_000, Relaxed);
+    writer.tick().await.unwrap();
+    assert!(settled_within_30_s(&index).await, "a slow writer settled its trees: {:?}", runs(&index));
+    import(&writer, &lines[720..]);
     assert!(runs(&index).0 >= 3, "new deltas after the settle: {:?}", runs(&index));
     let finished = writer.finish().await.unwrap();
-    assert!(finished.merges >= 2);
+    assert!(finished.merges >= 3);
     assert_eq!(runs(&index), (1, 1), "a finishing writer settled its trees");
     assert!(index.forward.runs().len() <= 1);
     assert_eq!(answers(&index).await, answers(&reference).await);

@@ -59,6 +59,12 @@ impl Index {
         self.merge_picked(runtime, now_ms, options, Picker::FullTier)
     }
 
+    /// Compressed bytes below which every run is in tier 0: what tier 0 may hold of one run.
+    pub fn tier_zero_bytes(&self) -> u64 {
+        let options = &self.options.compaction;
+        options.min_run_bytes.saturating_mul(options.fan_in.max(2) as u64)
+    }
+
     /// One settling merge, if any tree has two or more runs in its lowest tier: merges them all
     /// (`compaction::pick_settle`). For a quiet tree and a writer about to stop: what an import
     /// leaves in tier 0 is otherwise up to `fan_in - 1` runs every query visits. Blocking, as

@@ -6,8 +6,8 @@
 //!
 //! A `Writer` takes the lease, restores an empty data directory from the bucket, and starts the
 //! compactor; then, on the injected clock, it renews the lease, publishes manifests, collects
-//! garbage and has a quiet index's trees settled (`tick`); `finish` drains and settles the merges,
-//! publishes once more, collects garbage and gives the lease back.
+//! garbage and has the trees of a slow or quiet writer settled (`tick`); `finish` drains and
+//! settles the merges, publishes once more, collects garbage and gives the lease back.
 //!
 //! Invariants:
 //! - Nothing is uploaded and no manifest written before the lease is held; a lost lease (another
@@ -26,7 +26,7 @@ use crate::index::{Index, IndexError};
 use compactor::Compactor;
 use lease::{LeaseError, WriterLease};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 /// How a writer keeps its lease, publishes and collects garbage.
@@ -41,9 +41,11 @@ pub struct WriterOptions {
     pub lease_ttl_ms: u64,
     /// How long a new writer waits before reading its lease back (see `lease`).
     pub lease_settle: Duration,
-    /// After this long without a flush the compactor settles the trees (merges each tree's
-    /// lowest tier into one run: fewer runs for a query to visit); `None`: only at `finish`.
-    pub settle_after_ms: Option<u64>,
+    /// Windows of this length decide whether the compactor settles the trees (merges each
+    /// tree's lowest tier into one run: fewer runs for a query to visit): it does after a window
+    /// in which the writer flushed something, but no more than tier 0 holds
+    /// (`Index::tier_zero_bytes`). `None`: only at `finish`.
+    pub settle_window_ms: Option<u64>,
 }
 
 /// Default of `WriterOptions::publish_every_ms` for the long-running writers.
@@ -52,10 +54,11 @@ pub const DEFAULT_PUBLISH_EVERY_MS: u64 = 30_000;
 pub const DEFAULT_GC_GRACE_MS: u64 = 600_000;
 /// Default of `WriterOptions::lease_ttl_ms`.
 pub const DEFAULT_LEASE_TTL_MS: u64 = 60_000;
-/// Default of `WriterOptions::settle_after_ms`: a live writer at the network's rate flushes
-/// every several minutes, so its tier 0 is settled between flushes; a backfill or an import
-/// flushes more often than this and settles when it finishes.
-pub const DEFAULT_SETTLE_AFTER_MS: u64 = 60_000;
+/// Default of `WriterOptions::settle_window_ms`. A live writer flushes at least once a minute
+/// (`LiveOptions::max_unflushed_ms`); while that stays under what tier 0 holds its tier 0 is
+/// settled every minute or so. An import or a backfill flushes tens of megabytes a second, is
+/// left to its full-tier merges, and settles when it finishes (or falls quiet).
+pub const DEFAULT_SETTLE_WINDOW_MS: u64 = 60_000;
 
 impl Default for WriterOptions {
     fn default() -> Self {
@@ -64,7 +67,7 @@ impl Default for WriterOptions {
             gc_grace_ms: DEFAULT_GC_GRACE_MS,
             lease_ttl_ms: DEFAULT_LEASE_TTL_MS,
             lease_settle: Duration::from_millis(200),
-            settle_after_ms: Some(DEFAULT_SETTLE_AFTER_MS),
+            settle_window_ms: Some(DEFAULT_SETTLE_WINDOW_MS),
         }
     }
 }
@@ -106,8 +109,9 @@ pub struct Writer {
     last_publish_ms: u64,
     last_renew_ms: u64,
     manifests: u64,
-    /// The clock at the last flush, and whether the trees are settled since (`tick`).
-    last_flush_ms: AtomicU64,
+    /// The current settle window: when it began, and `flush_bytes` then.
+    settle_window: (u64, u64),
+    /// No flush since the last settle was asked for.
     settled: AtomicBool,
 }
 
@@ -138,6 +142,7 @@ impl Writer {
             tracing::info!(completed, "fetched whole the metas a read-only server had fetched in part");
         }
         let compactor = Compactor::spawn(index.clone(), runtime, clock.clone());
+        let flushed_so_far = index.counters.flush_bytes.load(Ordering::Relaxed);
         Ok(Writer {
             index,
             lease,
@@ -147,7 +152,7 @@ impl Writer {
             last_publish_ms: now,
             last_renew_ms: now,
             manifests: 0,
-            last_flush_ms: AtomicU64::new(now),
+            settle_window: (now, flushed_so_far),
             settled: AtomicBool::new(true),
         })
     }
@@ -163,19 +168,25 @@ impl Writer {
 
     /// Tells the compactor that a flush added a run (never blocks).
     pub fn flushed(&self) {
-        self.last_flush_ms.store((self.clock)(), Ordering::Relaxed);
         self.settled.store(false, Ordering::Relaxed);
         if let Some(compactor) = &self.compactor {
             compactor.nudge();
         }
     }
 
-    /// Asks the compactor to settle the trees when no flush came for `settle_after_ms` since
-    /// the last one (once per quiet spell).
-    fn settle_if_quiet(&self, now: u64) {
-        let Some(after) = self.options.settle_after_ms else { return };
-        let quiet = now.saturating_sub(self.last_flush_ms.load(Ordering::Relaxed)) >= after;
-        if quiet
+    /// At the end of each settle window, asks the compactor to settle the trees if the writer
+    /// flushed since the last settle and flushed little in the window (see
+    /// `WriterOptions::settle_window_ms`).
+    fn settle_if_slow(&mut self, now: u64) {
+        let Some(window) = self.options.settle_window_ms else { return };
+        let (began, bytes_then) = self.settle_window;
+        if now.saturating_sub(began) < window {
+            return;
+        }
+        let bytes_now = self.index.counters.flush_bytes.load(Ordering::Relaxed);
+        self.settle_window = (now, bytes_now);
+        let slow = bytes_now.saturating_sub(bytes_then) <= self.index.tier_zero_bytes();
+        if slow
             && !self.settled.swap(true, Ordering::Relaxed)
             && let Some(compactor) = &self.compactor
         {
@@ -183,14 +194,14 @@ impl Writer {
         }
     }
 
-    /// The periodic work due at the clock's time: the trees settled when no flush came for
-    /// `settle_after_ms`, the lease renewed when a quarter of its life has passed, and a
+    /// The periodic work due at the clock's time: the trees settled after a window of few
+    /// flushes (`settle_window_ms`), the lease renewed when a quarter of its life has passed, and a
     /// manifest published (then garbage collected) when `publish_every_ms` has.
     /// Returns the manifest it published, if it did. A publish or collection that fails is logged
     /// and tried again at the next publish time; a lost lease is an error.
     pub async fn tick(&mut self) -> Result<Option<String>, WriterError> {
         let now = (self.clock)();
-        self.settle_if_quiet(now);
+        self.settle_if_slow(now);
         let publish_due =
             self.options.publish_every_ms.is_some_and(|every| now.saturating_sub(self.last_publish_ms) >= every);
         if publish_due {
