@@ -91,10 +91,6 @@ impl Budget {
         })
     }
 
-    pub fn capacity_bytes(&self) -> usize {
-        self.capacity_bytes
-    }
-
     /// Bytes all members hold.
     pub fn bytes(&self) -> usize {
         self.bytes.load(Ordering::Acquire)
@@ -108,9 +104,13 @@ impl Budget {
     /// Empties sets of the members in turn until `size` more bytes fit (or a full turn of every
     /// member's sets has passed: everything was freed).
     fn make_room(&self, size: usize) {
+        let fits = || self.bytes() + size <= self.capacity_bytes;
+        if fits() {
+            return; // the usual case: no lock of the member list
+        }
         let members = self.members.read().expect("budget poisoned");
         for _ in 0..self.sets.load(Ordering::Relaxed) {
-            if self.bytes() + size <= self.capacity_bytes {
+            if fits() {
                 return;
             }
             let turn = self.turn.fetch_add(1, Ordering::Relaxed) % members.len();
