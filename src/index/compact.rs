@@ -59,10 +59,9 @@ impl Index {
         self.merge_picked(runtime, now_ms, options, Picker::FullTier)
     }
 
-    /// Compressed bytes below which every run is in tier 0: what tier 0 may hold of one run.
+    /// Compressed bytes below which a run is in tier 0 (`compaction::tier_zero_bound`).
     pub fn tier_zero_bytes(&self) -> u64 {
-        let options = &self.options.compaction;
-        options.min_run_bytes.saturating_mul(options.fan_in.max(2) as u64)
+        compaction::tier_zero_bound(&self.options.compaction)
     }
 
     /// One settling merge, if any tree has two or more runs in its lowest tier: merges them all

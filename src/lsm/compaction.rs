@@ -59,10 +59,15 @@ impl Default for CompactionOptions {
     }
 }
 
+/// Compressed bytes from which a run is above tier 0.
+pub fn tier_zero_bound(options: &CompactionOptions) -> u64 {
+    options.min_run_bytes.max(1).saturating_mul(options.fan_in.max(2) as u64)
+}
+
 /// The size tier of a run: `floor(log_fan_in(bytes / min_run_bytes))`, 0 for small runs.
 pub fn tier(bytes: u64, options: &CompactionOptions) -> u32 {
     let fan_in = options.fan_in.max(2) as u64;
-    let mut bound = options.min_run_bytes.max(1).saturating_mul(fan_in);
+    let mut bound = tier_zero_bound(options);
     let mut tier = 0;
     while bytes >= bound && bound < u64::MAX {
         tier += 1;
