@@ -51,11 +51,11 @@ pub struct FileConfig {
     pub outline_map_bytes: Option<u64>,
     /// Local bytes of table data kept as a cache; colder uploaded tables are read by range.
     pub cache_bytes: Option<u64>,
-    /// Memory for decoded frames, all trees together (default 128 MiB): a warm query's frames
-    /// skip the read and the decode.
+    /// Memory for decoded frames, all trees together (default 64 MiB): a warm query's frames
+    /// skip the read and the decode (a small key's frame is kept as that key's part of it).
     pub frame_cache_bytes: Option<usize>,
     /// Memory for the pages of the tables' metas (filter pages, frame-index chunks, decoded
-    /// column models), all trees together (default 64 MiB): all a meta costs in memory beyond a
+    /// column models), all trees together (default 128 MiB): all a meta costs in memory beyond a
     /// small directory per table.
     pub meta_cache_bytes: Option<usize>,
     /// Runs of one size tier that trigger a compaction (and that it merges).

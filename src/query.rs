@@ -414,7 +414,7 @@ async fn read_candidates(
         plans.extend(plan_table(table, pass, want)?);
     }
     let reads = futures::future::try_join_all(
-        plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone())),
+        plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone(), (pass.target, pass.target))),
     )
     .await?;
     let horizon = plans.iter().fold(None, |h, plan| merge_horizon(h, plan.horizon));

@@ -65,9 +65,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Default of `IndexOptions::frame_cache_bytes`.
-pub const DEFAULT_FRAME_CACHE_BYTES: usize = 128 << 20;
+pub const DEFAULT_FRAME_CACHE_BYTES: usize = 64 << 20;
 /// Default of `IndexOptions::meta_cache_bytes`.
-pub const DEFAULT_META_CACHE_BYTES: usize = 64 << 20;
+pub const DEFAULT_META_CACHE_BYTES: usize = 128 << 20;
 
 #[derive(Debug, Clone)]
 pub struct IndexOptions {

@@ -16,7 +16,8 @@
 //!   like any other.
 //! - Only values that decoded and passed their checksums are inserted.
 
-use crate::lsm::entry::Entry;
+use crate::lsm::entry::{Entry, within};
+use crate::model::ids::RecordId;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 
@@ -32,12 +33,67 @@ type Key = (u64, u32);
 
 /// A value a `BudgetCache` holds: cheap to clone, and the memory it stands for.
 pub trait CacheValue: Clone {
+    /// The size the cache's slots are made for: a cache of `capacity` bytes has room for about
+    /// `capacity / TYPICAL_BYTES` values before slots, not bytes, run out.
+    const TYPICAL_BYTES: usize;
     fn bytes(&self) -> usize;
 }
 
-impl<E: Entry> CacheValue for Arc<[E]> {
+/// A frame as the frame cache holds it: every entry, or only the entries of a span of keys. A
+/// lookup of a key that fills a small part of its frame keeps only that part (`of_keys`): such
+/// keys are most of what queries ask for, and their whole frames (16 KiB decoded, where the key's
+/// entries are often one or two of 64 bytes) would let the cache hold a few thousand of them.
+#[derive(Debug)]
+pub struct CachedFrame<E> {
+    /// `None`: the whole frame. `Some((lo, hi))`: exactly the frame's entries whose key is in
+    /// `lo..=hi` (none, when the frame holds none of those keys).
+    keys: Option<(RecordId, RecordId)>,
+    entries: Box<[E]>,
+}
+
+/// A frame whose key's entries are at most this share of it is kept as that key's part.
+const PART_SHARE_DIVISOR: usize = 4;
+
+impl<E: Entry> CachedFrame<E> {
+    pub fn whole(entries: Vec<E>) -> Arc<Self> {
+        Arc::new(CachedFrame { keys: None, entries: entries.into() })
+    }
+
+    /// What to cache of a decoded `frame` read for the keys `lo..=hi`: their entries when they
+    /// are a small part of it, else the whole frame.
+    pub fn of_keys(frame: Vec<E>, (lo, hi): (RecordId, RecordId)) -> Arc<Self> {
+        debug_assert!(lo <= hi, "an empty span of keys");
+        let part = within(&frame, &E::min_for_key(lo), &E::max_for_key(hi));
+        if part.len() * PART_SHARE_DIVISOR > frame.len() {
+            return Self::whole(frame);
+        }
+        Arc::new(CachedFrame { keys: Some((lo, hi)), entries: part.into() })
+    }
+
+    /// True when it holds every entry of the frame whose key is in `lo..=hi`.
+    pub fn holds(&self, (lo, hi): (RecordId, RecordId)) -> bool {
+        self.keys.is_none_or(|(from, through)| from <= lo && hi <= through)
+    }
+
+    pub fn is_whole(&self) -> bool {
+        self.keys.is_none()
+    }
+}
+
+impl<E> std::ops::Deref for CachedFrame<E> {
+    type Target = [E];
+    fn deref(&self) -> &[E] {
+        &self.entries
+    }
+}
+
+/// Slots of a frame cache are made for small parts of frames (a whole frame counts as many).
+const TYPICAL_FRAME_BYTES: usize = 1 << 10;
+
+impl<E: Entry> CacheValue for Arc<CachedFrame<E>> {
+    const TYPICAL_BYTES: usize = TYPICAL_FRAME_BYTES;
     fn bytes(&self) -> usize {
-        std::mem::size_of_val(self.as_ref())
+        std::mem::size_of_val(self.entries.as_ref()) + std::mem::size_of::<CachedFrame<E>>()
     }
 }
 
@@ -134,12 +190,9 @@ pub struct BudgetCache<V> {
     hand: AtomicUsize,
 }
 
-/// Decoded frames of a tree's tables.
-pub type FrameCache<E> = BudgetCache<Arc<[E]>>;
+/// Decoded frames (or their parts) of a tree's tables.
+pub type FrameCache<E> = BudgetCache<Arc<CachedFrame<E>>>;
 
-/// Bytes per slot the cache is sized for (a meta page; a frame is up to four times that, and a
-/// cache of them simply holds fewer values than slots).
-const TYPICAL_VALUE_BYTES: usize = 4 << 10;
 const MAX_SETS: usize = 1 << 20;
 
 impl<V: CacheValue + Send + 'static> BudgetCache<V> {
@@ -150,7 +203,7 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
 
     /// A cache sharing `budget` with its other members (sized as if it held all of it).
     pub fn within(budget: &Arc<Budget>) -> Arc<Self> {
-        let sets = (budget.capacity_bytes / TYPICAL_VALUE_BYTES / WAYS).clamp(1, MAX_SETS).next_power_of_two();
+        let sets = (budget.capacity_bytes / V::TYPICAL_BYTES.max(1) / WAYS).clamp(1, MAX_SETS).next_power_of_two();
         let empty = || Mutex::new(Set { slots: std::array::from_fn(|_| None), next: 0, hits: 0, misses: 0 });
         let cache = Arc::new(BudgetCache {
             budget: budget.clone(),
@@ -185,6 +238,23 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
             false => set.misses += 1,
         }
         found
+    }
+
+    /// The value if cached and `usable` says it will do (a hit), else whether a value that will
+    /// not do is cached (both a miss).
+    pub fn get_usable(&self, serial: u64, index: u32, usable: impl FnOnce(&V) -> bool) -> Result<V, bool> {
+        let key = (serial, index);
+        let mut set = self.set_of(key).lock().expect("cache poisoned");
+        let found = set.slots.iter().flatten().find(|(k, _)| *k == key).map(|(_, value)| value);
+        let answer = match found {
+            Some(value) if usable(value) => Ok(value.clone()),
+            other => Err(other.is_some()),
+        };
+        match answer.is_ok() {
+            true => set.hits += 1,
+            false => set.misses += 1,
+        }
+        answer
     }
 
     /// Keeps a value (replacing one of the same key, else the set's oldest), emptying other sets
@@ -250,8 +320,8 @@ mod tests {
     use super::*;
     use crate::model::ids::{RecordId, Revocation};
 
-    fn frame(n: u64) -> Arc<[Revocation]> {
-        (0..n).map(|i| Revocation { source: RecordId::repo(i), rev: i }).collect()
+    fn frame(n: u64) -> Arc<CachedFrame<Revocation>> {
+        CachedFrame::whole((0..n).map(|i| Revocation { source: RecordId::repo(i), rev: i }).collect())
     }
 
     #[test]
@@ -283,7 +353,7 @@ mod tests {
         cache.insert(5, 1, frame(2));
         cache.insert(5, 1, frame(3));
         assert_eq!(cache.get(5, 1).unwrap().len(), 3);
-        assert_eq!(cache.bytes(), 32 * 3);
+        assert_eq!(cache.bytes(), frame(3).bytes());
         for i in 0..1_000u32 {
             if let Some(found) = cache.get(6, i) {
                 panic!("key (6, {i}) found {found:?}");
@@ -298,10 +368,17 @@ mod tests {
         use crate::model::ids::Backlink;
         let budget = Budget::new(1 << 20);
         let (revocations, links) = (FrameCache::<Revocation>::within(&budget), FrameCache::<Backlink>::within(&budget));
-        let links_frame = |n: u64| -> Arc<[Backlink]> {
-            (0..n)
-                .map(|i| Backlink { target: RecordId::repo(i), source: RecordId::repo(i), location: 1, source_rev: i })
-                .collect()
+        let links_frame = |n: u64| {
+            CachedFrame::whole(
+                (0..n)
+                    .map(|i| Backlink {
+                        target: RecordId::repo(i),
+                        source: RecordId::repo(i),
+                        location: 1,
+                        source_rev: i,
+                    })
+                    .collect(),
+            )
         };
         for i in 0..1_000u32 {
             revocations.insert(1, i, frame(128)); // 4 KiB each

@@ -17,7 +17,7 @@
 //!   locally; a bad one fails the query naming the meta and is not kept.
 
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
-use crate::lsm::cache::{FrameCache, next_serial};
+use crate::lsm::cache::{CachedFrame, FrameCache, next_serial};
 use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
@@ -41,11 +41,11 @@ use std::sync::{Arc, RwLock};
 /// Decoded entries of a range of frames: all in one vector, or one shared slice per frame.
 enum Decoded<E> {
     Whole(Vec<E>),
-    Framed(Vec<Arc<[E]>>),
+    Framed(Vec<Arc<CachedFrame<E>>>),
 }
 
-/// The entries of consecutive frames in one vector.
-fn concat<E: Copy>(frames: &[Arc<[E]>]) -> Vec<E> {
+/// The entries of consecutive whole frames in one vector.
+fn concat<E: Copy>(frames: &[Arc<CachedFrame<E>>]) -> Vec<E> {
     let mut out = Vec::with_capacity(frames.iter().map(|f| f.len()).sum());
     frames.iter().for_each(|frame| out.extend_from_slice(frame));
     out
@@ -220,18 +220,26 @@ impl<E: Entry> TableHandle<E> {
         self.read_frames_with(store, frames, PageUse::Lookup).await
     }
 
-    /// The entries of `frames` as sorted slices (together in order), without copying: the
-    /// decoded frames themselves, from the cache or read now (and cached). A query searches them
-    /// for its keys instead of copying whole frames.
-    pub async fn read_frame_slices(&self, store: &dyn Store, frames: Range<usize>) -> Result<Vec<Arc<[E]>>, ReadError> {
+    /// Every entry of `frames` whose key is in `keys` (`lo..=hi`), in sorted slices (together in
+    /// order; they may hold other entries too), without copying: the decoded frames or their
+    /// parts, from the cache or read now (and cached, each as `CachedFrame::of_keys` keeps it).
+    /// A query searches them for its keys.
+    pub async fn read_frame_slices(
+        &self,
+        store: &dyn Store,
+        frames: Range<usize>,
+        keys: (RecordId, RecordId),
+    ) -> Result<Vec<Arc<CachedFrame<E>>>, ReadError> {
         if frames.is_empty() {
             return Ok(Vec::new());
         }
-        if let Some(cached) = self.cached_frames(frames.clone()) {
-            return Ok(cached);
-        }
-        Ok(match self.read_decoded(store, frames, PageUse::Lookup).await? {
-            Decoded::Whole(entries) => vec![entries.into()],
+        // A frame cached as the part of other keys is wanted by several: keep it whole now.
+        let keep = match self.cached_frames(frames.clone(), Some(keys)) {
+            Ok(cached) => return Ok(cached),
+            Err(other_part_cached) => (!other_part_cached).then_some(keys),
+        };
+        Ok(match self.read_decoded(store, frames, PageUse::Lookup, keep).await? {
+            Decoded::Whole(entries) => vec![CachedFrame::whole(entries)],
             Decoded::Framed(frames) => frames,
         })
     }
@@ -248,23 +256,25 @@ impl<E: Entry> TableHandle<E> {
             return Ok(Vec::new());
         }
         if with == PageUse::Lookup
-            && let Some(cached) = self.cached_frames(frames.clone())
+            && let Ok(cached) = self.cached_frames(frames.clone(), None)
         {
             return Ok(concat(&cached));
         }
-        Ok(match self.read_decoded(store, frames, with).await? {
+        Ok(match self.read_decoded(store, frames, with, None).await? {
             Decoded::Whole(entries) => entries,
             Decoded::Framed(frames) => concat(&frames),
         })
     }
 
-    /// Reads and decodes `frames` with one ranged read. A local copy that fails its checksums
-    /// is reported and, when the bucket has the table, dropped for the bucket's copy.
+    /// Reads and decodes `frames` with one ranged read (for a lookup of `keys` when it names
+    /// them). A local copy that fails its checksums is reported and, when the bucket has the
+    /// table, dropped for the bucket's copy.
     async fn read_decoded(
         &self,
         store: &dyn Store,
         frames: Range<usize>,
         with: PageUse,
+        keys: Option<(RecordId, RecordId)>,
     ) -> Result<Decoded<E>, ReadError> {
         assert!(!frames.is_empty(), "a read of no frames");
         let infos = self.span_infos(frames.clone(), with)?;
@@ -272,7 +282,7 @@ impl<E: Entry> TableHandle<E> {
         let (start, end) = (infos[0].offset, last.offset.saturating_add(u64::from(last.len)));
         let replaceable = self.uploaded.load(Ordering::Acquire);
         let failure = match self.read_range(store, start, end - start).await {
-            Ok((bytes, place)) => match self.decode_range(frames.clone(), &infos, start, &bytes, with) {
+            Ok((bytes, place)) => match self.decode_range(frames.clone(), &infos, (start, &bytes), with, keys) {
                 Ok(entries) => return Ok(entries),
                 Err(source) if place == Place::Local && replaceable => source.to_string(),
                 Err(source) => return Err(self.corrupt(place, source)),
@@ -285,7 +295,8 @@ impl<E: Entry> TableHandle<E> {
         self.drop_local_copy();
         BUCKET_READS.fetch_add(1, Ordering::Relaxed);
         let bytes = store.get_range(&self.data_key(), start, end - start).await?;
-        self.decode_range(frames, &infos, start, &bytes, with).map_err(|source| self.corrupt(Place::Bucket, source))
+        self.decode_range(frames, &infos, (start, &bytes), with, keys)
+            .map_err(|source| self.corrupt(Place::Bucket, source))
     }
 
     /// The index records of `frames` and of the frame after them (if any), read once for both the
@@ -315,21 +326,37 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
-    /// Every frame of `frames` from the frame cache, or `None` if one is missing.
-    fn cached_frames(&self, frames: Range<usize>) -> Option<Vec<Arc<[E]>>> {
-        frames.map(|i| self.frame_cache.get(self.serial, i as u32)).collect()
+    /// Every frame of `frames` from the frame cache, whole or holding all of `keys`' entries
+    /// (whole only, for `None`); if one is missing, whether one was cached as a part that will not
+    /// do.
+    fn cached_frames(
+        &self,
+        frames: Range<usize>,
+        keys: Option<(RecordId, RecordId)>,
+    ) -> Result<Vec<Arc<CachedFrame<E>>>, bool> {
+        let usable = |frame: &Arc<CachedFrame<E>>| keys.map_or(frame.is_whole(), |keys| frame.holds(keys));
+        let mut other_part_cached = false;
+        let wanted = frames.len();
+        let mut found = Vec::with_capacity(wanted);
+        for i in frames {
+            match self.frame_cache.get_usable(self.serial, i as u32, usable) {
+                Ok(frame) => found.push(frame),
+                Err(cached) => other_part_cached |= cached,
+            }
+        }
+        if found.len() == wanted { Ok(found) } else { Err(other_part_cached) }
     }
 
     /// Decodes `frames` from `bytes` (read from data-file offset `start`), checking every frame;
     /// `span` holds their index records and the next frame's (`span_infos`). For a lookup frame
-    /// by frame, each one cached as it is (no copy); for a scan all at once.
+    /// by frame, each one cached whole or as the part `keys` asked for; for a scan all at once.
     fn decode_range(
         &self,
         frames: Range<usize>,
         span: &[FrameInfo<E>],
-        start: u64,
-        bytes: &[u8],
+        (start, bytes): (u64, &[u8]),
         with: PageUse,
+        keys: Option<(RecordId, RecordId)>,
     ) -> Result<Decoded<E>, FormatError> {
         let (infos, next) = span.split_at(frames.len());
         let next = next.first();
@@ -362,7 +389,10 @@ impl<E: Entry> TableHandle<E> {
             })?;
             let mut decoded = Vec::new();
             decode_span(&span(at..at + 1), slice, &mut decoded)?;
-            let decoded: Arc<[E]> = decoded.into();
+            let decoded = match keys {
+                Some(keys) => CachedFrame::of_keys(decoded, keys),
+                None => CachedFrame::whole(decoded),
+            };
             self.frame_cache.insert(self.serial, (frames.start + at) as u32, decoded.clone());
             out.push(decoded);
         }
@@ -623,4 +653,96 @@ fn meta_error(object: &str, source: FormatError) -> ReadError {
 /// `tables/<tree>/<id>.<ext>`: the object key of a table file.
 pub fn table_key(tree: TreeKind, id: &str, ext: &str) -> String {
     format!("tables/{tree}/{id}.{ext}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lsm::entry::within;
+    use crate::lsm::record::RunKind;
+    use crate::lsm::table::{TableBuilder, TableOptions};
+    use crate::model::ids::Backlink;
+    use crate::store::dir::DirStore;
+    use proptest::prelude::*;
+
+    /// A table of `entries` (sorted) on local disk, opened with a frame cache of `cache_bytes`.
+    fn open_table(dir: &Path, entries: &[Backlink], cache_bytes: usize) -> TableHandle<Backlink> {
+        let options = TableOptions { frame_bytes: 64 * 8, ..TableOptions::default() };
+        let data_path = dir.join("t.data");
+        let mut builder = TableBuilder::new(File::create(&data_path).unwrap(), &options).unwrap();
+        entries.iter().for_each(|entry| builder.push(entry).unwrap());
+        let (_, meta, summary) = builder.finish().unwrap();
+        std::fs::write(dir.join("t.meta"), meta).unwrap();
+        let run = ("r".to_string(), RunKind::Delta);
+        let record = TableRecord::written(TreeKind::Links, "t".into(), run, (0, 1), &summary);
+        let caches = (FrameCache::new(cache_bytes), MetaCache::new(1 << 20));
+        TableHandle::open(record, (&dir.join("t.meta"), &dir.join("t.part"), data_path), caches).unwrap()
+    }
+
+    /// Entries of `targets` targets with a number of backlinks each: small targets share frames.
+    fn entries(counts: &[usize]) -> Vec<Backlink> {
+        let mut out = Vec::new();
+        for (t, &count) in counts.iter().enumerate() {
+            for s in 0..count as u64 {
+                let source = RecordId { rkey: s, collection: 1, did: s % 7 };
+                out.push(Backlink { target: RecordId::repo(t as u64 * 2), source, location: 3, source_rev: s });
+            }
+        }
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever the cache holds of a frame (a part for some keys, the whole), a read of a span
+        /// of keys finds every entry of those keys, and a whole read the whole frames.
+        #[test]
+        fn reads_through_cached_parts_answer_as_the_table(
+            counts in prop::collection::vec(0usize..40, 1..30),
+            reads in prop::collection::vec((0u64..62, 0u64..4, any::<bool>()), 1..60),
+            cache_bytes in prop::sample::select(vec![0usize, 2_000, 1 << 20]),
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let all = entries(&counts);
+            prop_assume!(!all.is_empty());
+            let table = open_table(dir.path(), &all, cache_bytes);
+            let store = DirStore::new(dir.path().join("bucket"));
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            for (lo, width, whole) in reads {
+                let (lo, hi) = (RecordId::repo(lo), RecordId::repo(lo + width));
+                let (min, max) = (Backlink::min_for_key(lo), Backlink::max_for_key(hi));
+                let frames = table.frames_overlapping(&min, &max).unwrap();
+                let want: Vec<Backlink> = all.iter().filter(|e| lo <= e.target && e.target <= hi).copied().collect();
+                let found: Vec<Backlink> = if whole {
+                    let read = runtime.block_on(table.read_frames(&store, frames.clone())).unwrap();
+                    let (start, end) = (frames.start, frames.end);
+                    let expected: usize = (start..end).map(|i| table.frame_infos(i..i + 1).unwrap()[0].entries as usize).sum();
+                    prop_assert_eq!(read.len(), expected, "a whole read gives whole frames");
+                    read.into_iter().filter(|e| min <= *e && *e <= max).collect()
+                } else {
+                    let slices = runtime.block_on(table.read_frame_slices(&store, frames, (lo, hi))).unwrap();
+                    slices.iter().flat_map(|s| within(s, &min, &max).to_vec()).collect()
+                };
+                prop_assert_eq!(found, want);
+            }
+        }
+    }
+
+    #[test]
+    fn a_small_key_is_cached_as_its_part_and_a_second_key_gets_the_whole_frame() {
+        let dir = tempfile::tempdir().unwrap();
+        let all = entries(&[1, 1, 1, 1, 1, 1, 1, 1]); // one frame of eight targets
+        let table = open_table(dir.path(), &all, 1 << 20);
+        assert_eq!(table.frame_count(), 1);
+        let store = DirStore::new(dir.path().join("bucket"));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let key = |t: u64| (RecordId::repo(t * 2), RecordId::repo(t * 2));
+        let read = |t: u64| runtime.block_on(table.read_frame_slices(&store, 0..1, key(t))).unwrap();
+        assert_eq!(read(1)[0].len(), 1, "one target of eight: its part");
+        assert_eq!(table.frame_cache.get(table.serial, 0).unwrap().len(), 1);
+        assert_eq!(read(1)[0].len(), 1, "found again");
+        assert_eq!(table.frame_cache.hits_and_misses(), (2, 1));
+        assert_eq!(read(5)[0].len(), 8, "another key of the frame: kept whole");
+        assert!(table.frame_cache.get(table.serial, 0).unwrap().is_whole());
+    }
 }

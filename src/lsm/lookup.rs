@@ -21,14 +21,16 @@ pub async fn read_keys<E: Entry>(tree: &Tree<E>, store: &dyn Store, keys: &[Reco
     snapshot.fetch_metas_for_keys(store, keys).await?;
     let mut reads = Vec::new();
     for (table, keys) in snapshot.tables_for_keys(keys) {
-        let frames = keys.iter().map(|key| table.frames_for_key(*key)).collect::<Result<Vec<_>, _>>()?;
-        for frames in coalesce(frames) {
-            reads.push((table.clone(), frames, keys.clone()));
+        let frames =
+            keys.iter().map(|key| table.frames_for_key(*key).map(|r| (r, *key))).collect::<Result<Vec<_>, _>>()?;
+        for (frames, keys) in coalesce(frames) {
+            reads.push((table.clone(), frames, keys));
         }
     }
-    let fetched = futures::future::try_join_all(
-        reads.iter().map(|(table, frames, _)| table.read_frame_slices(store, frames.clone())),
-    )
+    let fetched = futures::future::try_join_all(reads.iter().map(|(table, frames, keys)| {
+        let span = keys.iter().fold((RecordId::MAX, RecordId::MIN), |(lo, hi), k| (lo.min(*k), hi.max(*k)));
+        table.read_frame_slices(store, frames.clone(), span)
+    }))
     .await?;
     let mut found = snapshot.memtable_entries;
     // Each read is sorted: search it for the keys it was made for instead of scanning it.
@@ -42,15 +44,19 @@ pub async fn read_keys<E: Entry>(tree: &Tree<E>, store: &dyn Store, keys: &[Reco
     Ok(found)
 }
 
-/// Merges overlapping or adjacent frame ranges into maximal runs (one ranged read each).
-fn coalesce(mut ranges: Vec<Range<usize>>) -> Vec<Range<usize>> {
-    ranges.retain(|r| !r.is_empty());
-    ranges.sort_by_key(|r| r.start);
-    let mut runs: Vec<Range<usize>> = Vec::new();
-    for range in ranges {
+/// Merges overlapping or adjacent frame ranges of keys into maximal runs (one ranged read each),
+/// each with the keys whose frames it holds (a key whose range is empty needs no read).
+fn coalesce(mut ranges: Vec<(Range<usize>, RecordId)>) -> Vec<(Range<usize>, Vec<RecordId>)> {
+    ranges.retain(|(r, _)| !r.is_empty());
+    ranges.sort_by_key(|(r, _)| r.start);
+    let mut runs: Vec<(Range<usize>, Vec<RecordId>)> = Vec::new();
+    for (range, key) in ranges {
         match runs.last_mut() {
-            Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
-            _ => runs.push(range),
+            Some((last, keys)) if range.start <= last.end => {
+                last.end = last.end.max(range.end);
+                keys.push(key);
+            }
+            _ => runs.push((range, vec![key])),
         }
     }
     runs

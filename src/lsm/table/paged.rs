@@ -76,6 +76,9 @@ impl<E> Clone for MetaPage<E> {
 }
 
 impl<E> CacheValue for MetaPage<E> {
+    /// A filter page; index chunks are a few KiB, models far more (a cache of them holds fewer
+    /// values than slots).
+    const TYPICAL_BYTES: usize = 4 << 10;
     fn bytes(&self) -> usize {
         match self {
             MetaPage::Filter(bytes) => bytes.len(),
