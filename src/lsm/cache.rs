@@ -1,5 +1,6 @@
-//! What readers keep in memory between queries, within a byte budget: decoded frames (a hit skips
-//! the read and the zstd decode) and the pages of paged metas (`table::MetaCache`: filter pages
+//! What readers keep in memory between queries, within a byte budget: decoded frames, or the part
+//! of one that a small key's lookup needs (`CachedFrame`; a hit skips the read and the decode),
+//! and the pages of paged metas (`table::MetaCache`: filter pages
 //! and frame-index chunks; a meta is never resident whole, so memory does not grow with the index).
 //! Caches of several trees may share one `Budget`: the tree queries use takes what the others
 //! leave (a server answering listBacklinks has little use for the forward tree's share).
@@ -15,6 +16,9 @@
 //!   of a retired table can never be served for another table. Retired tables' values age out
 //!   like any other.
 //! - Only values that decoded and passed their checksums are inserted.
+//! - A `CachedFrame` part holds every entry of its frame whose key lies in its span, so a reader
+//!   that asks for keys inside the span finds all of theirs; a reader of whole frames never takes
+//!   a part.
 
 use crate::lsm::entry::{Entry, within};
 use crate::model::ids::RecordId;
