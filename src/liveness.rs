@@ -22,18 +22,19 @@
 //! - A merge holds at most `max_thresholds` revocations, the newest: it knows every revocation
 //!   stamped at or above `KnownRevocations::complete_from` and none below it.
 //! - A surviving backlink stamped in `[complete_from, complete_through]` is written with its
-//!   stamp lowered to its known threshold or just below the floor (0 for a source never revoked
-//!   when the merge knows every revocation), which changes no answer
-//!   (proof at `KnownRevocations::settle`) and leaves the stamp column of merged tables nearly all
-//!   one value, which compresses to almost nothing.
+//!   stamp raised to `complete_through`, which changes no answer (proof at
+//!   `KnownRevocations::settle`), leaves the stamp column of a merged table nearly all one
+//!   value, which compresses to almost nothing, and lets a query skip the revocation tables
+//!   whose revocations are all at or below a candidate's stamp.
 //! - A query's thresholds hold, for every key asked for, the newest revocation of that key in the
-//!   snapshot it read (memtables and tables taken at one instant).
+//!   snapshot it read (memtables and tables taken at one instant) when it is above the oldest
+//!   stamp of the links the key was asked for, else a value at most that stamp.
 
 use crate::base::positions::PositionIndex;
 use crate::lsm::compaction::CompactionOptions;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
-use crate::lsm::lookup::read_keys;
+use crate::lsm::lookup::read_keys_newer;
 use crate::lsm::run::Run;
 use crate::lsm::scan::TableScan;
 use crate::lsm::tree::Tree;
@@ -129,31 +130,30 @@ impl KnownRevocations {
     }
 
     /// What a merge writes for `link`: nothing when a durable revocation kills it; else `link`,
-    /// its stamp lowered to what it is known to be equivalent to when it is at most
-    /// `complete_through` and at least `complete_from`.
+    /// its stamp raised to `complete_through` when it is at most that and at least
+    /// `complete_from`.
     ///
     /// Why that changes no answer. Liveness compares a stamp `s` with the newest revocation `r`
     /// of the source and of its repository (live iff `s >= r`), and a reader that finds copies
     /// of one link keeps the largest stamp. Let `t` be the known threshold (the newest known of
-    /// either source, `t <= s` as the link survives) and `f = complete_from`. Every revocation
-    /// of these two sources stamped in `[f, complete_through]` is known, so at most `t`; every
-    /// one not yet written is stamped later by the ingest clock, above `complete_through >= s`.
-    /// With `s >= f`, no revocation of them is in `(v, s]` for `v = max(t, f - 1)` (`v <= s`).
-    /// So `s` and `v` compare alike with every revocation, now and later. A copy of the link
-    /// elsewhere with a stamp `c`: if `c > s` it wins either way; if `v < c <= s` it now wins
-    /// instead, and compares alike with every revocation as `s` did. A link stamped below `f`
-    /// may be killed by a revocation this merge does not know: it is kept as it is.
+    /// either source, `t <= s` as the link survives), `f = complete_from` and
+    /// `c = complete_through`. Every revocation of these two sources stamped in `[f, c]` is
+    /// known, so at most `t <= s`; every one not yet written is stamped later by the ingest
+    /// clock, above `c`. With `f <= s <= c`, no revocation of them is in `(s, c]`, so `s` and `c`
+    /// compare alike with every revocation, now and later. A copy of the link elsewhere with a
+    /// stamp `k`: if `k > c` it wins either way; if `s < k <= c` this one now wins instead, and
+    /// `k` too compared alike with every revocation, as it lies in `[s, c]`; copies differ in
+    /// nothing else. A link stamped below `f` may be killed by a revocation this merge does not
+    /// know: it is kept as it is. Why raise: every settled stamp of a merge is then one value,
+    /// which compresses to nothing, and a query looks for the revocations of a settled link only
+    /// in revocation tables written after `c` (`read_thresholds`).
     pub fn settle(&self, link: Backlink) -> Option<Backlink> {
         let threshold = link.threshold(|key| self.threshold(key));
         if link.source_rev < threshold {
             return None;
         }
         let known_around = self.complete_from..=self.complete_through;
-        let settled = if known_around.contains(&link.source_rev) {
-            threshold.max(self.complete_from.saturating_sub(1))
-        } else {
-            link.source_rev
-        };
+        let settled = if known_around.contains(&link.source_rev) { self.complete_through } else { link.source_rev };
         Some(Backlink { source_rev: settled, ..link })
     }
 }
@@ -296,8 +296,8 @@ pub struct SourceThresholds {
 }
 
 impl SourceThresholds {
-    fn new(keys: &[RecordId]) -> Self {
-        let mut by_key: Vec<(RecordId, u64)> = keys.iter().map(|k| (*k, 0)).collect();
+    fn new(keys: impl Iterator<Item = RecordId>) -> Self {
+        let mut by_key: Vec<(RecordId, u64)> = keys.map(|k| (k, 0)).collect();
         by_key.sort_unstable();
         by_key.dedup_by_key(|(k, _)| *k);
         SourceThresholds { by_key }
@@ -315,15 +315,29 @@ impl SourceThresholds {
     }
 }
 
-/// A query's second round: the newest revocation stamp of each key (record-level and repo-level
-/// sources), from the memtables and one concurrent round of ranged reads of the tables.
+/// A query's second round: the thresholds of the sources of `links` (record-level and repo-level),
+/// from the memtables and one concurrent round of ranged reads of the tables. Only revocations
+/// stamped above the oldest stamp of the links a key is asked for can kill one of them, so the
+/// tables whose revocations are all older are not read for it: a key's threshold is its newest
+/// revocation when that is above the stamp, else at most the stamp (`survives` answers alike for
+/// these links, and only for them). Merges settle the stamps of what they keep to the clock they
+/// know every revocation through, so a link of a merged run skips the revocation runs written
+/// before that merge, and a freshly flushed one nearly all of them.
 pub async fn read_thresholds(
     thresholds: &Tree<Revocation>,
     store: &dyn Store,
-    keys: &[RecordId],
+    links: impl IntoIterator<Item = Backlink>,
 ) -> Result<SourceThresholds, ReadError> {
-    let mut found = SourceThresholds::new(keys);
-    for revocation in read_keys(thresholds, store, keys).await? {
+    let mut keys: Vec<(RecordId, u64)> = links
+        .into_iter()
+        .flat_map(|link| [(link.source, link.source_rev), (RecordId::repo(link.source.did), link.source_rev)])
+        .collect();
+    // Sorted by key, then stamp: the first of each key has its oldest stamp.
+    keys.sort_unstable();
+    keys.dedup_by_key(|(key, _)| *key);
+    let bounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|(key, stamp)| (*key, Some(*stamp))).collect();
+    let mut found = SourceThresholds::new(keys.iter().map(|(key, _)| *key));
+    for revocation in read_keys_newer(thresholds, store, &bounded).await? {
         found.raise(&revocation.source, revocation.rev);
     }
     Ok(found)
@@ -374,15 +388,20 @@ mod tests {
         assert_eq!(thresholds.threshold(&RecordId::repo(4)), 0);
         let link = |source_rev| Backlink { target: RecordId::repo(8), source: record, location: 1, source_rev };
         assert_eq!(thresholds.settle(link(8)), None, "older than the record's revocation");
-        assert_eq!(thresholds.settle(link(9)), Some(link(9)), "written with the revocation (an update)");
-        assert_eq!(thresholds.settle(link(15)), Some(link(9)), "lowered to the record's threshold");
+        assert_eq!(thresholds.settle(link(9)), Some(link(20)), "written with the revocation (an update)");
+        assert_eq!(thresholds.settle(link(15)), Some(link(20)), "raised to the complete clock");
         assert_eq!(thresholds.settle(link(21)), Some(link(21)), "past the complete clock: kept as is");
         let other = Backlink { source: RecordId { rkey: 8, ..record }, ..link(1) };
         assert_eq!(thresholds.settle(other), None, "older than the repo-level revocation");
         let settled = |source_rev| thresholds.settle(Backlink { source_rev, ..other }).map(|l| l.source_rev);
-        assert_eq!((settled(2), settled(20), settled(30)), (Some(2), Some(2), Some(30)));
+        assert_eq!((settled(2), settled(20), settled(30)), (Some(20), Some(20), Some(30)));
         let stranger = Backlink { source: RecordId { did: 4, ..record }, ..link(12) };
-        assert_eq!(thresholds.settle(stranger), Some(Backlink { source_rev: 0, ..stranger }), "never revoked");
+        assert_eq!(thresholds.settle(stranger), Some(Backlink { source_rev: 20, ..stranger }), "never revoked");
+        let partial = KnownRevocations::from_revocations(vec![revocation(record, 9)], 20, 6);
+        let kept = |source_rev| partial.settle(Backlink { source_rev, ..link(0) }).map(|l| l.source_rev);
+        assert_eq!((kept(5), kept(9), kept(21)), (None, Some(20), Some(21)), "known from 6 on");
+        let below_floor = Backlink { source_rev: 4, ..stranger };
+        assert_eq!(partial.settle(below_floor), Some(below_floor), "below the floor: kept as it is");
     }
 
     proptest::proptest! {
@@ -400,7 +419,8 @@ mod tests {
             floor in proptest::prop_oneof![proptest::strategy::Just(0u64), 0u64..70],
             merged in 1u64..80,
             other_copy in proptest::option::of(1u64..80),
-            later in proptest::collection::vec((proptest::bool::ANY, 1u64..80), 0..4),
+            // Often just past `complete`, where a settled stamp's bound lies.
+            later in proptest::collection::vec((proptest::bool::ANY, proptest::prop_oneof![1u64..3, 1u64..80]), 0..4),
         ) {
             let record = RecordId { rkey: 7, collection: 1, did: 3 };
             let source = |repo_level: bool| if repo_level { RecordId::repo(3) } else { record };
@@ -413,7 +433,10 @@ mod tests {
                 proptest::prop_assert!(!link.survives(|key| newest_of(&written, key)), "dropped a live link");
                 return Ok(());
             };
-            proptest::prop_assert!(settled.source_rev <= link.source_rev, "a stamp is never raised");
+            proptest::prop_assert!(
+                settled.source_rev == link.source_rev || (settled.source_rev == complete && link.source_rev <= complete),
+                "a stamp is kept or raised to the complete clock"
+            );
             // Every revocation not yet written is stamped past `complete`, but maybe before
             // `merged` (a link flushed after `complete` was read can be newer than it).
             let later = later.into_iter().map(|(repo, step)| Revocation { source: source(repo), rev: complete + step });
@@ -481,7 +504,7 @@ mod tests {
     #[test]
     fn thresholds_take_the_newest_revocation_of_each_key_asked_for() {
         let (a, b, c) = (RecordId::repo(1), RecordId::repo(2), RecordId::repo(3));
-        let mut thresholds = SourceThresholds::new(&[b, a, b]);
+        let mut thresholds = SourceThresholds::new([b, a, b].into_iter());
         for revocation in [revocation(1, 4), revocation(1, 9), revocation(2, 5), revocation(3, 50)] {
             thresholds.raise(&revocation.source, revocation.rev);
         }

@@ -488,10 +488,7 @@ fn visible_admitted(index: &Index, mut candidates: Vec<Backlink>, filters: &Filt
 
 /// Keeps the candidates no revocation kills (the thresholds of their sources, read in one round).
 async fn surviving(index: &Index, candidates: Vec<Backlink>) -> Result<Vec<Backlink>, QueryError> {
-    let mut keys: Vec<RecordId> = candidates.iter().flat_map(|c| [c.source, RecordId::repo(c.source.did)]).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let thresholds = read_thresholds(&index.thresholds, index.store.as_ref(), &keys).await?;
+    let thresholds = read_thresholds(&index.thresholds, index.store.as_ref(), candidates.iter().copied()).await?;
     Ok(candidates.into_iter().filter(|c| c.survives(|key| thresholds.get(key))).collect())
 }
 

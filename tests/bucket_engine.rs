@@ -251,7 +251,9 @@ async fn at_most_two_rounds(bucket: impl Bucket, root: &Path) {
             }
         }
     }
-    assert!(two_round_pages > 10, "{two_round_pages} pages read both backlinks and revocations from the bucket");
+    // Few: a page reads only the revocation tables newer than its candidates' stamps, and merges
+    // settle those to the clock they knew every revocation through.
+    assert!(two_round_pages > 0, "{two_round_pages} pages read both backlinks and revocations from the bucket");
     let reader_answers = answers(&reader).await;
     assert_eq!(as_sets(reader_answers.clone()), model(1500), "answers differ from the reference model");
     assert_eq!(reader_answers, answers(&writer).await);

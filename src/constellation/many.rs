@@ -224,10 +224,8 @@ pub async fn forward_links(
         return Ok((HashMap::new(), 0));
     }
     found.sort_unstable();
-    let mut keys: Vec<RecordId> = sources.iter().flat_map(|s| [*s, RecordId::repo(s.did)]).collect();
-    keys.sort_unstable();
-    keys.dedup();
-    let thresholds = read_thresholds(&index.thresholds, index.store.as_ref(), &keys).await?;
+    let links = found.iter().map(|link| link.backlink());
+    let thresholds = read_thresholds(&index.thresholds, index.store.as_ref(), links).await?;
     let mut by_source: HashMap<RecordId, Vec<ForwardLink>> = HashMap::new();
     for link in freshest(found.into_iter()).filter(|l| l.backlink().survives(|key| thresholds.get(key))) {
         by_source.entry(link.source).or_default().push(link);

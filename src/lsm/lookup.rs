@@ -5,7 +5,8 @@
 //! - Only tables whose filter admits a key are read, and of each only the frames that can hold
 //!   it; frames of several keys in one table that touch or overlap are fetched by one read.
 //! - Every copy of every key asked for, in the snapshot taken at one instant, is returned (in no
-//!   particular order): choosing among copies is the caller's.
+//!   particular order): choosing among copies is the caller's. With a bound on a key, every copy
+//!   stamped above it.
 
 use crate::lsm::entry::{Entry, within};
 use crate::lsm::handle::ReadError;
@@ -16,9 +17,22 @@ use std::ops::Range;
 
 /// Every entry of `keys` in `tree` (memtables and tables), in no particular order.
 pub async fn read_keys<E: Entry>(tree: &Tree<E>, store: &dyn Store, keys: &[RecordId]) -> Result<Vec<E>, ReadError> {
-    let ranges: Vec<_> = keys.iter().map(|k| (E::min_for_key(*k), E::max_for_key(*k))).collect();
+    let unbounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|key| (*key, None)).collect();
+    read_keys_newer(tree, store, &unbounded).await
+}
+
+/// `read_keys`, where only the entries of each key stamped above its bound (`Some(stamp)`) are
+/// wanted: tables whose entries are all stamped at or below it are not read for it (so some
+/// entries at or below a bound may come too, from memtables and from tables read for newer ones).
+pub async fn read_keys_newer<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    keys: &[(RecordId, Option<u64>)],
+) -> Result<Vec<E>, ReadError> {
+    let ranges: Vec<_> = keys.iter().map(|(k, _)| (E::min_for_key(*k), E::max_for_key(*k))).collect();
     let snapshot = tree.snapshot(&ranges);
-    snapshot.fetch_metas_for_keys(store, keys).await?;
+    let plain_keys: Vec<RecordId> = keys.iter().map(|(key, _)| *key).collect();
+    snapshot.fetch_metas_for_keys(store, &plain_keys).await?;
     let mut reads = Vec::new();
     for (table, keys) in snapshot.tables_for_keys(keys) {
         let frames =
