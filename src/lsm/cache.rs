@@ -234,27 +234,29 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
     /// `f` of the value if cached, without cloning it (the set stays locked meanwhile: `f` must
     /// be short).
     pub fn with<T>(&self, serial: u64, index: u32, f: impl FnOnce(&V) -> T) -> Option<T> {
-        let key = (serial, index);
-        let mut set = self.set_of(key).lock().expect("cache poisoned");
-        let found = set.slots.iter().flatten().find(|(k, _)| *k == key).map(|(_, value)| f(value));
-        match found.is_some() {
-            true => set.hits += 1,
-            false => set.misses += 1,
-        }
-        found
+        self.look_up(serial, index, |found| {
+            let answer = found.map(f);
+            let hit = answer.is_some();
+            (answer, hit)
+        })
     }
 
     /// The value if cached and `usable` says it will do (a hit), else whether a value that will
     /// not do is cached (both a miss).
     pub fn get_usable(&self, serial: u64, index: u32, usable: impl FnOnce(&V) -> bool) -> Result<V, bool> {
+        self.look_up(serial, index, |found| match found {
+            Some(value) if usable(value) => (Ok(value.clone()), true),
+            other => (Err(other.is_some()), false),
+        })
+    }
+
+    /// `answer` of the key's value (if cached) under its set's lock, counted as a hit or a miss
+    /// as `answer` says.
+    fn look_up<T>(&self, serial: u64, index: u32, answer: impl FnOnce(Option<&V>) -> (T, bool)) -> T {
         let key = (serial, index);
         let mut set = self.set_of(key).lock().expect("cache poisoned");
-        let found = set.slots.iter().flatten().find(|(k, _)| *k == key).map(|(_, value)| value);
-        let answer = match found {
-            Some(value) if usable(value) => Ok(value.clone()),
-            other => Err(other.is_some()),
-        };
-        match answer.is_ok() {
+        let (answer, hit) = answer(set.slots.iter().flatten().find(|(k, _)| *k == key).map(|(_, value)| value));
+        match hit {
             true => set.hits += 1,
             false => set.misses += 1,
         }
