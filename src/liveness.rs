@@ -328,16 +328,15 @@ pub async fn read_thresholds(
     store: &dyn Store,
     links: impl IntoIterator<Item = Backlink>,
 ) -> Result<SourceThresholds, ReadError> {
-    let mut keys: Vec<(RecordId, u64)> = links
+    let mut keys: Vec<(RecordId, Option<u64>)> = links
         .into_iter()
-        .flat_map(|link| [(link.source, link.source_rev), (RecordId::repo(link.source.did), link.source_rev)])
+        .flat_map(|link| [link.source, RecordId::repo(link.source.did)].map(|key| (key, Some(link.source_rev))))
         .collect();
     // Sorted by key, then stamp: the first of each key has its oldest stamp.
     keys.sort_unstable();
     keys.dedup_by_key(|(key, _)| *key);
-    let bounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|(key, stamp)| (*key, Some(*stamp))).collect();
     let mut found = SourceThresholds::new(keys.iter().map(|(key, _)| *key));
-    for revocation in read_keys_newer(thresholds, store, &bounded).await? {
+    for revocation in read_keys_newer(thresholds, store, &keys).await? {
         found.raise(&revocation.source, revocation.rev);
     }
     Ok(found)

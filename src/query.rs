@@ -407,7 +407,7 @@ async fn read_candidates(
     let (lo, hi) = pass.bounds();
     let snapshot = index.links.snapshot(&[(lo, hi)]);
     let store = index.store.as_ref();
-    snapshot.fetch_metas_for_keys(store, &[pass.target]).await?;
+    snapshot.fetch_metas_for_keys(store, &[(pass.target, None)]).await?;
     let tables = snapshot.tables_for_key(&pass.target);
     let mut plans: Vec<Plan> = Vec::new();
     for table in &tables {

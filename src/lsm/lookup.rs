@@ -31,8 +31,7 @@ pub async fn read_keys_newer<E: Entry>(
 ) -> Result<Vec<E>, ReadError> {
     let ranges: Vec<_> = keys.iter().map(|(k, _)| (E::min_for_key(*k), E::max_for_key(*k))).collect();
     let snapshot = tree.snapshot(&ranges);
-    let plain_keys: Vec<RecordId> = keys.iter().map(|(key, _)| *key).collect();
-    snapshot.fetch_metas_for_keys(store, &plain_keys).await?;
+    snapshot.fetch_metas_for_keys(store, keys).await?;
     let mut reads = Vec::new();
     for (table, keys) in snapshot.tables_for_keys(keys) {
         let frames =

@@ -44,6 +44,11 @@ pub struct TableRecord {
 }
 
 impl TableRecord {
+    /// Whether the table may hold entries stamped above `bound` (`None`: any entry).
+    pub fn has_stamps_above(&self, bound: Option<u64>) -> bool {
+        bound.is_none_or(|stamp| self.max_stamp > stamp)
+    }
+
     /// A table just written (not uploaded yet): shard `shard` of `shard_count` in run `run_id`.
     pub fn written(
         tree: TreeKind,
