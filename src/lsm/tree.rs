@@ -19,7 +19,7 @@ use crate::lsm::handle::{ReadError, TableHandle, fetch_meta_start, fetch_whole_m
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::TableRecord;
 use crate::lsm::run::{Run, shard_hash};
-use crate::lsm::table::{FormatError, MetaCache, Spill, TableBuilder, TableOptions, TableSummary, learn_models};
+use crate::lsm::table::{FormatError, MetaCache, Spills, TableBuilder, TableOptions, TableSummary, learn_models};
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
 use std::fs::File;
@@ -252,8 +252,11 @@ impl<E: Entry> Tree<E> {
     /// its first frames while it learns its column models.
     pub fn table_writer(&self, id: &str) -> std::io::Result<TableWriter<E>> {
         let (file, tmp_data) = self.tmp_data_file(id)?;
-        let spills: (Box<dyn Spill>, Box<dyn Spill>) =
-            (Box::new(anonymous_spill(&tmp_data, "spill")?), Box::new(anonymous_spill(&tmp_data, "keys")?));
+        let spills = Spills {
+            frames: Box::new(anonymous_spill(&tmp_data, "spill")?),
+            keys: Box::new(anonymous_spill(&tmp_data, "keys")?),
+            index: Box::new(anonymous_spill(&tmp_data, "index")?),
+        };
         let builder = TableBuilder::with_spills(file, spills, &self.options)?;
         Ok(self.writer_for(id, builder, tmp_data))
     }

@@ -6,12 +6,15 @@
 //!   exactly once, in order.
 //! - After an I/O error the builder refuses further use.
 //! - Memory does not grow with the table: the raw frames of the model sample go to the frame
-//!   spill, and the distinct keys' hashes (16 bytes each, what the filter is sized and built from
-//!   at `finish`) to the key spill past `KEY_HASHES_IN_MEMORY`. What stays is one record per
-//!   frame for the frame index.
+//!   spill, the distinct keys' hashes (16 bytes each, what the filter is sized and built from at
+//!   `finish`) to the key spill past `KEY_HASHES_IN_MEMORY`, and each finished chunk of the frame
+//!   index to the index spill. What stays is one directory record per chunk of `CHUNK_FRAMES`
+//!   frames. A merge writes to as many builders at once as it has output shards, so what each
+//!   holds is small: the open frame, the column counts while learning, a zstd context, 64 KiB of
+//!   key hashes and one open chunk.
 
 use super::frame::FrameEncoder;
-use super::meta::TableMeta;
+use super::paged::{IndexWriter, MetaParts, assemble};
 use super::{FrameInfo, MAX_FRAMES, TableOptions, TableSummary, layout_of};
 use crate::lsm::coder::{ColumnModels, ModelCounts};
 use crate::lsm::entry::Entry;
@@ -22,8 +25,8 @@ use std::io::{self, Read, Seek, SeekFrom, Write};
 /// codes a table about as well as all of its frames: BENCHMARKS.md, "column models").
 const MODEL_SAMPLE_STRIDE: usize = 16;
 
-/// Key hashes a builder holds before it writes them to its key spill (1 MiB).
-const KEY_HASHES_IN_MEMORY: usize = 1 << 16;
+/// Key hashes a builder holds before it writes them to its key spill (64 KiB).
+pub(super) const KEY_HASHES_IN_MEMORY: usize = 1 << 12;
 
 /// The first entry of a frame, whether it continues the previous key, and its entry count.
 struct FrameStart<E> {
@@ -37,6 +40,22 @@ struct FrameStart<E> {
 /// resident memory), a vector in tests and benches.
 pub trait Spill: Read + Write + Seek + Send {}
 impl<T: Read + Write + Seek + Send> Spill for T {}
+
+/// The spills of one builder, each empty, readable and writable: the raw frames of its model
+/// sample, its distinct keys' hashes, and its finished frame-index chunks.
+pub struct Spills {
+    pub frames: Box<dyn Spill>,
+    pub keys: Box<dyn Spill>,
+    pub index: Box<dyn Spill>,
+}
+
+impl Spills {
+    /// Spills in memory (tests, benches, flushes of a bounded memtable).
+    pub fn in_memory() -> Self {
+        let in_memory = || Box::new(io::Cursor::new(Vec::new())) as Box<dyn Spill>;
+        Spills { frames: in_memory(), keys: in_memory(), index: in_memory() }
+    }
+}
 
 /// The hashes of a table's distinct keys, in order: the newest in memory, the rest in a spill.
 struct KeyHashes {
@@ -83,10 +102,10 @@ impl KeyHashes {
     }
 }
 
-/// How a builder encodes: still learning (frames go to the spill), or decided (frames are
-/// encoded as they fill, under the models if the table has any).
+/// How a builder encodes: still learning (frames go to the spill, every sampled one is counted),
+/// or decided (frames are encoded as they fill, under the models if the table has any).
 enum Coding {
-    Learning { spilled_frames: usize, spilled_bytes: usize },
+    Learning { spilled_frames: usize, spilled_bytes: usize, counts: ModelCounts },
     Decided(Option<ColumnModels>),
 }
 
@@ -100,7 +119,6 @@ pub struct TableBuilder<E: Entry, W: Write> {
     spill: Box<dyn Spill>,
     spill_bytes: usize,
     coding: Coding,
-    counts: ModelCounts,
     encoder: FrameEncoder,
     entries_per_frame: usize,
     model_min_entries: u64,
@@ -108,7 +126,7 @@ pub struct TableBuilder<E: Entry, W: Write> {
     pending: Vec<u8>,
     /// The frame being filled (set while `pending` is not empty) and the spilled ones.
     starts: Vec<FrameStart<E>>,
-    frames: Vec<FrameInfo<E>>,
+    index: IndexWriter<E, Box<dyn Spill>>,
     data_len: u64,
     /// One hash per distinct key, in order; the filter is built from them at `finish`.
     key_hashes: KeyHashes,
@@ -125,8 +143,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     /// filter is sized at `finish` from the exact number of distinct keys pushed (a streaming
     /// writer, such as a compaction, cannot know it up front). Fails on invalid options.
     pub fn new(data_out: W, opts: &TableOptions) -> io::Result<Self> {
-        let in_memory = || Box::new(io::Cursor::new(Vec::new())) as Box<dyn Spill>;
-        Self::with_spills(data_out, (in_memory(), in_memory()), opts)
+        Self::with_spills(data_out, Spills::in_memory(), opts)
     }
 
     /// A builder whose column models are already decided (`learn_models`): it encodes every
@@ -137,29 +154,27 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         Ok(builder)
     }
 
-    /// A builder that spills its model sample's frames and its key hashes to `spills` (each an
-    /// empty, readable and writable file).
-    pub fn with_spills(
-        data_out: W,
-        (spill, key_spill): (Box<dyn Spill>, Box<dyn Spill>),
-        opts: &TableOptions,
-    ) -> io::Result<Self> {
+    /// A builder that spills to `spills`.
+    pub fn with_spills(data_out: W, spills: Spills, opts: &TableOptions) -> io::Result<Self> {
         opts.validate()?;
         let entries_per_frame = opts.entries_per_frame::<E>();
         Ok(TableBuilder {
             data_out,
-            spill,
+            spill: spills.frames,
             spill_bytes: opts.spill_bytes,
-            coding: Coding::Learning { spilled_frames: 0, spilled_bytes: 0 },
-            counts: ModelCounts::new(layout_of::<E>()),
+            coding: Coding::Learning {
+                spilled_frames: 0,
+                spilled_bytes: 0,
+                counts: ModelCounts::new(layout_of::<E>()),
+            },
             encoder: FrameEncoder::new(opts.zstd_level)?,
             entries_per_frame,
             model_min_entries: opts.model_min_entries,
             pending: Vec::with_capacity(entries_per_frame * E::WIDTH),
             starts: Vec::new(),
-            frames: Vec::new(),
+            index: IndexWriter::new(spills.index),
             data_len: 0,
-            key_hashes: KeyHashes::new(key_spill),
+            key_hashes: KeyHashes::new(spills.keys),
             filter_fpr: opts.filter_fpr,
             last: None,
             entries: 0,
@@ -206,18 +221,24 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         })?;
         self.data_out.flush()?;
         let mut filter = FilterBuilder::new(self.key_hashes.len(), self.filter_fpr);
-        self.or_fail(|builder| builder.key_hashes.insert_into(&mut filter))?;
-        let Coding::Decided(models) = std::mem::replace(&mut self.coding, Coding::Decided(None)) else {
-            unreachable!("finish decides the coding")
+        self.key_hashes.insert_into(&mut filter)?;
+        let Coding::Decided(models) = self.coding else { unreachable!("finish decides the coding") };
+        let index = self.index.finish()?;
+        let frames = index.frames() as u32;
+        let filter = filter.finish();
+        let parts = MetaParts {
+            filter: &filter,
+            last: self.last,
+            entries: self.entries,
+            data_len: self.data_len,
+            models: models.as_ref(),
         };
-        let frames = std::mem::take(&mut self.frames);
-        let meta = TableMeta::new(filter.finish(), frames, self.last, self.entries, self.data_len, models);
         let mut meta_bytes = Vec::new();
-        meta.encode(&mut meta_bytes);
+        assemble(&parts, index, &mut meta_bytes)?;
         let summary = TableSummary {
-            entries: meta.entries,
-            frames: meta.frames.len() as u32,
-            data_len: meta.data_len,
+            entries: self.entries,
+            frames,
+            data_len: self.data_len,
             meta_len: meta_bytes.len() as u64,
             stamps: if self.entries == 0 { (0, 0) } else { self.stamps },
         };
@@ -242,7 +263,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     }
 
     fn start_frame(&mut self, entry: &E) -> io::Result<()> {
-        if self.frames.len() + self.starts.len() >= MAX_FRAMES {
+        if self.index.frames() + self.starts.len() >= MAX_FRAMES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a table holds at most {MAX_FRAMES} frames"),
@@ -274,9 +295,9 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
                 let start = self.starts.pop().expect("a frame is being filled");
                 self.write_frame(start)?;
             }
-            Coding::Learning { spilled_frames, spilled_bytes } => {
+            Coding::Learning { spilled_frames, spilled_bytes, counts } => {
                 if spilled_frames.is_multiple_of(MODEL_SAMPLE_STRIDE) {
-                    self.encoder.count::<E>(&self.pending, &mut self.counts);
+                    self.encoder.count::<E>(&self.pending, counts);
                 }
                 *spilled_frames += 1;
                 *spilled_bytes += self.pending.len();
@@ -293,11 +314,9 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
 
     /// Decides the models (once) and encodes the spilled frames.
     fn decide(&mut self) -> io::Result<()> {
-        if matches!(self.coding, Coding::Decided(_)) {
-            return Ok(());
-        }
+        let Coding::Learning { counts, .. } = &self.coding else { return Ok(()) };
         let modelled = self.entries > 0 && self.entries >= self.model_min_entries;
-        self.coding = Coding::Decided(modelled.then(|| self.counts.finish()));
+        self.coding = Coding::Decided(modelled.then(|| counts.finish()));
         self.spill.seek(SeekFrom::Start(0))?;
         for start in std::mem::take(&mut self.starts) {
             self.pending.resize(start.entries * E::WIDTH, 0);
@@ -315,7 +334,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         self.data_out.write_all(frame)?;
         let (len, entries) = (frame.len() as u32, start.entries as u32);
         let info = FrameInfo { first: start.first, continues: start.continues, offset: self.data_len, len, entries };
-        self.frames.push(info);
+        self.index.push(info)?;
         self.data_len += u64::from(len);
         Ok(())
     }

@@ -135,9 +135,9 @@ fn check_raw_len<E: Entry>(encoding: u8, entries: usize, raw_len: usize) -> Resu
     }
 }
 
-/// Reusable compressor and buffers for writing frames.
+/// Reusable buffers for writing frames, at one zstd level.
 pub(super) struct FrameEncoder {
-    compressor: zstd::bulk::Compressor<'static>,
+    zstd_level: i32,
     spread: Vec<u8>,
     keys: Vec<u8>,
     runs: Vec<u16>,
@@ -150,17 +150,20 @@ pub(super) struct FrameEncoder {
 
 impl FrameEncoder {
     pub(super) fn new(zstd_level: i32) -> io::Result<Self> {
-        Ok(Self::with_compressor(zstd::bulk::Compressor::new(zstd_level)?))
+        if !zstd::compression_level_range().contains(&zstd_level) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no zstd level {zstd_level}")));
+        }
+        Ok(Self::at_level(zstd_level))
     }
 
-    /// An encoder only for `count` (its compressor never compresses).
+    /// An encoder only for `count` (it never compresses).
     pub(super) fn sampler() -> Self {
-        Self::with_compressor(zstd::bulk::Compressor::default())
+        Self::at_level(zstd::DEFAULT_COMPRESSION_LEVEL)
     }
 
-    fn with_compressor(compressor: zstd::bulk::Compressor<'static>) -> Self {
+    fn at_level(zstd_level: i32) -> Self {
         FrameEncoder {
-            compressor,
+            zstd_level,
             spread: Vec::new(),
             keys: Vec::new(),
             runs: Vec::new(),
@@ -218,7 +221,9 @@ impl FrameEncoder {
         assert!(self.shuffled.len() <= entries * E::WIDTH);
         self.payload.clear();
         self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
-        self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
+        with_compressor(self.zstd_level, |compressor| {
+            compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)
+        })?;
         Ok(encoding)
     }
 
@@ -244,6 +249,28 @@ impl FrameEncoder {
             &mut self.shuffled,
         );
     }
+}
+
+thread_local! {
+    /// Each thread's zstd compressor and its level, shared by the encoders the thread runs: a
+    /// merge writes one table per output shard at once, and a context each (277 KiB at level 3)
+    /// was most of what a shard's builder held.
+    static COMPRESSOR: Cell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { Cell::new(None) };
+}
+
+/// Runs `work` with this thread's compressor at `level` (a new one if it is in use, at another
+/// level or was never made).
+fn with_compressor<T>(
+    level: i32,
+    work: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> io::Result<T>,
+) -> io::Result<T> {
+    let mut compressor = match COMPRESSOR.take() {
+        Some((made_at, compressor)) if made_at == level => compressor,
+        _ => zstd::bulk::Compressor::new(level)?,
+    };
+    let result = work(&mut compressor);
+    COMPRESSOR.set(Some((level, compressor)));
+    result
 }
 
 thread_local! {

@@ -39,7 +39,7 @@ mod partial;
 mod tests;
 
 pub use super::bytes::FormatError;
-pub use builder::{Spill, TableBuilder, learn_models};
+pub use builder::{Spill, Spills, TableBuilder, learn_models};
 pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data_file};
 pub use meta::TableMeta;
 pub use paged::{

@@ -203,37 +203,125 @@ impl Header {
 
 /// Appends `meta` encoded as version 4.
 pub(super) fn encode<E: Entry>(meta: &TableMeta<E>, out: &mut Vec<u8>) {
+    let mut index = IndexWriter::new(std::io::Cursor::new(Vec::new()));
+    meta.frames.iter().for_each(|frame| index.push(*frame).expect("an index in memory takes every frame"));
+    let index = index.finish().expect("an index in memory is written");
+    let parts = MetaParts {
+        filter: &meta.filter,
+        last: meta.last,
+        entries: meta.entries,
+        data_len: meta.data_len,
+        models: meta.models.as_ref(),
+    };
+    assemble(&parts, index, out).expect("the chunks in memory are read");
+}
+
+/// What a version-4 meta holds besides its frame index.
+pub(super) struct MetaParts<'a, E> {
+    pub filter: &'a Filter,
+    pub last: Option<E>,
+    pub entries: u64,
+    pub data_len: u64,
+    pub models: Option<&'a ColumnModels>,
+}
+
+/// A version-4 meta's frame index as its table is written: each full chunk of `CHUNK_FRAMES`
+/// frames is encoded (checksum included) to `sink` at once and only its directory record kept,
+/// so memory is the open chunk and about 80 bytes per chunk, not a record per frame.
+pub(super) struct IndexWriter<E, S> {
+    open: Vec<FrameInfo<E>>,
+    /// The directory records of the chunks in `sink`, as encoded.
+    records: Vec<u8>,
+    sink: S,
+    frames: usize,
+    index_len: u64,
+}
+
+/// A finished index: its chunks in `sink`, in order, from its start.
+pub(super) struct FinishedIndex<S> {
+    sink: S,
+    records: Vec<u8>,
+    frames: usize,
+    index_len: u64,
+}
+
+impl<S> FinishedIndex<S> {
+    pub(super) fn frames(&self) -> usize {
+        self.frames
+    }
+}
+
+impl<E: Entry, S: std::io::Write> IndexWriter<E, S> {
+    pub(super) fn new(sink: S) -> Self {
+        IndexWriter { open: Vec::with_capacity(CHUNK_FRAMES), records: Vec::new(), sink, frames: 0, index_len: 0 }
+    }
+
+    /// Frames pushed so far.
+    pub(super) fn frames(&self) -> usize {
+        self.frames
+    }
+
+    /// Appends the next frame. Not checked here: tests write inconsistent indexes on purpose, and
+    /// the reader checks every chunk against its neighbours.
+    pub(super) fn push(&mut self, frame: FrameInfo<E>) -> std::io::Result<()> {
+        self.open.push(frame);
+        self.frames += 1;
+        if self.open.len() == CHUNK_FRAMES {
+            self.close_chunk()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the open chunk (if any) and keeps its directory record.
+    fn close_chunk(&mut self) -> std::io::Result<()> {
+        let Some(first) = self.open.first() else { return Ok(()) };
+        let chunk = with_checksum(encode_frame_index(&self.open));
+        encode_entry(&first.first, &mut self.records);
+        self.records.push(if first.continues { CONTINUES_FLAG } else { 0 });
+        self.records.extend_from_slice(&first.offset.to_le_bytes());
+        self.records.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
+        self.sink.write_all(&chunk)?;
+        self.index_len += chunk.len() as u64;
+        self.open.clear();
+        Ok(())
+    }
+
+    /// Writes the last chunk.
+    pub(super) fn finish(mut self) -> std::io::Result<FinishedIndex<S>> {
+        self.close_chunk()?;
+        assert_eq!(self.records.len(), self.frames.div_ceil(CHUNK_FRAMES) * (E::WIDTH + DIRECTORY_FIXED_LEN));
+        Ok(FinishedIndex { sink: self.sink, records: self.records, frames: self.frames, index_len: self.index_len })
+    }
+}
+
+/// Appends the version-4 meta of `parts` and `index`.
+pub(super) fn assemble<E: Entry, S: std::io::Read + std::io::Seek>(
+    parts: &MetaParts<'_, E>,
+    mut index: FinishedIndex<S>,
+    out: &mut Vec<u8>,
+) -> std::io::Result<()> {
     let start = out.len();
-    let shape = meta.filter.shape();
-    let models = meta.models.as_ref().map(|models| {
+    let shape = parts.filter.shape();
+    let models = parts.models.map(|models| {
         zstd::bulk::compress(&models.encode(), super::DEFAULT_ZSTD_LEVEL).expect("zstd compresses in memory")
     });
-    let chunks: Vec<Vec<u8>> =
-        meta.frames.chunks(CHUNK_FRAMES).map(|frames| with_checksum(encode_frame_index(frames))).collect();
-    let mut filter_body = Vec::with_capacity(meta.filter.encoded_len());
-    meta.filter.encode(&mut filter_body);
-    let pages: Vec<Vec<u8>> = filter_body[crate::lsm::filter::HEADER_LEN..]
-        .chunks(PAGE_BLOCKS * BLOCK_BYTES)
-        .map(|page| with_checksum(page.to_vec()))
-        .collect();
-    let mut directory = Vec::new();
-    if let Some(last) = &meta.last {
+    let mut filter_body = Vec::with_capacity(parts.filter.encoded_len());
+    parts.filter.encode(&mut filter_body);
+    let blocks = &filter_body[crate::lsm::filter::HEADER_LEN..];
+    let pages = blocks.len().div_ceil(PAGE_BLOCKS * BLOCK_BYTES);
+    let mut directory = Vec::with_capacity(E::WIDTH + index.records.len());
+    if let Some(last) = &parts.last {
         encode_entry(last, &mut directory);
     }
-    for (frames, chunk) in meta.frames.chunks(CHUNK_FRAMES).zip(&chunks) {
-        encode_entry(&frames[0].first, &mut directory);
-        directory.push(if frames[0].continues { CONTINUES_FLAG } else { 0 });
-        directory.extend_from_slice(&frames[0].offset.to_le_bytes());
-        directory.extend_from_slice(&(chunk.len() as u32).to_le_bytes());
-    }
+    directory.extend_from_slice(&index.records);
     out.extend_from_slice(&META_MAGIC);
     out.extend_from_slice(&META_PAGED_VERSION.to_le_bytes());
     out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
     out.extend_from_slice(&(E::KEY_WIDTH as u16).to_le_bytes());
     out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(&(meta.frames.len() as u32).to_le_bytes());
-    out.extend_from_slice(&meta.entries.to_le_bytes());
-    out.extend_from_slice(&meta.data_len.to_le_bytes());
+    out.extend_from_slice(&(index.frames as u32).to_le_bytes());
+    out.extend_from_slice(&parts.entries.to_le_bytes());
+    out.extend_from_slice(&parts.data_len.to_le_bytes());
     out.push(shape.k as u8);
     out.push(0);
     out.extend_from_slice(&(PAGE_BLOCKS as u16).to_le_bytes());
@@ -242,8 +330,8 @@ pub(super) fn encode<E: Entry>(meta: &TableMeta<E>, out: &mut Vec<u8>) {
     out.extend_from_slice(&[0, 0]);
     out.extend_from_slice(&(directory.len() as u32).to_le_bytes());
     out.extend_from_slice(&(models.as_ref().map_or(0, Vec::len) as u32).to_le_bytes());
-    out.extend_from_slice(&(pages.iter().map(Vec::len).sum::<usize>() as u64).to_le_bytes());
-    out.extend_from_slice(&(chunks.iter().map(Vec::len).sum::<usize>() as u64).to_le_bytes());
+    out.extend_from_slice(&((blocks.len() + pages * CHECKSUM_LEN) as u64).to_le_bytes());
+    out.extend_from_slice(&index.index_len.to_le_bytes());
     assert_eq!(out.len() - start, HEADER_LEN);
     out.extend_from_slice(&directory);
     if let Some(models) = &models {
@@ -251,9 +339,19 @@ pub(super) fn encode<E: Entry>(meta: &TableMeta<E>, out: &mut Vec<u8>) {
     }
     let resident_checksum = xxh3_64(&out[start..]);
     out.extend_from_slice(&resident_checksum.to_le_bytes());
-    pages.iter().chain(&chunks).for_each(|part| out.extend_from_slice(part));
+    for page in blocks.chunks(PAGE_BLOCKS * BLOCK_BYTES) {
+        out.extend_from_slice(page);
+        out.extend_from_slice(&xxh3_64(page).to_le_bytes());
+    }
+    let index_start = out.len();
+    index.sink.seek(std::io::SeekFrom::Start(0))?;
+    std::io::Read::read_to_end(&mut std::io::Read::take(index.sink, index.index_len), out)?;
+    if (out.len() - index_start) as u64 != index.index_len {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the frame index spill ended early"));
+    }
     let checksum = xxh3_64(&out[start..]);
     out.extend_from_slice(&checksum.to_le_bytes());
+    Ok(())
 }
 
 fn with_checksum(mut bytes: Vec<u8>) -> Vec<u8> {

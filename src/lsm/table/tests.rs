@@ -1,7 +1,7 @@
 //! Tests of the table format as a whole: round trips against plain models, the golden files of
 //! every encoding and meta version, and hostile bytes.
 
-use super::builder::{Spill, TableBuilder, learn_models};
+use super::builder::{KEY_HASHES_IN_MEMORY, Spills, TableBuilder, learn_models};
 use super::columns::{key_runs_transpose, split_key_runs};
 use super::frame::{
     ENCODING_SPREAD_KEY_RUNS_MODELLED, FrameEncoder, FrameHeader, decode_frame, decode_frames, verify_data_file,
@@ -818,8 +818,8 @@ fn a_table_larger_than_its_spill_streams_after_learning_from_its_first_frames() 
         TableOptions { model_min_entries: 0, spill_bytes: 10 * DEFAULT_FRAME_BYTES, ..TableOptions::default() };
     let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
-    let key_spill = Box::new(io::Cursor::new(Vec::new()));
-    let mut builder = TableBuilder::with_spills(Vec::new(), (Box::new(spill), key_spill), &options).unwrap();
+    let spills = Spills { frames: Box::new(spill), ..Spills::in_memory() };
+    let mut builder = TableBuilder::with_spills(Vec::new(), spills, &options).unwrap();
     entries.iter().for_each(|entry| builder.push(entry).unwrap());
     let (data, meta_bytes, _) = builder.finish().unwrap();
     let most = most.load(std::sync::atomic::Ordering::Relaxed);
@@ -839,19 +839,48 @@ fn a_builder_spills_the_key_hashes_it_cannot_hold_and_the_filter_has_them_all() 
     let entries = realistic_backlinks(600_000, 5_000_000, 200_000, 3);
     let keys: Vec<RecordId> =
         entries.iter().map(|e| e.key()).collect::<std::collections::BTreeSet<_>>().into_iter().collect();
-    assert!(keys.len() > (1 << 16) + 1000, "{} distinct keys", keys.len());
+    assert!(keys.len() > 10 * KEY_HASHES_IN_MEMORY + 1000, "{} distinct keys", keys.len());
     let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let key_spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
-    let spills: (Box<dyn Spill>, Box<dyn Spill>) = (Box::new(io::Cursor::new(Vec::new())), Box::new(key_spill));
+    let spills = Spills { keys: Box::new(key_spill), ..Spills::in_memory() };
     let options = TableOptions::default();
     let mut builder = TableBuilder::with_spills(Vec::new(), spills, &options).unwrap();
     entries.iter().for_each(|entry| builder.push(entry).unwrap());
     let (_, meta_bytes, _) = builder.finish().unwrap();
     let spilled = most.load(std::sync::atomic::Ordering::Relaxed);
-    assert_eq!(spilled, (keys.len() - 1) / (1 << 16) * (1 << 16) * 16, "all but the last batch spilled");
+    let batches = (keys.len() - 1) / KEY_HASHES_IN_MEMORY;
+    assert_eq!(spilled, batches * KEY_HASHES_IN_MEMORY * 16, "all but the last batch spilled");
     let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
     assert!(keys.iter().all(|key| meta.may_contain(KeyHash::of_record(key))), "a spilled key is missing");
     assert_eq!(meta_bytes, build(&entries, &options).1, "the same meta as a builder in memory");
+}
+
+/// A builder writes each finished chunk of its frame index to its index spill as it goes (it
+/// holds one open chunk, not a record per frame), and its meta is the one the whole encoder
+/// writes for the same table.
+#[test]
+fn a_builder_spills_its_frame_index_chunk_by_chunk_and_writes_the_whole_encoders_meta() {
+    let entries = realistic_backlinks(200_000, 3_000, 200_000, 9);
+    let options = TableOptions { spill_bytes: 4 * DEFAULT_FRAME_BYTES, ..TableOptions::default() };
+    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let index_spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
+    let spills = Spills { index: Box::new(index_spill), ..Spills::in_memory() };
+    let mut builder = TableBuilder::with_spills(Vec::new(), spills, &options).unwrap();
+    entries.iter().for_each(|entry| builder.push(entry).unwrap());
+    let spilled_before_finish = most.load(std::sync::atomic::Ordering::Relaxed);
+    let (_, meta_bytes, summary) = builder.finish().unwrap();
+    let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert_eq!(summary.frames as usize, meta.frames.len());
+    let full_chunks = meta.frames.len() / CHUNK_FRAMES;
+    assert!(full_chunks >= 10, "{} frames", meta.frames.len());
+    let chunk_bytes: usize = meta.frames[..full_chunks * CHUNK_FRAMES]
+        .chunks(CHUNK_FRAMES)
+        .map(|chunk| encode_frame_index(chunk).len() + CHECKSUM_LEN)
+        .sum();
+    assert_eq!(spilled_before_finish, chunk_bytes, "every full chunk, and only those, spilled while pushing");
+    let mut whole = Vec::new();
+    meta.encode(&mut whole);
+    assert_eq!(meta_bytes, whole, "the builder's meta is the whole encoder's");
 }
 
 /// Models learnt up front from entries in memory (a flush) are the ones a builder learns from
