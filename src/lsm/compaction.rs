@@ -12,18 +12,25 @@
 //!   strictly increasing.
 //! - Work is streamed: one batch of frames per input plus one frame per output shard in memory,
 //!   and the merge holds no lock of the tree; the result replaces its inputs in one step.
+//! - A merge learns one set of column models for all its output tables (`ModelSampler`) from
+//!   its first `TableOptions::spill_bytes` of kept entries, which wait raw in one spill file
+//!   meanwhile: a merge into many shards holds one set of counts and models, not one a shard, and
+//!   spills those bytes once, not once a shard.
 //! - Runs are merged oldest first within a tier, and every input's size is bounded by its tier,
 //!   so one compaction's work is bounded by `fan_in` times its tier's size.
 
+use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
 use crate::lsm::run::{MAX_SHARDS, Run, shard_of};
 use crate::lsm::scan::TableScan;
-use crate::lsm::table::TableSummary;
+use crate::lsm::table::{ModelSampler, TableSummary};
 use crate::lsm::tree::{TableWriter, Tree};
 use crate::store::object::Store;
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -163,8 +170,7 @@ pub fn merge<E: Entry>(
     let shard_count = ids.len() as u32;
     assert!((1..=MAX_SHARDS).contains(&shard_count), "bad shard count {shard_count}");
     let io = |source| ReadError::Io { object: format!("compaction output in {}", tree.dir().display()), source };
-    let mut outs: Vec<TableWriter<E>> =
-        ids.iter().map(|id| tree.table_writer(id)).collect::<Result<_, _>>().map_err(io)?;
+    let mut outs = Outputs::Learning(Learning::new(tree, ids).map_err(io)?);
     let mut scans: Vec<TableScan<E>> = inputs
         .iter()
         .flat_map(|r| r.tables.iter())
@@ -186,7 +192,7 @@ pub fn merge<E: Entry>(
         }
         match pending {
             Some(previous) if previous.same_identity(&entry) => output.duplicates_dropped += 1,
-            Some(previous) => emit(&mut outs, previous, keep, &mut output).map_err(io)?,
+            Some(previous) => emit(&mut outs, tree, ids, previous, keep, &mut output).map_err(io)?,
             None => {}
         }
         pending = Some(entry);
@@ -195,16 +201,83 @@ pub fn merge<E: Entry>(
         }
     }
     if let Some(last) = pending {
-        emit(&mut outs, last, keep, &mut output).map_err(io)?;
+        emit(&mut outs, tree, ids, last, keep, &mut output).map_err(io)?;
     }
-    for (shard, out) in outs.into_iter().enumerate() {
+    for (shard, out) in outs.writers(tree, ids).map_err(io)?.into_iter().enumerate() {
         output.tables.push((shard as u32, out.finish().map_err(io)?));
     }
     Ok(output)
 }
 
+/// Where a merge's kept entries go: into its spill while it learns its models, then into its
+/// output tables.
+enum Outputs<E: Entry> {
+    Learning(Learning<E>),
+    Writing(Vec<TableWriter<E>>),
+}
+
+/// A merge learning its models: the kept entries so far, raw, in order, in an unlinked file.
+struct Learning<E: Entry> {
+    spill: BufWriter<File>,
+    /// One entry's bytes.
+    raw: Vec<u8>,
+    spilled_bytes: usize,
+    spill_bytes: usize,
+    sampler: ModelSampler<E>,
+}
+
+impl<E: Entry> Learning<E> {
+    fn new(tree: &Tree<E>, ids: &[String]) -> std::io::Result<Self> {
+        let spill = BufWriter::with_capacity(256 << 10, tree.anonymous_spill(&ids[0])?);
+        let (sampler, spill_bytes) =
+            (ModelSampler::new(ids.len(), tree.table_options()), tree.table_options().spill_bytes);
+        Ok(Learning { spill, raw: vec![0; E::WIDTH], spilled_bytes: 0, spill_bytes, sampler })
+    }
+
+    fn push(&mut self, shard: usize, entry: &E) -> std::io::Result<()> {
+        entry.encode(&mut self.raw);
+        self.spill.write_all(&self.raw)?;
+        self.spilled_bytes += E::WIDTH;
+        self.sampler.add(shard, entry);
+        Ok(())
+    }
+
+    fn full(&self) -> bool {
+        self.spilled_bytes >= self.spill_bytes
+    }
+
+    /// Decides the models, opens the output tables under them and writes the spilled entries.
+    fn into_writers(self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<Vec<TableWriter<E>>> {
+        let models: Option<Arc<ColumnModels>> = self.sampler.finish();
+        let mut outs: Vec<TableWriter<E>> =
+            ids.iter().map(|id| tree.table_writer(id, models.clone())).collect::<Result<_, _>>()?;
+        let mut spill = self.spill.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+        spill.seek(SeekFrom::Start(0))?;
+        let mut spill = BufReader::with_capacity(1 << 20, spill);
+        let (mut raw, shards) = (self.raw, ids.len() as u32);
+        for _ in 0..self.spilled_bytes / E::WIDTH {
+            spill.read_exact(&mut raw)?;
+            let entry = E::decode(&raw);
+            outs[shard_of(&entry.key(), shards) as usize].push(&entry)?;
+        }
+        Ok(outs)
+    }
+}
+
+impl<E: Entry> Outputs<E> {
+    /// The output tables, once the models are decided (deciding them now if not yet).
+    fn writers(self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<Vec<TableWriter<E>>> {
+        match self {
+            Outputs::Learning(learning) => learning.into_writers(tree, ids),
+            Outputs::Writing(outs) => Ok(outs),
+        }
+    }
+}
+
 fn emit<E: Entry>(
-    outs: &mut [TableWriter<E>],
+    outs: &mut Outputs<E>,
+    tree: &Tree<E>,
+    ids: &[String],
     entry: E,
     keep: &mut dyn FnMut(E) -> Option<E>,
     output: &mut MergeOutput,
@@ -214,13 +287,103 @@ fn emit<E: Entry>(
         return Ok(());
     };
     assert!(kept.same_identity(&entry), "keep changed more than a stamp");
-    outs[shard_of(&kept.key(), outs.len() as u32) as usize].push(&kept)
+    let shard = shard_of(&kept.key(), ids.len() as u32) as usize;
+    match outs {
+        Outputs::Writing(writers) => writers[shard].push(&kept),
+        Outputs::Learning(learning) => {
+            learning.push(shard, &kept)?;
+            if learning.full() {
+                let Outputs::Learning(learning) = std::mem::replace(outs, Outputs::Writing(Vec::new())) else {
+                    unreachable!("learning")
+                };
+                *outs = Outputs::Writing(learning.into_writers(tree, ids)?);
+            }
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::ids::{Backlink, RecordId};
+
+    /// Runs of `entries` (each sorted and unique) as delta tables of `tree`.
+    fn runs_of(tree: &Tree<Backlink>, inputs: &[Vec<Backlink>]) -> Vec<Arc<Run<Backlink>>> {
+        use crate::lsm::record::{RunKind, TableRecord};
+        use crate::model::ids::TreeKind;
+        let open = |(i, entries): (usize, &Vec<Backlink>)| {
+            let id = format!("in{i}");
+            let summary = tree.write_sorted(&id, || entries.iter().copied()).unwrap();
+            let record = TableRecord::written(TreeKind::Links, id.clone(), (id, RunKind::Delta), (0, 1), &summary);
+            Arc::new(Run::from_tables(vec![Arc::new(tree.open_table(record).unwrap())]).unwrap())
+        };
+        inputs.iter().enumerate().map(open).collect()
+    }
+
+    /// A merge into several shards learns one set of models from its first `spill_bytes` of kept
+    /// entries (every shard's frames sampled, as `ModelSampler` does), writes every table under
+    /// it, and loses nothing it spilled: its tables hold exactly the inputs' freshest entries.
+    #[test]
+    fn a_merge_writes_every_shard_under_one_set_of_models_learnt_from_its_spill() {
+        use crate::lsm::table::{TableMeta, TableOptions};
+        use crate::lsm::tree::TreeCaches;
+        let link = |t: u64, s: u64, rev: u64| Backlink {
+            target: RecordId::repo(t),
+            source: RecordId { rkey: s, collection: 1 + s % 3, did: s % 97 },
+            location: 1 + t % 2,
+            source_rev: rev,
+        };
+        let inputs: Vec<Vec<Backlink>> = (0..3u64)
+            .map(|input| {
+                let mut entries: Vec<Backlink> =
+                    (0..4_000u64).map(|i| link(i % 300, i / 3 + input * 500, 10 + input)).collect();
+                entries.sort();
+                entries.dedup_by(|a, b| a.same_identity(b));
+                entries
+            })
+            .collect();
+        let mut expected: Vec<Backlink> = inputs.concat();
+        expected.sort_by(|a, b| a.cmp(b).reverse());
+        expected.dedup_by(|later, kept| later.same_identity(kept));
+        expected.reverse();
+        for spilled_entries in [500usize, 100_000] {
+            let dir = tempfile::tempdir().unwrap();
+            let table = TableOptions {
+                frame_bytes: 64 * 16,
+                model_min_entries: 100,
+                spill_bytes: spilled_entries * 64,
+                ..TableOptions::default()
+            };
+            let tree =
+                Tree::<Backlink>::new(dir.path().join("links"), table.clone(), TreeCaches::of_bytes(1 << 20, 1 << 20))
+                    .unwrap();
+            let runs = runs_of(&tree, &inputs);
+            let ids: Vec<String> = (0..4).map(|i| format!("out{i}")).collect();
+            let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let options = CompactionOptions::default();
+            let output = merge(&tree, &runs, &ids, &store, runtime.handle(), &options, &mut Some).unwrap();
+            let mut sampler = ModelSampler::<Backlink>::new(ids.len(), &table);
+            for entry in expected.iter().take(spilled_entries) {
+                sampler.add(shard_of(&entry.key(), ids.len() as u32) as usize, entry);
+            }
+            let learnt = sampler.finish().expect("more than model_min_entries").encode();
+            let mut written = Vec::new();
+            for ((shard, summary), id) in output.tables.iter().zip(&ids) {
+                let meta = TableMeta::<Backlink>::decode(&std::fs::read(tree.local_path(id, "meta")).unwrap()).unwrap();
+                assert_eq!(meta.models.as_ref().map(|m| m.encode()), Some(learnt.clone()), "shard {shard}");
+                let data = std::fs::read(tree.local_path(id, "data")).unwrap();
+                let mut entries = Vec::new();
+                crate::lsm::table::decode_frames(&meta, 0..meta.frames.len(), &data, &mut entries).unwrap();
+                assert_eq!(entries.len() as u64, summary.entries);
+                assert!(entries.iter().all(|e| shard_of(&e.key(), ids.len() as u32) == *shard));
+                written.extend(entries);
+            }
+            written.sort();
+            assert_eq!(written, expected, "spilling {spilled_entries} entries");
+        }
+    }
 
     #[test]
     fn tiers_grow_by_fan_in() {

@@ -13,6 +13,7 @@
 
 use crate::base::durable::{sync_dir, write_durably};
 use crate::lsm::cache::{Budget, FrameCache};
+use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
 use crate::lsm::handle::{ReadError, TableHandle, fetch_meta_start, fetch_whole_meta};
@@ -248,17 +249,29 @@ impl<E: Entry> Tree<E> {
         writer.finish()
     }
 
-    /// A writer of table `id` whose files become visible (durably) only at `finish`; it spills
-    /// its first frames while it learns its column models.
-    pub fn table_writer(&self, id: &str) -> std::io::Result<TableWriter<E>> {
+    /// A writer of table `id` under column models already decided (a merge's, shared by all its
+    /// tables), whose files become visible (durably) only at `finish`; it spills its key hashes
+    /// and finished frame-index chunks.
+    pub fn table_writer(&self, id: &str, models: Option<Arc<ColumnModels>>) -> std::io::Result<TableWriter<E>> {
         let (file, tmp_data) = self.tmp_data_file(id)?;
         let spills = Spills {
-            frames: Box::new(anonymous_spill(&tmp_data, "spill")?),
             keys: Box::new(anonymous_spill(&tmp_data, "keys")?),
             index: Box::new(anonymous_spill(&tmp_data, "index")?),
+            ..Spills::in_memory()
         };
-        let builder = TableBuilder::with_spills(file, spills, &self.options)?;
+        let builder = TableBuilder::with_spills(file, spills, &self.options)?.decided(models);
         Ok(self.writer_for(id, builder, tmp_data))
+    }
+
+    /// An empty file in this tree's directory, already unlinked (it disappears with its last
+    /// handle, crash or not), for a merge's spill of raw entries while it learns its models.
+    pub fn anonymous_spill(&self, name: &str) -> std::io::Result<File> {
+        anonymous_spill(&self.dir.join(name), "spill")
+    }
+
+    /// How this tree writes its tables.
+    pub fn table_options(&self) -> &TableOptions {
+        &self.options
     }
 
     /// The temporary data file of table `id`, and its path.
@@ -416,11 +429,10 @@ impl<E: Entry> TableWriter<E> {
     }
 }
 
-/// A table builder's spill file beside `tmp_data`, unlinked at once: it holds the raw frames
-/// until the builder finishes and disappears with the builder, crash or not. Unbuffered: the
-/// builder writes and reads whole frames.
-fn anonymous_spill(tmp_data: &Path, extension: &str) -> std::io::Result<File> {
-    let path = tmp_data.with_extension(extension);
+/// A spill file named after `beside` with `extension`, unlinked at once: it disappears with its
+/// last handle, crash or not. Unbuffered: its writers write and read large pieces.
+fn anonymous_spill(beside: &Path, extension: &str) -> std::io::Result<File> {
+    let path = beside.with_extension(extension);
     let file = File::options().read(true).write(true).create(true).truncate(true).open(&path)?;
     std::fs::remove_file(&path)?;
     Ok(file)

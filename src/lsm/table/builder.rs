@@ -1,25 +1,27 @@
 //! `TableBuilder`: streams sorted entries into a table's frames and meta.
 //!
 //! Invariants:
-//! - The builder learns the column models from every `MODEL_SAMPLE_STRIDE`th frame of at most its
-//!   first `spill_bytes` (spilled raw meanwhile), decides them once, then encodes every frame
-//!   exactly once, in order.
+//! - The builder's column models are decided before its first entry (`decided`: a flush's from
+//!   `learn_models`, a merge's from its `ModelSampler`), or else it learns them itself from every
+//!   `MODEL_SAMPLE_STRIDE`th frame of at most its first `spill_bytes` (spilled raw meanwhile)
+//!   and decides them once; either way it encodes every frame exactly once, in order.
 //! - After an I/O error the builder refuses further use.
 //! - Memory does not grow with the table: the raw frames of the model sample go to the frame
 //!   spill, the distinct keys' hashes (16 bytes each, what the filter is sized and built from at
 //!   `finish`) to the key spill past `KEY_HASHES_IN_MEMORY`, and each finished chunk of the frame
 //!   index to the index spill. What stays is one directory record per chunk of `CHUNK_FRAMES`
 //!   frames. A merge writes to as many builders at once as it has output shards, so what each
-//!   holds is small: the open frame, the column counts while learning, a zstd context, 64 KiB of
-//!   key hashes and one open chunk.
+//!   holds is small: the open frame, the encoder's buffers, 64 KiB of key hashes and one open
+//!   chunk; the zstd context is the thread's and the models the merge's.
 
-use super::frame::FrameEncoder;
+use super::frame::with_encoder;
 use super::paged::{IndexWriter, MetaParts, assemble};
 use super::{FrameInfo, MAX_FRAMES, TableOptions, TableSummary, layout_of};
 use crate::lsm::coder::{ColumnModels, ModelCounts};
 use crate::lsm::entry::Entry;
 use crate::lsm::filter::{FilterBuilder, KeyHash};
 use std::io::{self, Read, Seek, SeekFrom, Write};
+use std::sync::Arc;
 
 /// A table's column models are learnt from every `MODEL_SAMPLE_STRIDE`th frame (a sample that
 /// codes a table about as well as all of its frames: BENCHMARKS.md, "column models").
@@ -106,7 +108,7 @@ impl KeyHashes {
 /// or decided (frames are encoded as they fill, under the models if the table has any).
 enum Coding {
     Learning { spilled_frames: usize, spilled_bytes: usize, counts: ModelCounts },
-    Decided(Option<ColumnModels>),
+    Decided(Option<Arc<ColumnModels>>),
 }
 
 /// Writes a table. The first frames are spilled raw while every `MODEL_SAMPLE_STRIDE`th is
@@ -119,7 +121,7 @@ pub struct TableBuilder<E: Entry, W: Write> {
     spill: Box<dyn Spill>,
     spill_bytes: usize,
     coding: Coding,
-    encoder: FrameEncoder,
+    zstd_level: i32,
     entries_per_frame: usize,
     model_min_entries: u64,
     /// Encoded entries of the frame being filled.
@@ -146,12 +148,18 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         Self::with_spills(data_out, Spills::in_memory(), opts)
     }
 
-    /// A builder whose column models are already decided (`learn_models`): it encodes every
-    /// frame as it fills and never spills.
-    pub fn with_models(data_out: W, models: Option<ColumnModels>, opts: &TableOptions) -> io::Result<Self> {
-        let mut builder = Self::new(data_out, opts)?;
-        builder.coding = Coding::Decided(models);
-        Ok(builder)
+    /// A builder in memory whose column models are already decided (`learn_models`).
+    pub fn with_models(data_out: W, models: Option<Arc<ColumnModels>>, opts: &TableOptions) -> io::Result<Self> {
+        Ok(Self::new(data_out, opts)?.decided(models))
+    }
+
+    /// This builder, before its first entry, with its column models decided (`learn_models`, or
+    /// a merge's `ModelSampler`, whose models all its tables share): it encodes every frame as it
+    /// fills and never spills one.
+    pub fn decided(mut self, models: Option<Arc<ColumnModels>>) -> Self {
+        assert_eq!(self.entries, 0, "models are decided before the first entry");
+        self.coding = Coding::Decided(models);
+        self
     }
 
     /// A builder that spills to `spills`.
@@ -167,7 +175,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
                 spilled_bytes: 0,
                 counts: ModelCounts::new(layout_of::<E>()),
             },
-            encoder: FrameEncoder::new(opts.zstd_level)?,
+            zstd_level: opts.zstd_level,
             entries_per_frame,
             model_min_entries: opts.model_min_entries,
             pending: Vec::with_capacity(entries_per_frame * E::WIDTH),
@@ -231,7 +239,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             last: self.last,
             entries: self.entries,
             data_len: self.data_len,
-            models: models.as_ref(),
+            models: models.as_deref(),
         };
         let mut meta_bytes = Vec::new();
         assemble(&parts, index, &mut meta_bytes)?;
@@ -297,7 +305,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             }
             Coding::Learning { spilled_frames, spilled_bytes, counts } => {
                 if spilled_frames.is_multiple_of(MODEL_SAMPLE_STRIDE) {
-                    self.encoder.count::<E>(&self.pending, counts);
+                    count_frame::<E>(&self.pending, counts);
                 }
                 *spilled_frames += 1;
                 *spilled_bytes += self.pending.len();
@@ -316,7 +324,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     fn decide(&mut self) -> io::Result<()> {
         let Coding::Learning { counts, .. } = &self.coding else { return Ok(()) };
         let modelled = self.entries > 0 && self.entries >= self.model_min_entries;
-        self.coding = Coding::Decided(modelled.then(|| counts.finish()));
+        self.coding = Coding::Decided(modelled.then(|| Arc::new(counts.finish())));
         self.spill.seek(SeekFrom::Start(0))?;
         for start in std::mem::take(&mut self.starts) {
             self.pending.resize(start.entries * E::WIDTH, 0);
@@ -330,9 +338,13 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     /// Encodes `pending` as the frame `start` and appends it to the data.
     fn write_frame(&mut self, start: FrameStart<E>) -> io::Result<()> {
         let Coding::Decided(models) = &self.coding else { unreachable!("frames are written once decided") };
-        let frame = self.encoder.encode::<E>(&self.pending, models.as_ref())?;
-        self.data_out.write_all(frame)?;
-        let (len, entries) = (frame.len() as u32, start.entries as u32);
+        let (pending, data_out) = (&self.pending, &mut self.data_out);
+        let len = with_encoder(Some(self.zstd_level), |encoder| {
+            let frame = encoder.encode::<E>(pending, models.as_deref())?;
+            data_out.write_all(frame)?;
+            Ok(frame.len() as u32)
+        })?;
+        let entries = start.entries as u32;
         let info = FrameInfo { first: start.first, continues: start.continues, offset: self.data_len, len, entries };
         self.index.push(info)?;
         self.data_len += u64::from(len);
@@ -343,25 +355,77 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
 /// The column models a builder would learn from sorted, unique `entries` (every
 /// `MODEL_SAMPLE_STRIDE`th frame of them, all of them read), for `TableBuilder::with_models`;
 /// `None` when they are fewer than `model_min_entries` (or none).
-pub fn learn_models<E: Entry>(entries: impl Iterator<Item = E>, opts: &TableOptions) -> Option<ColumnModels> {
-    let per_frame = opts.entries_per_frame::<E>();
-    let mut sampler = FrameEncoder::sampler();
-    let mut counts = ModelCounts::new(layout_of::<E>());
-    let (mut raw, mut total) = (Vec::with_capacity(per_frame * E::WIDTH), 0u64);
-    for (i, entry) in entries.enumerate() {
-        total += 1;
-        if (i / per_frame).is_multiple_of(MODEL_SAMPLE_STRIDE) {
+pub fn learn_models<E: Entry>(entries: impl Iterator<Item = E>, opts: &TableOptions) -> Option<Arc<ColumnModels>> {
+    let mut sampler = ModelSampler::new(1, opts);
+    entries.for_each(|entry| sampler.add(0, &entry));
+    sampler.finish()
+}
+
+/// Learns one set of column models for the tables a stream of sorted, unique entries is split
+/// into (a merge's shards): it counts every `MODEL_SAMPLE_STRIDE`th frame each table's builder
+/// will make, as a builder learning alone would, into one set of counts. Memory: one frame's raw
+/// entries per table at most, and the counts.
+pub struct ModelSampler<E: Entry> {
+    per_frame: usize,
+    /// Per table: entries added, and the raw entries of its sampled frame being filled.
+    tables: Vec<(u64, Vec<u8>)>,
+    counts: ModelCounts,
+    entries: u64,
+    model_min_entries: u64,
+    _entries: std::marker::PhantomData<E>,
+}
+
+impl<E: Entry> ModelSampler<E> {
+    pub fn new(tables: usize, opts: &TableOptions) -> Self {
+        ModelSampler {
+            per_frame: opts.entries_per_frame::<E>(),
+            tables: vec![(0, Vec::new()); tables],
+            counts: ModelCounts::new(layout_of::<E>()),
+            entries: 0,
+            model_min_entries: opts.model_min_entries,
+            _entries: std::marker::PhantomData,
+        }
+    }
+
+    /// The next entry of table `table` (in that table's order).
+    pub fn add(&mut self, table: usize, entry: &E) {
+        let (added, raw) = &mut self.tables[table];
+        if (*added / self.per_frame as u64).is_multiple_of(MODEL_SAMPLE_STRIDE as u64) {
             let at = raw.len();
             raw.resize(at + E::WIDTH, 0);
             entry.encode(&mut raw[at..]);
+            if raw.len() == self.per_frame * E::WIDTH {
+                count_frame::<E>(raw, &mut self.counts);
+                raw.clear();
+            }
         }
-        if raw.len() == per_frame * E::WIDTH {
-            sampler.count::<E>(&raw, &mut counts);
-            raw.clear();
+        *added += 1;
+        self.entries += 1;
+    }
+
+    /// Entries added so far, over every table.
+    pub fn entries(&self) -> u64 {
+        self.entries
+    }
+
+    /// The models (counting each table's last, partly filled sampled frame), or `None` when the
+    /// entries added are fewer than `model_min_entries` (or none).
+    pub fn finish(mut self) -> Option<Arc<ColumnModels>> {
+        for (_, raw) in &self.tables {
+            if !raw.is_empty() {
+                count_frame::<E>(raw, &mut self.counts);
+            }
         }
+        let modelled = self.entries > 0 && self.entries >= self.model_min_entries;
+        modelled.then(|| Arc::new(self.counts.finish()))
     }
-    if !raw.is_empty() {
-        sampler.count::<E>(&raw, &mut counts);
-    }
-    (total > 0 && total >= opts.model_min_entries).then(|| counts.finish())
+}
+
+/// Counts one frame's raw entries into `counts`, with this thread's encoder.
+fn count_frame<E: Entry>(raw: &[u8], counts: &mut ModelCounts) {
+    let counted = with_encoder(None, |encoder| {
+        encoder.count::<E>(raw, counts);
+        Ok(())
+    });
+    counted.expect("an encoder at the default level is always made")
 }

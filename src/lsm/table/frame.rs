@@ -135,8 +135,10 @@ fn check_raw_len<E: Entry>(encoding: u8, entries: usize, raw_len: usize) -> Resu
     }
 }
 
-/// Reusable buffers for writing frames, at one zstd level.
+/// Reusable compressor and buffers for writing frames, at one zstd level. A thread keeps one
+/// (`with_encoder`) for every table it writes.
 pub(super) struct FrameEncoder {
+    compressor: zstd::bulk::Compressor<'static>,
     zstd_level: i32,
     spread: Vec<u8>,
     keys: Vec<u8>,
@@ -150,19 +152,8 @@ pub(super) struct FrameEncoder {
 
 impl FrameEncoder {
     pub(super) fn new(zstd_level: i32) -> io::Result<Self> {
-        if !zstd::compression_level_range().contains(&zstd_level) {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("no zstd level {zstd_level}")));
-        }
-        Ok(Self::at_level(zstd_level))
-    }
-
-    /// An encoder only for `count` (it never compresses).
-    pub(super) fn sampler() -> Self {
-        Self::at_level(zstd::DEFAULT_COMPRESSION_LEVEL)
-    }
-
-    fn at_level(zstd_level: i32) -> Self {
-        FrameEncoder {
+        Ok(FrameEncoder {
+            compressor: zstd::bulk::Compressor::new(zstd_level)?,
             zstd_level,
             spread: Vec::new(),
             keys: Vec::new(),
@@ -172,7 +163,7 @@ impl FrameEncoder {
             steps: Vec::new(),
             payload: Vec::new(),
             frame: Vec::new(),
-        }
+        })
     }
 
     /// Encodes sorted raw entries of `E` as one frame and returns its bytes: with `models`,
@@ -221,9 +212,7 @@ impl FrameEncoder {
         assert!(self.shuffled.len() <= entries * E::WIDTH);
         self.payload.clear();
         self.payload.reserve(zstd::zstd_safe::compress_bound(self.shuffled.len()));
-        with_compressor(self.zstd_level, |compressor| {
-            compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)
-        })?;
+        self.compressor.compress_to_buffer(self.shuffled.as_slice(), &mut self.payload)?;
         Ok(encoding)
     }
 
@@ -252,24 +241,24 @@ impl FrameEncoder {
 }
 
 thread_local! {
-    /// Each thread's zstd compressor and its level, shared by the encoders the thread runs: a
-    /// merge writes one table per output shard at once, and a context each (277 KiB at level 3)
-    /// was most of what a shard's builder held.
-    static COMPRESSOR: Cell<Option<(i32, zstd::bulk::Compressor<'static>)>> = const { Cell::new(None) };
+    /// Each thread's frame encoder: a merge writes one table per output shard at once, and a
+    /// zstd context (277 KiB at level 3) and scratch buffers each were most of what a shard's
+    /// builder held.
+    static ENCODER: Cell<Option<FrameEncoder>> = const { Cell::new(None) };
 }
 
-/// Runs `work` with this thread's compressor at `level` (a new one if it is in use, at another
-/// level or was never made).
-fn with_compressor<T>(
-    level: i32,
-    work: impl FnOnce(&mut zstd::bulk::Compressor<'static>) -> io::Result<T>,
+/// Runs `work` with this thread's frame encoder, at `zstd_level` (a new one if it is in use, at
+/// another level or was never made); `None` takes any level (`count` never compresses).
+pub(super) fn with_encoder<T>(
+    zstd_level: Option<i32>,
+    work: impl FnOnce(&mut FrameEncoder) -> io::Result<T>,
 ) -> io::Result<T> {
-    let mut compressor = match COMPRESSOR.take() {
-        Some((made_at, compressor)) if made_at == level => compressor,
-        _ => zstd::bulk::Compressor::new(level)?,
+    let mut encoder = match ENCODER.take() {
+        Some(encoder) if zstd_level.is_none_or(|level| level == encoder.zstd_level) => encoder,
+        _ => FrameEncoder::new(zstd_level.unwrap_or(zstd::DEFAULT_COMPRESSION_LEVEL))?,
     };
-    let result = work(&mut compressor);
-    COMPRESSOR.set(Some((level, compressor)));
+    let result = work(&mut encoder);
+    ENCODER.set(Some(encoder));
     result
 }
 

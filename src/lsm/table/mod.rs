@@ -25,9 +25,9 @@
 //! - Header integers are little-endian; entries keep their own big-endian encoding.
 //! - Decoding returns a `FormatError` for any inconsistency and never panics; on error the output
 //!   vector is left as it was, so a caller never sees entries from a bad frame.
-//! - A table has column models (meta version 3) exactly when it held at least
-//!   `max(1, model_min_entries)` entries when its builder decided them; only such a table has
-//!   encoding-4 frames.
+//! - A table has column models (meta version 3) exactly when the entries they were learnt from
+//!   (its own, or its merge's: `ModelSampler`) numbered at least `max(1, model_min_entries)`;
+//!   only such a table has encoding-4 frames.
 
 mod builder;
 mod columns;
@@ -39,7 +39,7 @@ mod partial;
 mod tests;
 
 pub use super::bytes::FormatError;
-pub use builder::{Spill, Spills, TableBuilder, learn_models};
+pub use builder::{ModelSampler, Spill, Spills, TableBuilder, learn_models};
 pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data_file};
 pub use meta::TableMeta;
 pub use paged::{
@@ -75,9 +75,8 @@ pub const MAX_FRAMES: usize = 1 << 24;
 /// Tables of at least this many entries get column models (payload encoding 4) by default; the
 /// models (up to ~30 KB in the meta, compressed) would cost smaller tables more than they save.
 pub const DEFAULT_MODEL_MIN_ENTRIES: u64 = 1 << 16;
-/// Raw bytes a builder spills before it decides its models: 4 M backlinks, 8 M revocations. On
-/// the 10 M-link benchmark half of this (models from the first 2 M backlinks of its 3.9 M-entry
-/// merged tables) left the tables 3.8 % larger than models from all of them.
+/// Raw bytes a merge (or a builder learning alone) spills before it decides its models: 4 M
+/// backlinks, 8 M revocations.
 pub const DEFAULT_SPILL_BYTES: usize = 256 << 20;
 pub const MIN_ZSTD_LEVEL: i32 = 1;
 pub const MAX_ZSTD_LEVEL: i32 = 19;
@@ -97,8 +96,9 @@ pub struct TableOptions {
     pub filter_fpr: f64,
     /// Tables with at least this many entries get column models and payload encoding 4.
     pub model_min_entries: u64,
-    /// Raw bytes of the first frames a builder keeps aside while it learns the column models
-    /// (local disk); the models of a larger table are learnt from its first `spill_bytes`.
+    /// Raw bytes of the first entries a merge (or a builder learning alone) keeps aside while it
+    /// learns the column models (local disk); the models of a larger merge are learnt from its
+    /// first `spill_bytes`.
     pub spill_bytes: usize,
 }
 
