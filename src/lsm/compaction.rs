@@ -42,7 +42,7 @@ pub struct CompactionOptions {
     pub min_run_bytes: u64,
     /// Target compressed bytes of one output shard table.
     pub shard_bytes: u64,
-    /// Frames fetched per ranged read of an input table.
+    /// Frames fetched per ranged read of an input table (held compressed; a scan decodes one at a time).
     pub frames_per_read: usize,
     /// Upper bound on input bytes read per second (pacing), or `None` for no limit.
     pub max_bytes_per_sec: Option<u64>,
@@ -59,7 +59,7 @@ impl Default for CompactionOptions {
             fan_in: 8,
             min_run_bytes: 1 << 20,
             shard_bytes: 64 << 20,
-            frames_per_read: 16,
+            frames_per_read: 32,
             max_bytes_per_sec: Some(64 << 20),
             max_thresholds: 1 << 20,
         }

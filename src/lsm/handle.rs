@@ -24,7 +24,7 @@ use crate::lsm::filter::KeyHash;
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{
     FormatError, FrameInfo, FrameSpan, MetaCache, PAGED_HEADER_LEN, PageSource, PageUse, PagedMeta, PartialFile,
-    TableMeta, declared_lengths, decode_span, is_paged, resident_len,
+    TableMeta, declared_lengths, decode_span, is_paged, resident_len, verify_span,
 };
 use crate::model::ids::RecordId;
 use crate::model::ids::TreeKind;
@@ -299,6 +299,62 @@ impl<E: Entry> TableHandle<E> {
             .map_err(|source| self.corrupt(Place::Bucket, source))
     }
 
+    /// Reads `frames` for a scan with one ranged read and checks them by their checksums (a local
+    /// copy that fails is reported and, when the bucket has the table, dropped for the bucket's
+    /// copy); `decode_scan_frame` then decodes them one at a time, so a scan holds its batch
+    /// compressed and one frame decoded.
+    pub async fn read_scan_batch(&self, store: &dyn Store, frames: Range<usize>) -> Result<ScanBatch<E>, ReadError> {
+        assert!(!frames.is_empty(), "a read of no frames");
+        let infos = self.span_infos(frames.clone(), PageUse::Scan)?.into_owned();
+        let (first_index, count) = (frames.start, frames.len());
+        let last = &infos[count - 1];
+        let (start, end) = (infos[0].offset, last.offset.saturating_add(u64::from(last.len)));
+        let span = FrameSpan { first_index, infos: &infos[..count], next: None, last: None, models: None };
+        let replaceable = self.uploaded.load(Ordering::Acquire);
+        let failure = match self.read_range(store, start, end - start).await {
+            Ok((bytes, place)) => match verify_span(&span, &bytes) {
+                Ok(()) => {
+                    return Ok(ScanBatch { first_index, infos: infos.clone(), count, start, bytes, place, decoded: 0 });
+                }
+                Err(source) if place == Place::Local && replaceable => source.to_string(),
+                Err(source) => return Err(self.corrupt(place, source)),
+            },
+            Err(ReadError::Io { source, .. }) if replaceable => source.to_string(),
+            Err(e) => return Err(e),
+        };
+        report_corruption(ObjectKind::Data, Place::Local, &self.local_data_name(), &failure);
+        self.drop_local_copy();
+        BUCKET_READS.fetch_add(1, Ordering::Relaxed);
+        let bytes = store.get_range(&self.data_key(), start, end - start).await?;
+        verify_span(&span, &bytes).map_err(|source| self.corrupt(Place::Bucket, source))?;
+        Ok(ScanBatch { first_index, infos: infos.clone(), count, start, bytes, place: Place::Bucket, decoded: 0 })
+    }
+
+    /// Decodes the next frame of `batch` onto `out` and checks it against the index; `false`
+    /// when the batch has no frame left.
+    pub fn decode_scan_frame(&self, batch: &mut ScanBatch<E>, out: &mut Vec<E>) -> Result<bool, ReadError> {
+        if batch.decoded == batch.count {
+            return Ok(false);
+        }
+        let at = batch.decoded;
+        let info = &batch.infos[at];
+        let from = (info.offset - batch.start) as usize;
+        let bytes = &batch.bytes[from..from + info.len as usize];
+        self.with_last_and_models(PageUse::Scan, |last, models| {
+            let span = FrameSpan {
+                first_index: batch.first_index + at,
+                infos: &batch.infos[at..at + 1],
+                next: batch.infos.get(at + 1),
+                last,
+                models,
+            };
+            decode_span(&span, bytes, out)
+        })
+        .map_err(|source| self.corrupt(batch.place, source))?;
+        batch.decoded += 1;
+        Ok(true)
+    }
+
     /// The index records of `frames` and of the frame after them (if any), read once for both the
     /// byte range a read fetches and the decode (a paged meta's chunks are not cached for a scan).
     fn span_infos(&self, frames: Range<usize>, with: PageUse) -> Result<Cow<'_, [FrameInfo<E>]>, ReadError> {
@@ -360,14 +416,34 @@ impl<E: Entry> TableHandle<E> {
     ) -> Result<Decoded<E>, FormatError> {
         let (infos, next) = span.split_at(frames.len());
         let next = next.first();
-        let paged_models;
-        let (last, models) = match &self.meta {
-            MetaView::Resident(meta) => (meta.last, meta.models.as_ref()),
-            MetaView::Paged(meta) => {
-                paged_models = meta.models(with)?;
-                (meta.last, paged_models.as_deref())
-            }
-        };
+        self.with_last_and_models(with, |last, models| {
+            self.decode_infos(frames, (infos, next), (start, bytes), (last, models), with, keys)
+        })
+    }
+
+    /// Runs `work` with the table's last entry and its column models (a paged meta's from the
+    /// cache or read now, as `with` says).
+    fn with_last_and_models<T>(
+        &self,
+        with: PageUse,
+        work: impl FnOnce(Option<E>, Option<&ColumnModels>) -> Result<T, FormatError>,
+    ) -> Result<T, FormatError> {
+        match &self.meta {
+            MetaView::Resident(meta) => work(meta.last, meta.models.as_ref()),
+            MetaView::Paged(meta) => work(meta.last, meta.models(with)?.as_deref()),
+        }
+    }
+
+    /// `decode_range` once the last entry and the models are known.
+    fn decode_infos(
+        &self,
+        frames: Range<usize>,
+        (infos, next): (&[FrameInfo<E>], Option<&FrameInfo<E>>),
+        (start, bytes): (u64, &[u8]),
+        (last, models): (Option<E>, Option<&ColumnModels>),
+        with: PageUse,
+        keys: Option<(RecordId, RecordId)>,
+    ) -> Result<Decoded<E>, FormatError> {
         let span = |at: Range<usize>| FrameSpan {
             first_index: frames.start + at.start,
             infos: &infos[at.clone()],
@@ -650,6 +726,18 @@ fn meta_error(object: &str, source: FormatError) -> ReadError {
     }
 }
 
+/// A scan's batch of frames: read and checked by their checksums, decoded one at a time.
+pub struct ScanBatch<E> {
+    first_index: usize,
+    /// The batch's index records and the next frame's, if any.
+    infos: Vec<FrameInfo<E>>,
+    count: usize,
+    start: u64,
+    bytes: Bytes,
+    place: Place,
+    decoded: usize,
+}
+
 /// `tables/<tree>/<id>.<ext>`: the object key of a table file.
 pub fn table_key(tree: TreeKind, id: &str, ext: &str) -> String {
     format!("tables/{tree}/{id}.{ext}")
@@ -744,5 +832,47 @@ mod tests {
         assert_eq!(table.frame_cache.hits_and_misses(), (2, 1));
         assert_eq!(read(5)[0].len(), 8, "another key of the frame: kept whole");
         assert!(table.frame_cache.get(table.serial, 0).unwrap().is_whole());
+    }
+
+    /// A scan holds its batch compressed and decodes it a frame at a time; a local copy that
+    /// fails its checksums is read from the bucket when the bucket has the table, and is a named
+    /// error when it is the only copy.
+    #[test]
+    fn a_scan_decodes_its_batches_frame_by_frame_and_reads_past_a_corrupt_local_copy() {
+        use crate::lsm::scan::TableScan;
+        let all = entries(&[300, 1, 40, 900, 2, 2, 2, 500]);
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        for uploaded in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let table = Arc::new(open_table(dir.path(), &all, 1 << 20));
+            assert!(table.frame_count() > 20, "{} frames", table.frame_count());
+            let store = DirStore::new(dir.path().join("bucket"));
+            let data = std::fs::read(dir.path().join("t.data")).unwrap();
+            runtime.block_on(store.put(&table.data_key(), data.clone().into())).unwrap();
+            if uploaded {
+                table.mark_uploaded();
+            }
+            let mut flipped = data;
+            let at = flipped.len() / 2;
+            flipped[at] ^= 0x40;
+            std::fs::write(dir.path().join("t.data"), flipped).unwrap();
+            let mut scan = TableScan::new(table.clone(), 4);
+            let mut read = Vec::new();
+            let outcome = loop {
+                match scan.next(&store, runtime.handle()) {
+                    Ok(Some(entry)) => read.push(entry),
+                    Ok(None) => break Ok(()),
+                    Err(e) => break Err(e),
+                }
+            };
+            if uploaded {
+                outcome.unwrap();
+                assert_eq!(read, all, "every entry, the damaged ones from the bucket");
+            } else {
+                let error = outcome.unwrap_err().to_string();
+                assert!(error.contains("local copy"), "{error}");
+                assert!(read.len() < all.len() && all.starts_with(&read), "only entries before the damage");
+            }
+        }
     }
 }

@@ -461,6 +461,22 @@ fn decode_span_checked<E: Entry>(span: &FrameSpan<'_, E>, bytes: &[u8], out: &mu
     })
 }
 
+/// Checks the frames of `span` in `bytes` (their contiguous range) by their headers and
+/// checksums, without decompressing them: what a scan checks before it decodes them one at a time.
+pub fn verify_span<E: Entry>(span: &FrameSpan<'_, E>, bytes: &[u8]) -> Result<(), FormatError> {
+    let start = span.infos.first().map_or(0, |info| info.offset);
+    let expected: u64 = span.infos.iter().map(|info| u64::from(info.len)).sum();
+    if bytes.len() as u64 != expected {
+        return Err(FormatError::Length { what: "frame range", expected, found: bytes.len() as u64 });
+    }
+    for info in span.infos {
+        let frame = frame_bytes(bytes, start, info)?;
+        FrameHeader::parse::<E>(frame)?;
+        verify_checksum("frame", frame)?;
+    }
+    Ok(())
+}
+
 /// Checks a whole data file of `file_len` bytes against its meta without decompressing it: the
 /// exact length, then every frame's header and checksum, read from `reader` one frame at a time
 /// (a buffer of at most `MAX_FRAME_BYTES`), so that a large table is never held whole. An upload

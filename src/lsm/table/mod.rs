@@ -40,7 +40,7 @@ mod tests;
 
 pub use super::bytes::FormatError;
 pub use builder::{ModelSampler, Spill, Spills, TableBuilder, learn_models};
-pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data_file};
+pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data_file, verify_span};
 pub use meta::TableMeta;
 pub use paged::{
     CHUNK_FRAMES, HEADER_LEN as PAGED_HEADER_LEN, META_PAGED_VERSION, MetaCache, MetaPage, MetaPiece, PAGE_BLOCKS,
