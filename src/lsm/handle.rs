@@ -280,10 +280,24 @@ impl<E: Entry> TableHandle<E> {
         let infos = self.span_infos(frames.clone(), with)?;
         let last = &infos[frames.len() - 1];
         let (start, end) = (infos[0].offset, last.offset.saturating_add(u64::from(last.len)));
+        let decode = |bytes: &Bytes, _| self.decode_range(frames.clone(), &infos, (start, bytes), with, keys);
+        self.read_checked(store, (start, end - start), decode).await
+    }
+
+    /// Reads `len` bytes at `start` of the data file and gives them to `check` (a decode, or a
+    /// pass over the checksums): from the local copy, or, when that copy cannot be read or
+    /// `check` rejects it and the bucket has the table, from the bucket, the local copy reported
+    /// and dropped.
+    async fn read_checked<T>(
+        &self,
+        store: &dyn Store,
+        (start, len): (u64, u64),
+        check: impl Fn(&Bytes, Place) -> Result<T, FormatError>,
+    ) -> Result<T, ReadError> {
         let replaceable = self.uploaded.load(Ordering::Acquire);
-        let failure = match self.read_range(store, start, end - start).await {
-            Ok((bytes, place)) => match self.decode_range(frames.clone(), &infos, (start, &bytes), with, keys) {
-                Ok(entries) => return Ok(entries),
+        let failure = match self.read_range(store, start, len).await {
+            Ok((bytes, place)) => match check(&bytes, place) {
+                Ok(checked) => return Ok(checked),
                 Err(source) if place == Place::Local && replaceable => source.to_string(),
                 Err(source) => return Err(self.corrupt(place, source)),
             },
@@ -294,9 +308,8 @@ impl<E: Entry> TableHandle<E> {
         report_corruption(ObjectKind::Data, Place::Local, &self.local_data_name(), &failure);
         self.drop_local_copy();
         BUCKET_READS.fetch_add(1, Ordering::Relaxed);
-        let bytes = store.get_range(&self.data_key(), start, end - start).await?;
-        self.decode_range(frames, &infos, (start, &bytes), with, keys)
-            .map_err(|source| self.corrupt(Place::Bucket, source))
+        let bytes = store.get_range(&self.data_key(), start, len).await?;
+        check(&bytes, Place::Bucket).map_err(|source| self.corrupt(Place::Bucket, source))
     }
 
     /// Reads `frames` for a scan with one ranged read and checks them by their checksums (a local
@@ -310,24 +323,9 @@ impl<E: Entry> TableHandle<E> {
         let last = &infos[count - 1];
         let (start, end) = (infos[0].offset, last.offset.saturating_add(u64::from(last.len)));
         let span = FrameSpan { first_index, infos: &infos[..count], next: None, last: None, models: None };
-        let replaceable = self.uploaded.load(Ordering::Acquire);
-        let failure = match self.read_range(store, start, end - start).await {
-            Ok((bytes, place)) => match verify_span(&span, &bytes) {
-                Ok(()) => {
-                    return Ok(ScanBatch { first_index, infos: infos.clone(), count, start, bytes, place, decoded: 0 });
-                }
-                Err(source) if place == Place::Local && replaceable => source.to_string(),
-                Err(source) => return Err(self.corrupt(place, source)),
-            },
-            Err(ReadError::Io { source, .. }) if replaceable => source.to_string(),
-            Err(e) => return Err(e),
-        };
-        report_corruption(ObjectKind::Data, Place::Local, &self.local_data_name(), &failure);
-        self.drop_local_copy();
-        BUCKET_READS.fetch_add(1, Ordering::Relaxed);
-        let bytes = store.get_range(&self.data_key(), start, end - start).await?;
-        verify_span(&span, &bytes).map_err(|source| self.corrupt(Place::Bucket, source))?;
-        Ok(ScanBatch { first_index, infos: infos.clone(), count, start, bytes, place: Place::Bucket, decoded: 0 })
+        let verify = |bytes: &Bytes, place| verify_span(&span, bytes).map(|()| (bytes.clone(), place));
+        let (bytes, place) = self.read_checked(store, (start, end - start), verify).await?;
+        Ok(ScanBatch { first_index, infos, count, start, bytes, place, decoded: 0 })
     }
 
     /// Decodes the next frame of `batch` onto `out` and checks it against the index; `false`
