@@ -293,10 +293,8 @@ fn emit<E: Entry>(
         Outputs::Learning(learning) => {
             learning.push(shard, &kept)?;
             if learning.full() {
-                let Outputs::Learning(learning) = std::mem::replace(outs, Outputs::Writing(Vec::new())) else {
-                    unreachable!("learning")
-                };
-                *outs = Outputs::Writing(learning.into_writers(tree, ids)?);
+                let learnt = std::mem::replace(outs, Outputs::Writing(Vec::new()));
+                *outs = Outputs::Writing(learnt.writers(tree, ids)?);
             }
             Ok(())
         }

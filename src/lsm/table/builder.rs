@@ -403,11 +403,6 @@ impl<E: Entry> ModelSampler<E> {
         self.entries += 1;
     }
 
-    /// Entries added so far, over every table.
-    pub fn entries(&self) -> u64 {
-        self.entries
-    }
-
     /// The models (counting each table's last, partly filled sampled frame), or `None` when the
     /// entries added are fewer than `model_min_entries` (or none).
     pub fn finish(mut self) -> Option<Arc<ColumnModels>> {
