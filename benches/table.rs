@@ -8,7 +8,7 @@
 
 use backlinks::lsm::coder::ColumnModels;
 use backlinks::lsm::filter::KeyHash;
-use backlinks::lsm::table::{TableBuilder, TableMeta, TableOptions, decode_frames};
+use backlinks::lsm::table::{TableMeta, TableOptions, decode_frames, write_table};
 use backlinks::model::ids::{Backlink, OUTLINED_BIT, RecordId};
 use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 use std::hint::black_box;
@@ -74,9 +74,7 @@ fn realistic_backlinks(seed: u64) -> (Vec<Backlink>, Vec<RecordId>) {
 
 /// Builds the table with a filter sized for the number of distinct targets.
 fn build(links: &[Backlink], options: &TableOptions) -> (Vec<u8>, Vec<u8>) {
-    let mut builder = TableBuilder::new(Vec::new(), options).expect("options");
-    links.iter().for_each(|link| builder.push(link).expect("sorted input"));
-    let (data, meta, _) = builder.finish().expect("in-memory table");
+    let (data, meta, _) = write_table(Vec::new(), links, options).expect("sorted input, in memory");
     (data, meta)
 }
 

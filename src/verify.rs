@@ -321,19 +321,20 @@ async fn object_size(store: &dyn Store, key: &str) -> Result<u64, Status> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lsm::table::{TableBuilder, TableOptions};
+    use crate::lsm::table::{TableOptions, write_table};
     use crate::model::ids::RecordId;
     use bytes::Bytes;
 
     fn table(entries: u64) -> (Vec<u8>, Vec<u8>) {
         let options = TableOptions { frame_bytes: 256, ..TableOptions::default() };
-        let mut builder = TableBuilder::<Backlink, Vec<u8>>::new(Vec::new(), &options).unwrap();
-        for i in 0..entries {
-            let target = RecordId { rkey: i / 3, collection: 1, did: 1 << 63 | 1 };
-            let source = RecordId { rkey: i, collection: 2, did: 1 << 63 | 2 };
-            builder.push(&Backlink { target, source, location: 1, source_rev: 1 }).unwrap();
-        }
-        let (data, meta, _) = builder.finish().unwrap();
+        let links: Vec<Backlink> = (0..entries)
+            .map(|i| {
+                let target = RecordId { rkey: i / 3, collection: 1, did: 1 << 63 | 1 };
+                let source = RecordId { rkey: i, collection: 2, did: 1 << 63 | 2 };
+                Backlink { target, source, location: 1, source_rev: 1 }
+            })
+            .collect();
+        let (data, meta, _) = write_table(Vec::new(), &links, &options).unwrap();
         (data, meta)
     }
 

@@ -746,7 +746,7 @@ mod tests {
     use super::*;
     use crate::lsm::entry::within;
     use crate::lsm::record::RunKind;
-    use crate::lsm::table::{TableBuilder, TableOptions};
+    use crate::lsm::table::{TableOptions, write_table};
     use crate::model::ids::Backlink;
     use crate::store::dir::DirStore;
     use proptest::prelude::*;
@@ -755,9 +755,7 @@ mod tests {
     fn open_table(dir: &Path, entries: &[Backlink], cache_bytes: usize) -> TableHandle<Backlink> {
         let options = TableOptions { frame_bytes: 64 * 8, ..TableOptions::default() };
         let data_path = dir.join("t.data");
-        let mut builder = TableBuilder::new(File::create(&data_path).unwrap(), &options).unwrap();
-        entries.iter().for_each(|entry| builder.push(entry).unwrap());
-        let (_, meta, summary) = builder.finish().unwrap();
+        let (_, meta, summary) = write_table(File::create(&data_path).unwrap(), entries, &options).unwrap();
         std::fs::write(dir.join("t.meta"), meta).unwrap();
         let run = ("r".to_string(), RunKind::Delta);
         let record = TableRecord::written(TreeKind::Links, "t".into(), run, (0, 1), &summary);

@@ -239,27 +239,23 @@ impl<E: Entry> Tree<E> {
         id: &str,
         entries: impl Fn() -> I,
     ) -> std::io::Result<TableSummary> {
-        let models = learn_models(entries(), &self.options);
-        let (file, tmp_data) = self.tmp_data_file(id)?;
-        let builder = TableBuilder::with_models(file, models, &self.options)?;
-        let mut writer = self.writer_for(id, builder, tmp_data);
+        let mut writer = self.table_writer(id, learn_models(entries(), &self.options))?;
         for entry in entries() {
             writer.push(&entry)?;
         }
         writer.finish()
     }
 
-    /// A writer of table `id` under column models already decided (a merge's, shared by all its
-    /// tables), whose files become visible (durably) only at `finish`; it spills its key hashes
-    /// and finished frame-index chunks.
+    /// A writer of table `id` under column models already decided (a flush's, or a merge's,
+    /// shared by all its tables), whose files become visible (durably) only at `finish`; it
+    /// spills its key hashes and finished frame-index chunks to unlinked files.
     pub fn table_writer(&self, id: &str, models: Option<Arc<ColumnModels>>) -> std::io::Result<TableWriter<E>> {
         let (file, tmp_data) = self.tmp_data_file(id)?;
         let spills = Spills {
             keys: Box::new(anonymous_spill(&tmp_data, "keys")?),
             index: Box::new(anonymous_spill(&tmp_data, "index")?),
-            ..Spills::in_memory()
         };
-        let builder = TableBuilder::with_spills(file, spills, &self.options)?.decided(models);
+        let builder = TableBuilder::with_spills(file, spills, models, &self.options)?;
         Ok(self.writer_for(id, builder, tmp_data))
     }
 

@@ -10,7 +10,7 @@
 
 use backlinks::lsm::coder::ColumnModels;
 use backlinks::lsm::entry::Entry;
-use backlinks::lsm::table::{TableBuilder, TableMeta, TableOptions};
+use backlinks::lsm::table::{TableMeta, TableOptions, write_table};
 use xxhash_rust::xxh3::xxh3_64;
 
 const CHECKSUM_LEN: usize = 8;
@@ -39,11 +39,8 @@ pub fn sorted_entries<E: Entry>(bytes: &[u8]) -> Vec<E> {
 pub fn build_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool) -> (Vec<u8>, Vec<u8>) {
     let model_min_entries = if modelled { 0 } else { u64::MAX };
     let options = TableOptions { frame_bytes, model_min_entries, ..TableOptions::default() };
-    let mut builder = TableBuilder::<E, Vec<u8>>::new(Vec::new(), &options).expect("valid options");
-    for entry in entries {
-        builder.push(entry).expect("entries are strictly increasing");
-    }
-    let (data, meta, summary) = builder.finish().expect("writing to memory never fails");
+    let (data, meta, summary) =
+        write_table(Vec::new(), entries, &options).expect("strictly increasing entries, written to memory");
     assert_eq!(summary.entries, entries.len() as u64);
     assert_eq!(summary.data_len, data.len() as u64);
     assert_eq!(summary.meta_len, meta.len() as u64);

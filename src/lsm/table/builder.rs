@@ -1,18 +1,17 @@
 //! `TableBuilder`: streams sorted entries into a table's frames and meta.
 //!
 //! Invariants:
-//! - The builder's column models are decided before its first entry (`decided`: a flush's from
-//!   `learn_models`, a merge's from its `ModelSampler`), or else it learns them itself from every
-//!   `MODEL_SAMPLE_STRIDE`th frame of at most its first `spill_bytes` (spilled raw meanwhile)
-//!   and decides them once; either way it encodes every frame exactly once, in order.
+//! - A builder is given its column models before its first entry (a flush's from
+//!   `learn_models` over its memtable, a merge's from its `ModelSampler`) and encodes every frame
+//!   exactly once, in order, as it fills.
 //! - After an I/O error the builder refuses further use.
-//! - Memory does not grow with the table: the raw frames of the model sample go to the frame
-//!   spill, the distinct keys' hashes (16 bytes each, what the filter is sized and built from at
-//!   `finish`) to the key spill past `KEY_HASHES_IN_MEMORY`, and each finished chunk of the frame
-//!   index to the index spill. What stays is one directory record per chunk of `CHUNK_FRAMES`
-//!   frames. A merge writes to as many builders at once as it has output shards, so what each
-//!   holds is small: the open frame, the encoder's buffers, 64 KiB of key hashes and one open
-//!   chunk; the zstd context is the thread's and the models the merge's.
+//! - Memory does not grow with the table: the distinct keys' hashes (16 bytes each, what the
+//!   filter is sized and built from at `finish`) go to the key spill past `KEY_HASHES_IN_MEMORY`,
+//!   and each finished chunk of the frame index to the index spill. What stays is one directory
+//!   record per chunk of `CHUNK_FRAMES` frames. A merge writes to as many builders at once as it
+//!   has output shards, so what each holds is small: the open frame, the encoder's buffers,
+//!   64 KiB of key hashes and one open chunk; the zstd context is the thread's and the models
+//!   the merge's.
 
 use super::frame::with_encoder;
 use super::paged::{IndexWriter, MetaParts, assemble};
@@ -30,23 +29,20 @@ const MODEL_SAMPLE_STRIDE: usize = 16;
 /// Key hashes a builder holds before it writes them to its key spill (64 KiB).
 pub(super) const KEY_HASHES_IN_MEMORY: usize = 1 << 12;
 
-/// The first entry of a frame, whether it continues the previous key, and its entry count.
+/// The first entry of a frame, and whether it continues the previous key.
 struct FrameStart<E> {
     first: E,
     continues: bool,
-    entries: usize,
 }
 
-/// Where a builder keeps its first raw frames while it learns the table's column models from a
-/// sample of them (at most `spill_bytes`): a file for real tables (page cache and disk, never
-/// resident memory), a vector in tests and benches.
+/// Where a builder keeps what would otherwise grow with its table: a file for a merge's tables
+/// (page cache and disk, never resident memory), a vector for a flush's, tests and benches.
 pub trait Spill: Read + Write + Seek + Send {}
 impl<T: Read + Write + Seek + Send> Spill for T {}
 
-/// The spills of one builder, each empty, readable and writable: the raw frames of its model
-/// sample, its distinct keys' hashes, and its finished frame-index chunks.
+/// The spills of one builder, each empty, readable and writable: its distinct keys' hashes and
+/// its finished frame-index chunks.
 pub struct Spills {
-    pub frames: Box<dyn Spill>,
     pub keys: Box<dyn Spill>,
     pub index: Box<dyn Spill>,
 }
@@ -55,7 +51,7 @@ impl Spills {
     /// Spills in memory (tests, benches, flushes of a bounded memtable).
     pub fn in_memory() -> Self {
         let in_memory = || Box::new(io::Cursor::new(Vec::new())) as Box<dyn Spill>;
-        Spills { frames: in_memory(), keys: in_memory(), index: in_memory() }
+        Spills { keys: in_memory(), index: in_memory() }
     }
 }
 
@@ -104,30 +100,18 @@ impl KeyHashes {
     }
 }
 
-/// How a builder encodes: still learning (frames go to the spill, every sampled one is counted),
-/// or decided (frames are encoded as they fill, under the models if the table has any).
-enum Coding {
-    Learning { spilled_frames: usize, spilled_bytes: usize, counts: ModelCounts },
-    Decided(Option<Arc<ColumnModels>>),
-}
-
-/// Writes a table. The first frames are spilled raw while every `MODEL_SAMPLE_STRIDE`th is
-/// counted for the column models; when the spill reaches `spill_bytes` or the table ends, the
-/// models are decided (a table of at least `model_min_entries` entries gets them), the spilled
-/// frames are encoded to `data_out`, and later frames are encoded as they fill. `finish` returns
-/// the meta. After an I/O error the builder refuses further use.
+/// Writes a table: frames are encoded to `data_out` as they fill, under the column models it was
+/// given (none: payloads without models); `finish` returns the meta. After an I/O error the
+/// builder refuses further use.
 pub struct TableBuilder<E: Entry, W: Write> {
     data_out: W,
-    spill: Box<dyn Spill>,
-    spill_bytes: usize,
-    coding: Coding,
+    models: Option<Arc<ColumnModels>>,
     zstd_level: i32,
     entries_per_frame: usize,
-    model_min_entries: u64,
     /// Encoded entries of the frame being filled.
     pending: Vec<u8>,
-    /// The frame being filled (set while `pending` is not empty) and the spilled ones.
-    starts: Vec<FrameStart<E>>,
+    /// The frame being filled (set while `pending` is not empty).
+    open: Option<FrameStart<E>>,
     index: IndexWriter<E, Box<dyn Spill>>,
     data_len: u64,
     /// One hash per distinct key, in order; the filter is built from them at `finish`.
@@ -141,45 +125,31 @@ pub struct TableBuilder<E: Entry, W: Write> {
 }
 
 impl<E: Entry, W: Write> TableBuilder<E, W> {
-    /// A builder that spills to memory (tests, benches, flushes of a bounded memtable). The
-    /// filter is sized at `finish` from the exact number of distinct keys pushed (a streaming
-    /// writer, such as a compaction, cannot know it up front). Fails on invalid options.
-    pub fn new(data_out: W, opts: &TableOptions) -> io::Result<Self> {
-        Self::with_spills(data_out, Spills::in_memory(), opts)
+    /// A builder that spills to memory (tests, benches, flushes of a bounded memtable), writing
+    /// under `models` (`learn_models`). The filter is sized at `finish` from the exact number of
+    /// distinct keys pushed (a streaming writer, such as a compaction, cannot know it up front).
+    /// Fails on invalid options.
+    pub fn new(data_out: W, models: Option<Arc<ColumnModels>>, opts: &TableOptions) -> io::Result<Self> {
+        Self::with_spills(data_out, Spills::in_memory(), models, opts)
     }
 
-    /// A builder in memory whose column models are already decided (`learn_models`).
-    pub fn with_models(data_out: W, models: Option<Arc<ColumnModels>>, opts: &TableOptions) -> io::Result<Self> {
-        Ok(Self::new(data_out, opts)?.decided(models))
-    }
-
-    /// This builder, before its first entry, with its column models decided (`learn_models`, or
-    /// a merge's `ModelSampler`, whose models all its tables share): it encodes every frame as it
-    /// fills and never spills one.
-    pub fn decided(mut self, models: Option<Arc<ColumnModels>>) -> Self {
-        assert_eq!(self.entries, 0, "models are decided before the first entry");
-        self.coding = Coding::Decided(models);
-        self
-    }
-
-    /// A builder that spills to `spills`.
-    pub fn with_spills(data_out: W, spills: Spills, opts: &TableOptions) -> io::Result<Self> {
+    /// A builder that spills to `spills`, writing under `models` (a merge's, from its
+    /// `ModelSampler`, which all its tables share).
+    pub fn with_spills(
+        data_out: W,
+        spills: Spills,
+        models: Option<Arc<ColumnModels>>,
+        opts: &TableOptions,
+    ) -> io::Result<Self> {
         opts.validate()?;
         let entries_per_frame = opts.entries_per_frame::<E>();
         Ok(TableBuilder {
             data_out,
-            spill: spills.frames,
-            spill_bytes: opts.spill_bytes,
-            coding: Coding::Learning {
-                spilled_frames: 0,
-                spilled_bytes: 0,
-                counts: ModelCounts::new(layout_of::<E>()),
-            },
+            models,
             zstd_level: opts.zstd_level,
             entries_per_frame,
-            model_min_entries: opts.model_min_entries,
             pending: Vec::with_capacity(entries_per_frame * E::WIDTH),
-            starts: Vec::new(),
+            open: None,
             index: IndexWriter::new(spills.index),
             data_len: 0,
             key_hashes: KeyHashes::new(spills.keys),
@@ -223,14 +193,10 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     /// Encodes what is left and returns the data sink, the meta file bytes and a summary.
     pub fn finish(mut self) -> io::Result<(W, Vec<u8>, TableSummary)> {
         self.check_usable()?;
-        self.or_fail(|builder| {
-            builder.end_frame()?;
-            builder.decide()
-        })?;
+        self.or_fail(Self::end_frame)?;
         self.data_out.flush()?;
         let mut filter = FilterBuilder::new(self.key_hashes.len(), self.filter_fpr);
         self.key_hashes.insert_into(&mut filter)?;
-        let Coding::Decided(models) = self.coding else { unreachable!("finish decides the coding") };
         let index = self.index.finish()?;
         let frames = index.frames() as u32;
         let filter = filter.finish();
@@ -239,7 +205,7 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             last: self.last,
             entries: self.entries,
             data_len: self.data_len,
-            models: models.as_deref(),
+            models: self.models.as_deref(),
         };
         let mut meta_bytes = Vec::new();
         assemble(&parts, index, &mut meta_bytes)?;
@@ -271,14 +237,14 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     }
 
     fn start_frame(&mut self, entry: &E) -> io::Result<()> {
-        if self.index.frames() + self.starts.len() >= MAX_FRAMES {
+        if self.index.frames() >= MAX_FRAMES {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("a table holds at most {MAX_FRAMES} frames"),
             ));
         }
         let continues = self.last.is_some_and(|last| last.key() == entry.key());
-        self.starts.push(FrameStart { first: *entry, continues, entries: 0 });
+        self.open = Some(FrameStart { first: *entry, continues });
         Ok(())
     }
 
@@ -289,81 +255,56 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         result
     }
 
-    /// Ends the frame being filled: spills it while learning (counting every sampled frame's
-    /// bytes, and deciding once the spill is full), else encodes it.
+    /// Encodes the frame being filled, if any, and appends it to the data.
     fn end_frame(&mut self) -> io::Result<()> {
-        if self.pending.is_empty() {
-            return Ok(());
-        }
+        let Some(start) = self.open.take() else { return Ok(()) };
         let entries = self.pending.len() / E::WIDTH;
         assert!((1..=self.entries_per_frame).contains(&entries));
-        self.starts.last_mut().expect("a frame is being filled").entries = entries;
-        match &mut self.coding {
-            Coding::Decided(_) => {
-                let start = self.starts.pop().expect("a frame is being filled");
-                self.write_frame(start)?;
-            }
-            Coding::Learning { spilled_frames, spilled_bytes, counts } => {
-                if spilled_frames.is_multiple_of(MODEL_SAMPLE_STRIDE) {
-                    count_frame::<E>(&self.pending, counts);
-                }
-                *spilled_frames += 1;
-                *spilled_bytes += self.pending.len();
-                let full = *spilled_bytes >= self.spill_bytes;
-                self.spill.write_all(&self.pending)?;
-                if full {
-                    self.decide()?;
-                }
-            }
-        }
-        self.pending.clear();
-        Ok(())
-    }
-
-    /// Decides the models (once) and encodes the spilled frames.
-    fn decide(&mut self) -> io::Result<()> {
-        let Coding::Learning { counts, .. } = &self.coding else { return Ok(()) };
-        let modelled = self.entries > 0 && self.entries >= self.model_min_entries;
-        self.coding = Coding::Decided(modelled.then(|| Arc::new(counts.finish())));
-        self.spill.seek(SeekFrom::Start(0))?;
-        for start in std::mem::take(&mut self.starts) {
-            self.pending.resize(start.entries * E::WIDTH, 0);
-            self.spill.read_exact(&mut self.pending)?;
-            self.write_frame(start)?;
-        }
-        self.pending.clear();
-        Ok(())
-    }
-
-    /// Encodes `pending` as the frame `start` and appends it to the data.
-    fn write_frame(&mut self, start: FrameStart<E>) -> io::Result<()> {
-        let Coding::Decided(models) = &self.coding else { unreachable!("frames are written once decided") };
-        let (pending, data_out) = (&self.pending, &mut self.data_out);
+        let (pending, data_out, models) = (&self.pending, &mut self.data_out, self.models.as_deref());
         let len = with_encoder(Some(self.zstd_level), |encoder| {
-            let frame = encoder.encode::<E>(pending, models.as_deref())?;
+            let frame = encoder.encode::<E>(pending, models)?;
             data_out.write_all(frame)?;
             Ok(frame.len() as u32)
         })?;
-        let entries = start.entries as u32;
-        let info = FrameInfo { first: start.first, continues: start.continues, offset: self.data_len, len, entries };
+        let info = FrameInfo {
+            first: start.first,
+            continues: start.continues,
+            offset: self.data_len,
+            len,
+            entries: entries as u32,
+        };
         self.index.push(info)?;
         self.data_len += u64::from(len);
+        self.pending.clear();
         Ok(())
     }
 }
 
-/// The column models a builder would learn from sorted, unique `entries` (every
-/// `MODEL_SAMPLE_STRIDE`th frame of them, all of them read), for `TableBuilder::with_models`;
-/// `None` when they are fewer than `model_min_entries` (or none).
+/// The column models of a table of sorted, unique `entries` (learnt from every
+/// `MODEL_SAMPLE_STRIDE`th frame of them, all of them read), for `TableBuilder::new`; `None` when
+/// they are fewer than `model_min_entries` (or none).
 pub fn learn_models<E: Entry>(entries: impl Iterator<Item = E>, opts: &TableOptions) -> Option<Arc<ColumnModels>> {
     let mut sampler = ModelSampler::new(1, opts);
     entries.for_each(|entry| sampler.add(0, &entry));
     sampler.finish()
 }
 
+/// Writes sorted, unique `entries` as one table to `data_out`, under models learnt from all of
+/// them (as a flush writes its memtable): the data sink, the meta and the summary.
+pub fn write_table<E: Entry, W: Write>(
+    data_out: W,
+    entries: &[E],
+    opts: &TableOptions,
+) -> io::Result<(W, Vec<u8>, TableSummary)> {
+    let models = learn_models(entries.iter().copied(), opts);
+    let mut builder = TableBuilder::new(data_out, models, opts)?;
+    entries.iter().try_for_each(|entry| builder.push(entry))?;
+    builder.finish()
+}
+
 /// Learns one set of column models for the tables a stream of sorted, unique entries is split
 /// into (a merge's shards): it counts every `MODEL_SAMPLE_STRIDE`th frame each table's builder
-/// will make, as a builder learning alone would, into one set of counts. Memory: one frame's raw
+/// will make, as `learn_models` would for each table alone, into one set of counts. Memory: one frame's raw
 /// entries per table at most, and the counts.
 pub struct ModelSampler<E: Entry> {
     per_frame: usize,

@@ -39,7 +39,7 @@ mod partial;
 mod tests;
 
 pub use super::bytes::FormatError;
-pub use builder::{ModelSampler, Spill, Spills, TableBuilder, learn_models};
+pub use builder::{ModelSampler, Spill, Spills, TableBuilder, learn_models, write_table};
 pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data_file, verify_span};
 pub use meta::TableMeta;
 pub use paged::{
@@ -75,9 +75,9 @@ pub const MAX_FRAMES: usize = 1 << 24;
 /// Tables of at least this many entries get column models (payload encoding 4) by default; the
 /// models (up to ~30 KB in the meta, compressed) would cost smaller tables more than they save.
 pub const DEFAULT_MODEL_MIN_ENTRIES: u64 = 1 << 16;
-/// Raw bytes a merge (or a builder learning alone) spills before it decides its models: 16 M
-/// backlinks, 32 M revocations (local disk, not memory). A merge's models serve all its shards,
-/// so they are learnt from as much of its key range as this covers: at 256 MiB, the 10 M-link
+/// Raw bytes a merge spills before it decides its models: 16 M backlinks, 32 M revocations
+/// (local disk, not memory). A merge's models serve all its shards, so they are learnt from as
+/// much of its key range as this covers: at 256 MiB, the 10 M-link
 /// benchmark's links tree came out 2.5 % larger than with models learnt per shard.
 pub const DEFAULT_SPILL_BYTES: usize = 1 << 30;
 pub const MIN_ZSTD_LEVEL: i32 = 1;
@@ -98,9 +98,8 @@ pub struct TableOptions {
     pub filter_fpr: f64,
     /// Tables with at least this many entries get column models and payload encoding 4.
     pub model_min_entries: u64,
-    /// Raw bytes of the first entries a merge (or a builder learning alone) keeps aside while it
-    /// learns the column models (local disk); the models of a larger merge are learnt from its
-    /// first `spill_bytes`.
+    /// Raw bytes of the first entries a merge keeps aside while it learns the column models
+    /// (local disk); the models of a larger merge are learnt from its first `spill_bytes`.
     pub spill_bytes: usize,
 }
 

@@ -1,7 +1,7 @@
 //! Tests of the table format as a whole: round trips against plain models, the golden files of
 //! every encoding and meta version, and hostile bytes.
 
-use super::builder::{KEY_HASHES_IN_MEMORY, Spills, TableBuilder, learn_models};
+use super::builder::{KEY_HASHES_IN_MEMORY, Spills, TableBuilder, learn_models, write_table};
 use super::columns::{key_runs_transpose, split_key_runs};
 use super::frame::{
     ENCODING_SPREAD_KEY_RUNS_MODELLED, FrameEncoder, FrameHeader, decode_frame, decode_frames, verify_data_file,
@@ -26,15 +26,24 @@ fn modelled_options(frame_bytes: usize) -> TableOptions {
     TableOptions { frame_bytes, model_min_entries: 0, ..TableOptions::default() }
 }
 
-/// Builds a table in memory: (data bytes, meta bytes, summary).
-fn build<E: Entry>(entries: &[E], opts: &TableOptions) -> (Vec<u8>, Vec<u8>, TableSummary) {
-    let mut builder = TableBuilder::new(Vec::new(), opts).unwrap();
+/// Builds a table in memory under models learnt from `sample` (a merge writes its shards under
+/// models learnt from its first entries): (data bytes, meta bytes, summary).
+fn build_sampled<E: Entry>(entries: &[E], sample: &[E], opts: &TableOptions) -> (Vec<u8>, Vec<u8>, TableSummary) {
+    let models = learn_models(sample.iter().copied(), opts);
+    let mut builder = TableBuilder::new(Vec::new(), models, opts).unwrap();
     entries.iter().for_each(|entry| builder.push(entry).unwrap());
     let (data, meta, summary) = builder.finish().unwrap();
     assert_eq!(summary.data_len, data.len() as u64);
     assert_eq!(summary.meta_len, meta.len() as u64);
     assert_eq!(summary.entries, entries.len() as u64);
     (data, meta, summary)
+}
+
+/// Builds a table in memory under models learnt from all its entries (as a flush does).
+fn build<E: Entry>(entries: &[E], opts: &TableOptions) -> (Vec<u8>, Vec<u8>, TableSummary) {
+    let built = write_table(Vec::new(), entries, opts).unwrap();
+    assert_eq!(built, build_sampled(entries, entries, opts), "write_table is learn_models, then a builder");
+    built
 }
 
 /// Reads frames[r] the way a query does: one contiguous byte range.
@@ -82,13 +91,15 @@ fn sorted_set<E: Entry>(mut entries: Vec<E>) -> Vec<E> {
 
 /// Round trip plus `frames_overlapping` against a plain filter over the full list.
 /// Builds `entries` as a table, with column models (payload encoding 4) when `modelled`,
-/// learnt from the frames within the first `spill_bytes`, and checks every way of reading it.
-fn check_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool, spill_bytes: usize, ranges: &[(E, E)]) {
+/// learnt from its first `sampled` entries only (the later ones may hold values the models never
+/// saw), and checks every way of reading it.
+fn check_table<E: Entry>(entries: &[E], frame_bytes: usize, modelled: bool, sampled: usize, ranges: &[(E, E)]) {
     let model_min_entries = if modelled { 0 } else { u64::MAX };
-    let options = TableOptions { model_min_entries, spill_bytes, ..options(frame_bytes) };
-    let (data, meta_bytes, summary) = build(entries, &options);
+    let options = TableOptions { model_min_entries, ..options(frame_bytes) };
+    let sample = &entries[..sampled.min(entries.len())];
+    let (data, meta_bytes, summary) = build_sampled(entries, sample, &options);
     let meta = TableMeta::<E>::decode(&meta_bytes).unwrap();
-    assert_eq!(meta.models.is_some(), modelled && !entries.is_empty());
+    assert_eq!(meta.models.is_some(), modelled && !sample.is_empty());
     let mut reencoded = Vec::new();
     meta.encode(&mut reencoded);
     assert_eq!(reencoded, meta_bytes, "a meta re-encodes to its own bytes");
@@ -121,10 +132,10 @@ proptest! {
         entries in prop::collection::vec(backlink_strategy(), 0..300),
         frame_bytes in prop_oneof![1..400usize, 400..70_000usize],
         modelled in any::<bool>(),
-        spill_bytes in 0..20_000usize,
+        sampled in 0..300usize,
         ranges in prop::collection::vec((backlink_strategy(), backlink_strategy()), 1..12),
     ) {
-        check_table(&sorted_set(entries), frame_bytes, modelled, spill_bytes, &ranges);
+        check_table(&sorted_set(entries), frame_bytes, modelled, sampled, &ranges);
     }
 
     /// Forward links: the backlinks' fields in source order, both record keys spread.
@@ -133,12 +144,12 @@ proptest! {
         entries in prop::collection::vec(backlink_strategy(), 0..300),
         frame_bytes in prop_oneof![1..400usize, 400..70_000usize],
         modelled in any::<bool>(),
-        spill_bytes in 0..20_000usize,
+        sampled in 0..300usize,
         ranges in prop::collection::vec((backlink_strategy(), backlink_strategy()), 1..12),
     ) {
         let forward = |links: Vec<Backlink>| links.into_iter().map(Backlink::forward).collect::<Vec<_>>();
         let ranges: Vec<(ForwardLink, ForwardLink)> = ranges.into_iter().map(|(a, b)| (a.forward(), b.forward())).collect();
-        check_table(&sorted_set(forward(entries)), frame_bytes, modelled, spill_bytes, &ranges);
+        check_table(&sorted_set(forward(entries)), frame_bytes, modelled, sampled, &ranges);
     }
 
     #[test]
@@ -146,10 +157,10 @@ proptest! {
         entries in prop::collection::vec(revocation_strategy(), 0..300),
         frame_bytes in prop_oneof![1..200usize, 200..70_000usize],
         modelled in any::<bool>(),
-        spill_bytes in 0..10_000usize,
+        sampled in 0..300usize,
         ranges in prop::collection::vec((revocation_strategy(), revocation_strategy()), 1..12),
     ) {
-        check_table(&sorted_set(entries), frame_bytes, modelled, spill_bytes, &ranges);
+        check_table(&sorted_set(entries), frame_bytes, modelled, sampled, &ranges);
     }
 }
 
@@ -219,7 +230,7 @@ fn empty_tables_have_no_frames_and_reject_every_key() {
 #[test]
 #[cfg_attr(debug_assertions, should_panic(expected = "strictly increasing"))]
 fn pushing_out_of_order_is_refused() {
-    let mut builder = TableBuilder::new(Vec::new(), &TableOptions::default()).unwrap();
+    let mut builder = TableBuilder::new(Vec::new(), None, &TableOptions::default()).unwrap();
     let later = Revocation { source: record(2, 0, 0), rev: 0 };
     builder.push(&later).unwrap();
     let result = builder.push(&Revocation { source: record(1, 0, 0), rev: 0 });
@@ -229,7 +240,7 @@ fn pushing_out_of_order_is_refused() {
 
 #[test]
 fn options_outside_their_limits_are_refused() {
-    let refused = |opts: TableOptions| TableBuilder::<Revocation, _>::new(Vec::new(), &opts).is_err();
+    let refused = |opts: TableOptions| TableBuilder::<Revocation, _>::new(Vec::new(), None, &opts).is_err();
     assert!(refused(options(0)));
     assert!(refused(options(MAX_FRAME_RAW_BYTES + 1)));
     assert!(refused(TableOptions { zstd_level: 0, ..TableOptions::default() }));
@@ -809,21 +820,14 @@ impl Seek for MeasuredSpill {
     }
 }
 
-/// A table larger than the spill learns its models from the spilled frames, encodes the rest
-/// as they fill, and never spills more than `spill_bytes` and one frame.
+/// A table written under models learnt from its first ten frames only (as a merge's later
+/// shards are) codes every frame under them, and reads back whole.
 #[test]
-fn a_table_larger_than_its_spill_streams_after_learning_from_its_first_frames() {
+fn a_table_codes_every_frame_under_models_learnt_from_its_first_frames() {
     let entries = realistic_backlinks(20_000, 500, 20_000, 5);
-    let options =
-        TableOptions { model_min_entries: 0, spill_bytes: 10 * DEFAULT_FRAME_BYTES, ..TableOptions::default() };
-    let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
-    let spills = Spills { frames: Box::new(spill), ..Spills::in_memory() };
-    let mut builder = TableBuilder::with_spills(Vec::new(), spills, &options).unwrap();
-    entries.iter().for_each(|entry| builder.push(entry).unwrap());
-    let (data, meta_bytes, _) = builder.finish().unwrap();
-    let most = most.load(std::sync::atomic::Ordering::Relaxed);
-    assert!((10 * DEFAULT_FRAME_BYTES..=11 * DEFAULT_FRAME_BYTES).contains(&most), "spilled {most} bytes");
+    let options = TableOptions { model_min_entries: 0, ..TableOptions::default() };
+    let first_frames = 10 * options.entries_per_frame::<Backlink>();
+    let (data, meta_bytes, _) = build_sampled(&entries, &entries[..first_frames], &options);
     let meta = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
     assert!(meta.models.is_some() && meta.frames.len() > 70);
     for frame in &meta.frames {
@@ -844,7 +848,8 @@ fn a_builder_spills_the_key_hashes_it_cannot_hold_and_the_filter_has_them_all() 
     let key_spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
     let spills = Spills { keys: Box::new(key_spill), ..Spills::in_memory() };
     let options = TableOptions::default();
-    let mut builder = TableBuilder::with_spills(Vec::new(), spills, &options).unwrap();
+    let models = learn_models(entries.iter().copied(), &options);
+    let mut builder = TableBuilder::with_spills(Vec::new(), spills, models, &options).unwrap();
     entries.iter().for_each(|entry| builder.push(entry).unwrap());
     let (_, meta_bytes, _) = builder.finish().unwrap();
     let spilled = most.load(std::sync::atomic::Ordering::Relaxed);
@@ -861,11 +866,12 @@ fn a_builder_spills_the_key_hashes_it_cannot_hold_and_the_filter_has_them_all() 
 #[test]
 fn a_builder_spills_its_frame_index_chunk_by_chunk_and_writes_the_whole_encoders_meta() {
     let entries = realistic_backlinks(200_000, 3_000, 200_000, 9);
-    let options = TableOptions { spill_bytes: 4 * DEFAULT_FRAME_BYTES, ..TableOptions::default() };
+    let options = TableOptions::default();
     let most = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let index_spill = MeasuredSpill { bytes: io::Cursor::new(Vec::new()), most: most.clone() };
     let spills = Spills { index: Box::new(index_spill), ..Spills::in_memory() };
-    let mut builder = TableBuilder::with_spills(Vec::new(), spills, &options).unwrap();
+    let models = learn_models(entries.iter().copied(), &options);
+    let mut builder = TableBuilder::with_spills(Vec::new(), spills, models, &options).unwrap();
     entries.iter().for_each(|entry| builder.push(entry).unwrap());
     let spilled_before_finish = most.load(std::sync::atomic::Ordering::Relaxed);
     let (_, meta_bytes, summary) = builder.finish().unwrap();
@@ -883,18 +889,12 @@ fn a_builder_spills_its_frame_index_chunk_by_chunk_and_writes_the_whole_encoders
     assert_eq!(meta_bytes, whole, "the builder's meta is the whole encoder's");
 }
 
-/// Models learnt up front from entries in memory (a flush) are the ones a builder learns from
-/// its spill (a merge), so both write the same table; too few entries learn none.
+/// A table of fewer than `model_min_entries` entries (or none) learns no models.
 #[test]
-fn models_learnt_up_front_write_the_same_table_as_models_learnt_from_the_spill() {
+fn too_few_entries_learn_no_models() {
     let entries = realistic_backlinks(30_000, 800, 30_000, 11);
     let options = TableOptions { model_min_entries: 1000, ..TableOptions::default() };
-    let spilled = build(&entries, &options);
-    let models = learn_models(entries.iter().copied(), &options);
-    assert!(models.is_some());
-    let mut builder = TableBuilder::with_models(Vec::new(), models, &options).unwrap();
-    entries.iter().for_each(|entry| builder.push(entry).unwrap());
-    assert_eq!(builder.finish().unwrap(), spilled);
+    assert!(learn_models(entries[..1000].iter().copied(), &options).is_some());
     assert!(learn_models(entries[..999].iter().copied(), &options).is_none());
     assert!(learn_models(std::iter::empty::<Backlink>(), &TableOptions { model_min_entries: 0, ..options }).is_none());
 }
