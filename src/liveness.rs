@@ -66,6 +66,11 @@ pub struct KnownRevocations {
 }
 
 impl KnownRevocations {
+    /// The memory it holds: the revocations and their index by source.
+    pub fn memory_bytes(&self) -> usize {
+        self.newest.capacity() * size_of::<Revocation>() + self.by_source.memory_bytes()
+    }
+
     /// What a flush knows: the revocations frozen with its backlinks, which commit with them, so
     /// a backlink they kill is dead for good. Complete through no clock, so `settle` lowers no
     /// stamp (proving that no revocation table holds a source's threshold would cost a flush a
@@ -189,6 +194,11 @@ pub struct RevocationsRead {
 }
 
 impl RevocationsRead {
+    /// The memory it holds for the next merge.
+    pub fn memory_bytes(&self) -> usize {
+        self.newest.capacity() * size_of::<Revocation>()
+    }
+
     /// Takes back what a merge held, for the next one.
     pub fn keep(&mut self, known: KnownRevocations) {
         self.newest = known.newest;

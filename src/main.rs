@@ -657,7 +657,8 @@ async fn tick_while_importing(
         } else if now.saturating_sub(last_log_ms) >= BACKFILL_LOG_EVERY_MS {
             last_log_ms = now;
             let (events, elapsed_ms) = progress.figures(now);
-            tracing::info!(progress = %progress.line(now, backlog), events, elapsed_ms, "import");
+            let memory = index.memory_use().line();
+            tracing::info!(progress = %progress.line(now, backlog), events, elapsed_ms, memory, "import");
         }
     }
 }

@@ -13,6 +13,7 @@
 //! upload durations (microsecond counters) and bytes are here; the cache hit ratio is
 //! `table_reads{source="local"}` over all `table_reads`. `corrupt_objects_total{kind, place}`
 //! counts objects that failed a checksum when read (see `verify`): any rise deserves an alert.
+//! `memory_<part>_bytes` gauges say what each bounded part of the index holds (`MemoryUse`).
 //!
 //! Invariants:
 //! - Every label value comes from a fixed set (`&'static str`), so no request can grow a family.
@@ -253,6 +254,13 @@ fn index_registry(index: &Index) -> Registry {
         reads,
     );
     registry.register("cache_bytes", "Bytes of table data cached on local disk", gauge(index.cached_bytes()));
+    for (part, bytes) in index.memory_use().parts() {
+        registry.register(
+            format!("memory_{part}_bytes"),
+            format!("Bytes of memory held by the {part}"),
+            gauge(bytes as u64),
+        );
+    }
     let frame_hits: Family<TreeLabel, Counter> = Family::default();
     let frame_misses: Family<TreeLabel, Counter> = Family::default();
     let frame_bytes: Family<TreeLabel, Gauge> = Family::default();

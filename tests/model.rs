@@ -11,7 +11,7 @@ use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::jetstream::parse_event;
 use backlinks::lsm::compaction::CompactionOptions;
 use backlinks::lsm::table::{PageUse, TableOptions};
-use backlinks::model::ids::RecordId;
+use backlinks::model::ids::{RecordId, Revocation};
 use backlinks::model::syntax::parse_target;
 use backlinks::model::tid::format_tid;
 use backlinks::outline::OutlineKind;
@@ -529,6 +529,37 @@ fn settling_merges_tier_zero_into_one_run() {
     for t in 0..TARGETS {
         harness.check(&target(t), 3, t % 2 == 0);
     }
+}
+
+/// `memory_use` follows what each bounded part holds: memtables until their flush, outline
+/// strings, meta pages and frames once a query reads tables, revocations once a merge knows them.
+#[test]
+fn memory_use_names_what_each_part_holds() {
+    let mut options = Harness::options();
+    options.memtable_bytes = 1 << 20;
+    options.compaction.min_run_bytes = 1 << 20; // every run in tier 0, for settling to merge
+    let mut harness = Harness::with(options);
+    assert_eq!(harness.index.memory_use().memtables, 0);
+    for rkey in 0..RKEYS {
+        let links = vec![(rkey % TARGETS, 0), ((rkey + 1) % TARGETS, 1)];
+        harness.run(&Op::Write { update: false, did: rkey % DIDS, collection: 0, rkey, links });
+    }
+    let written = harness.index.memory_use();
+    assert!(written.memtables >= 2 * RKEYS * 64, "{written:?}");
+    assert!(written.outline_cache > 0, "{written:?}");
+    assert_eq!((written.frame_cache, written.meta_cache, written.merge_revocations), (0, 0, 0), "{written:?}");
+    harness.run(&Op::Flush);
+    harness.run(&Op::Delete { did: 0, collection: 0, rkey: 0 });
+    harness.run(&Op::Write { update: false, did: 1, collection: 1, rkey: 0, links: vec![(1, 0)] });
+    harness.run(&Op::Flush);
+    assert_eq!(harness.index.memory_use().memtables, 0, "a flush lets its memtables go");
+    harness.run(&Op::Check { target: 1, limit: 50, reverse: false });
+    let read = harness.index.memory_use();
+    assert!(read.meta_cache > 0 && read.frame_cache > 0, "{read:?}");
+    harness.run(&Op::Settle);
+    let merged = harness.index.memory_use();
+    assert!(merged.merge_revocations >= size_of::<Revocation>(), "{merged:?}");
+    assert!(merged.line().starts_with("memtables 0.0 MiB, frame_cache "), "{}", merged.line());
 }
 
 /// Every table's entries, read through its own checks, with the id of the run each is in.

@@ -23,6 +23,11 @@ impl PositionIndex {
         Self { buckets: vec![0; MIN_BUCKETS], len: 0 }
     }
 
+    /// The memory its buckets take.
+    pub(crate) fn memory_bytes(&self) -> usize {
+        self.buckets.capacity() * size_of::<u64>()
+    }
+
     /// How many positions it holds.
     pub(crate) fn len(&self) -> usize {
         self.len

@@ -113,8 +113,10 @@ impl Index {
         let complete_through = self.tables_clock.load(Ordering::Acquire);
         let runs = self.thresholds.runs();
         let known = KnownRevocations::load(&runs, complete_through, self.store.as_ref(), runtime, options, read)?;
+        self.revocations_held_bytes.store(known.memory_bytes(), Ordering::Relaxed);
         let merged = self.compact_tree(tree, inputs, runtime, now_ms, options, &mut |entry: E| entry.settle_by(&known));
         read.keep(known);
+        self.revocations_held_bytes.store(read.memory_bytes(), Ordering::Relaxed);
         merged.map(|_| ())
     }
 

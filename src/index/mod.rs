@@ -61,7 +61,7 @@ use publish::Published;
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Default of `IndexOptions::frame_cache_bytes`.
@@ -139,6 +139,40 @@ pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> IndexError +
     move |source| IndexError::Io { path: path.to_path_buf(), source }
 }
 
+/// Bytes held in memory by each bounded part of the index (`Index::memory_use`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MemoryUse {
+    /// Active and frozen memtables of all trees (`memtable_bytes` bounds the active ones).
+    pub memtables: usize,
+    /// Decoded frames (`frame_cache_bytes`).
+    pub frame_cache: usize,
+    /// Meta pages and column models (`meta_cache_bytes`).
+    pub meta_cache: usize,
+    /// Outline strings of every kind, pinned ones included (`outline_cache_entries`).
+    pub outline_cache: usize,
+    /// The revocations a merge holds, or keeps for the next (`compaction_max_revocations`).
+    pub merge_revocations: usize,
+}
+
+impl MemoryUse {
+    /// Every part, with its name.
+    pub fn parts(&self) -> [(&'static str, usize); 5] {
+        [
+            ("memtables", self.memtables),
+            ("frame_cache", self.frame_cache),
+            ("meta_cache", self.meta_cache),
+            ("outline_cache", self.outline_cache),
+            ("merge_revocations", self.merge_revocations),
+        ]
+    }
+
+    /// `memtables 61.2 MiB, frame_cache 0.0 MiB, ...`, for a log line.
+    pub fn line(&self) -> String {
+        let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
+        self.parts().map(|(name, bytes)| format!("{name} {:.1} MiB", mib(bytes))).join(", ")
+    }
+}
+
 /// Counters of what the write path did (exported as metrics later).
 #[derive(Debug, Default)]
 pub struct WriteCounters {
@@ -195,6 +229,9 @@ pub struct Index {
     /// Held by the one compaction running at a time, with what merges have read of the
     /// revocation tree (so a merge reads only the revocation runs new since the last).
     compacting: Mutex<RevocationsRead>,
+    /// What the merges' revocations hold in memory: the running merge's, or those kept for the
+    /// next (`memory_use`).
+    revocations_held_bytes: AtomicUsize,
     /// Every operation stamped at or below this clock is in the trees' installed tables, not only
     /// in memtables (so a merge knows every revocation up to it; see `KnownRevocations::settle`).
     tables_clock: AtomicU64,
@@ -253,6 +290,7 @@ impl Index {
             hidden: RwLock::new(hidden),
             writer: Mutex::new(writer),
             compacting: Mutex::new(RevocationsRead::default()),
+            revocations_held_bytes: AtomicUsize::new(0),
             tables_clock,
             flushing: FlushGate::default(),
             flush_failed: AtomicBool::new(false),
@@ -304,6 +342,27 @@ impl Index {
     }
 
     /// Runs over every tree (merges waiting show as many runs).
+    /// What the index's bounded structures hold in memory now, by part (what an operator's
+    /// RSS is made of, beside the allocator's slack and the program itself).
+    pub fn memory_use(&self) -> MemoryUse {
+        let trees = [
+            self.links.memtables_memory_bytes(),
+            self.thresholds.memtables_memory_bytes(),
+            self.forward.memtables_memory_bytes(),
+        ];
+        MemoryUse {
+            memtables: trees.iter().sum(),
+            frame_cache: self.links.frame_cache.bytes()
+                + self.thresholds.frame_cache.bytes()
+                + self.forward.frame_cache.bytes(),
+            meta_cache: self.links.meta_cache.bytes()
+                + self.thresholds.meta_cache.bytes()
+                + self.forward.meta_cache.bytes(),
+            outline_cache: self.outlines.cache_memory_bytes(),
+            merge_revocations: self.revocations_held_bytes.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn run_count(&self) -> usize {
         self.links.runs().len() + self.thresholds.runs().len() + self.forward.runs().len()
     }

@@ -11,7 +11,9 @@
 //!   An entry in both (a replay of a write) is one entry: readers see it once, and the next merge
 //!   keeps one copy.
 //! - `bytes()` counts encoded bytes of both parts (`len * E::WIDTH`, a replayed entry twice until
-//!   the merge); the owner flushes before `limit_bytes`.
+//!   the merge); the owner flushes before `limit_bytes`. The memory it takes (`memory_bytes`)
+//!   stays within about an eighth of that beyond the B-tree's node slack: the vector grows by
+//!   an eighth of its length at a time.
 //! - A memtable is frozen (made immutable behind an `Arc`) before it is written out as a table, so
 //!   that queries keep seeing its entries until the table that holds them is visible.
 
@@ -24,6 +26,9 @@ use std::iter::Peekable;
 /// entries: merging costs one pass over the vector, so this bounds that work to one pass per
 /// 65,536 writes).
 pub const RECENT_ENTRIES: usize = 1 << 16;
+
+/// The sorted vector grows by at least `1 / GROWTH_DIVISOR` of its length when it must grow.
+const GROWTH_DIVISOR: usize = 8;
 
 #[derive(Debug)]
 pub struct Memtable<E: Entry> {
@@ -59,6 +64,12 @@ impl<E: Entry> Memtable<E> {
         self.len() * E::WIDTH
     }
 
+    /// The memory it takes: the sorted vector's capacity, and the B-tree's entries with its
+    /// nodes' slack (about half again, nodes two-thirds full).
+    pub fn memory_bytes(&self) -> usize {
+        self.sorted.capacity() * size_of::<E>() + self.recent.len() * size_of::<E>() * 3 / 2
+    }
+
     /// Entries `e` with `lo <= e <= hi`, in order, each once.
     pub fn range(&self, lo: E, hi: E) -> impl Iterator<Item = &E> + '_ {
         assert!(lo <= hi, "memtable range bounds out of order");
@@ -83,6 +94,12 @@ impl<E: Entry> Memtable<E> {
     /// (only a replay makes any).
     fn merge_recent(&mut self) {
         let old_len = self.sorted.len();
+        let needed = old_len + self.recent.len();
+        if needed > self.sorted.capacity() {
+            // An eighth more at a time, not twice: a memtable is as big as its budget lets it
+            // grow, and a doubled vector would hold up to twice what it counts.
+            self.sorted.reserve_exact(needed.max(old_len + old_len / GROWTH_DIVISOR) - old_len);
+        }
         self.sorted.extend(self.recent.iter().copied()); // room, overwritten below
         let mut recent = std::mem::take(&mut self.recent).into_iter().rev().peekable();
         let (mut i, mut k, mut duplicates) = (old_len, self.sorted.len(), 0usize);
@@ -150,6 +167,22 @@ mod tests {
         m.insert(rev(1, 6));
         assert_eq!(m.len(), 2);
         assert_eq!(m.bytes(), 64);
+    }
+
+    /// Through many merges of the B-tree into the vector, the memory a memtable takes stays
+    /// within an eighth of its bytes past the B-tree's part (a doubling vector takes up to
+    /// twice them).
+    #[test]
+    fn memory_stays_within_an_eighth_of_the_bytes() {
+        let mut m = Memtable::default();
+        for i in 0..40 * RECENT_ENTRIES as u64 {
+            m.insert(rev(i.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 20, i));
+            if m.recent.is_empty() {
+                let sorted_bytes = m.sorted.len() * size_of::<Revocation>();
+                assert!(m.memory_bytes() <= sorted_bytes + sorted_bytes / 8, "{} for {sorted_bytes}", m.memory_bytes());
+            }
+        }
+        assert!(m.memory_bytes() >= m.bytes(), "{} for {}", m.memory_bytes(), m.bytes());
     }
 
     #[test]

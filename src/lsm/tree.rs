@@ -171,6 +171,12 @@ impl<E: Entry> Tree<E> {
         self.state.read().expect("tree lock poisoned").active.bytes()
     }
 
+    /// The memory its memtables take: the active one and those frozen for a flush.
+    pub fn memtables_memory_bytes(&self) -> usize {
+        let state = self.state.read().expect("tree lock poisoned");
+        state.active.memory_bytes() + state.frozen.iter().map(|m| m.memory_bytes()).sum::<usize>()
+    }
+
     /// Entries `e` with `lo <= e <= hi` from every memtable, plus the run list, taken atomically.
     pub fn snapshot(&self, ranges: &[(E, E)]) -> Snapshot<E> {
         let state = self.state.read().expect("tree lock poisoned");

@@ -219,6 +219,15 @@ impl Cache {
         self.slots.len()
     }
 
+    /// The memory it takes: slots, arena (garbage included), both indexes and the clock.
+    pub fn memory_bytes(&self) -> usize {
+        self.slots.capacity() * size_of::<Slot>()
+            + self.arena.capacity()
+            + self.by_value.memory_bytes()
+            + self.by_id.memory_bytes()
+            + self.clock.capacity() * size_of::<u32>()
+    }
+
     pub fn id_of(&self, value: &str) -> Option<u64> {
         let wanted = Kept::of(value);
         let holds_wanted = |slot: usize| {

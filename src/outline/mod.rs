@@ -468,6 +468,11 @@ impl Outlines {
         self.fingerprint_rebuilds.load(Ordering::Relaxed)
     }
 
+    /// The memory the caches of every kind take (pinned strings included).
+    pub fn cache_memory_bytes(&self) -> usize {
+        self.caches.iter().map(|cache| read(cache).map_or(0, |cache| cache.memory_bytes())).sum()
+    }
+
     /// Strings interned since the last successful `persist`.
     pub fn pending(&self) -> usize {
         self.allocator.lock().unwrap_or_else(std::sync::PoisonError::into_inner).pending.len()
