@@ -36,6 +36,20 @@ seconds_of() { awk -F: '{ s = 0; for (i = 1; i <= NF; i++) s = s * 60 + $i; prin
 # Peak RSS (VmHWM, KiB) of a running process.
 peak_kib() { awk '/VmHWM/ { print $2 }' "/proc/$1/status"; }
 
+# The import's memory every 10 s, to set its peak beside the progress lines in import.log:
+# seconds, anonymous and file-backed resident KiB.
+sample_rss() {
+    local pid="" started
+    started=$(date +%s)
+    until pid=$(pgrep -n -f -- "^$BIN import - --data-dir $1"); do sleep 0.2; done
+    echo -e "seconds\tanon_kib\tfile_kib"
+    while [ -r "/proc/$pid/status" ]; do
+        awk -v s="$(( $(date +%s) - started ))" '/RssAnon/ { a = $2 } /RssFile/ { f = $2 } END { if (a) printf "%d\t%d\t%d\n", s, a, f }' \
+            "/proc/$pid/status" 2>/dev/null || true
+        sleep 10
+    done
+}
+
 source scripts/lib/serve.sh
 
 for size in "$@"; do
@@ -47,9 +61,12 @@ for size in "$@"; do
     data="$dir/data"
 
     step "$size links, $accounts accounts: import"
+    sample_rss "$data" >"$dir/rss.tsv" &
+    sampler=$!
     # Progress lines (every 30 s) give the rate over the run's last tenth.
     /usr/bin/time -v sh -c "$(printf '%q ' "${generate[@]}") 2>$dir/workload.json | RUST_LOG=info NO_COLOR=1 $(printf '%q' "$BIN") import - --data-dir $(printf '%q' "$data") >$(printf '%q' "$dir/import.json") 2>$(printf '%q' "$dir/import.log")" \
         2>"$dir/import.time"
+    wait "$sampler" || true
     wall=$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$dir/import.time" | seconds_of)
     rss_kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$dir/import.time")
     fs_blocks=$(sed -n 's/.*File system outputs: //p' "$dir/import.time")
