@@ -121,7 +121,7 @@ impl KnownRevocations {
         revocations.reverse();
         // Held until the next merge resumes from it: without a scan's spare room.
         revocations.shrink_to_fit();
-        let mut by_source = PositionIndex::new();
+        let mut by_source = PositionIndex::with_capacity(revocations.len());
         let hash_of = |position: usize| source_hash(&revocations[position].source);
         for position in 0..revocations.len() {
             by_source.insert(hash_of(position), position, hash_of);

@@ -20,7 +20,14 @@ pub(crate) struct PositionIndex {
 
 impl PositionIndex {
     pub(crate) fn new() -> Self {
-        Self { buckets: vec![0; MIN_BUCKETS], len: 0 }
+        Self::with_capacity(0)
+    }
+
+    /// An empty index with room for `positions` before it grows (one that will hold a known
+    /// number never holds its smaller tables and the doubled one at once).
+    pub(crate) fn with_capacity(positions: usize) -> Self {
+        let buckets = (positions.saturating_mul(4) / 3 + 1).next_power_of_two().max(MIN_BUCKETS);
+        Self { buckets: vec![0; buckets], len: 0 }
     }
 
     /// The memory its buckets take.
@@ -110,5 +117,24 @@ impl PositionIndex {
         }
         self.buckets[hole] = 0;
         self.len -= 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An index made for `n` positions takes them all without growing, and finds each.
+    #[test]
+    fn an_index_made_for_n_positions_holds_them_without_growing() {
+        for n in [0usize, 1, 11, 12, 13, 1000, 49_152, 49_153, 100_000] {
+            let hash_of = |slot: usize| (slot as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+            let mut index = PositionIndex::with_capacity(n);
+            let made = index.memory_bytes();
+            (0..n).for_each(|slot| index.insert(hash_of(slot), slot, hash_of));
+            assert_eq!(index.memory_bytes(), made, "{n} positions grew the index");
+            assert!(made <= (n * 8 * 4 / 3 * 2).max(MIN_BUCKETS * 8), "{made} bytes for {n}");
+            assert!((0..n).all(|slot| index.find(hash_of(slot), |found| found == slot) == Some(slot)));
+        }
     }
 }
