@@ -223,6 +223,8 @@ pub struct Index {
     pub forward: Tree<ForwardLink>,
     pub store: Arc<dyn Store>,
     pub counters: WriteCounters,
+    /// The frame and meta budgets the trees' caches share.
+    caches: TreeCaches,
     options: IndexOptions,
     hidden: RwLock<HashMap<u64, AccountState>>,
     writer: Mutex<WriterState>,
@@ -263,7 +265,7 @@ impl Index {
             .map_err(io_err(&tables_dir))?;
         let thresholds = Tree::new(tables_dir.join(TreeKind::Thresholds.name()), options.table.clone(), caches.clone())
             .map_err(io_err(&tables_dir))?;
-        let forward = Tree::new(tables_dir.join(TreeKind::Forward.name()), options.table.clone(), caches)
+        let forward = Tree::new(tables_dir.join(TreeKind::Forward.name()), options.table.clone(), caches.clone())
             .map_err(io_err(&tables_dir))?;
         if lock.is_some() {
             // Files of tables a crash wrote but never committed; nothing else writes yet.
@@ -286,6 +288,7 @@ impl Index {
             forward,
             store,
             counters: WriteCounters::default(),
+            caches,
             options,
             hidden: RwLock::new(hidden),
             writer: Mutex::new(writer),
@@ -341,28 +344,21 @@ impl Index {
         Ok(())
     }
 
-    /// Runs over every tree (merges waiting show as many runs).
     /// What the index's bounded structures hold in memory now, by part (what an operator's
     /// RSS is made of, beside the allocator's slack and the program itself).
     pub fn memory_use(&self) -> MemoryUse {
-        let trees = [
-            self.links.memtables_memory_bytes(),
-            self.thresholds.memtables_memory_bytes(),
-            self.forward.memtables_memory_bytes(),
-        ];
         MemoryUse {
-            memtables: trees.iter().sum(),
-            frame_cache: self.links.frame_cache.bytes()
-                + self.thresholds.frame_cache.bytes()
-                + self.forward.frame_cache.bytes(),
-            meta_cache: self.links.meta_cache.bytes()
-                + self.thresholds.meta_cache.bytes()
-                + self.forward.meta_cache.bytes(),
+            memtables: self.links.memtables_memory_bytes()
+                + self.thresholds.memtables_memory_bytes()
+                + self.forward.memtables_memory_bytes(),
+            frame_cache: self.caches.frames.bytes(),
+            meta_cache: self.caches.metas.bytes(),
             outline_cache: self.outlines.cache_memory_bytes(),
             merge_revocations: self.revocations_held_bytes.load(Ordering::Relaxed),
         }
     }
 
+    /// Runs over every tree (merges waiting show as many runs).
     pub fn run_count(&self) -> usize {
         self.links.runs().len() + self.thresholds.runs().len() + self.forward.runs().len()
     }

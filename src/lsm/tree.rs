@@ -256,13 +256,15 @@ impl<E: Entry> Tree<E> {
     /// shared by all its tables), whose files become visible (durably) only at `finish`; it
     /// spills its key hashes and finished frame-index chunks to unlinked files.
     pub fn table_writer(&self, id: &str, models: Option<Arc<ColumnModels>>) -> std::io::Result<TableWriter<E>> {
-        let (file, tmp_data) = self.tmp_data_file(id)?;
+        let (data_path, meta_path) = (self.local_path(id, "data"), self.local_path(id, "meta"));
+        let tmp_data = data_path.with_extension("data.tmp");
+        let file = BufWriter::new(File::create(&tmp_data)?);
         let spills = Spills {
             keys: Box::new(anonymous_spill(&tmp_data, "keys")?),
             index: Box::new(anonymous_spill(&tmp_data, "index")?),
         };
         let builder = TableBuilder::with_spills(file, spills, models, &self.options)?;
-        Ok(self.writer_for(id, builder, tmp_data))
+        Ok(TableWriter { builder, tmp_data, data_path, meta_path, dir: self.dir.clone() })
     }
 
     /// An empty file in this tree's directory, already unlinked (it disappears with its last
@@ -274,17 +276,6 @@ impl<E: Entry> Tree<E> {
     /// How this tree writes its tables.
     pub fn table_options(&self) -> &TableOptions {
         &self.options
-    }
-
-    /// The temporary data file of table `id`, and its path.
-    fn tmp_data_file(&self, id: &str) -> std::io::Result<(BufWriter<File>, PathBuf)> {
-        let tmp_data = self.local_path(id, "data").with_extension("data.tmp");
-        Ok((BufWriter::new(File::create(&tmp_data)?), tmp_data))
-    }
-
-    fn writer_for(&self, id: &str, builder: TableBuilder<E, BufWriter<File>>, tmp_data: PathBuf) -> TableWriter<E> {
-        let (data_path, meta_path, dir) = (self.local_path(id, "data"), self.local_path(id, "meta"), self.dir.clone());
-        TableWriter { builder, tmp_data, data_path, meta_path, dir }
     }
 
     /// Deletes the local files of table `id` (a retired table; missing files are fine).
