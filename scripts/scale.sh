@@ -66,7 +66,10 @@ for size in "$@"; do
     # Progress lines (every 30 s) give the rate over the run's last tenth.
     /usr/bin/time -v sh -c "$(printf '%q ' "${generate[@]}") 2>$dir/workload.json | RUST_LOG=info NO_COLOR=1 $(printf '%q' "$BIN") import - --data-dir $(printf '%q' "$data") >$(printf '%q' "$dir/import.json") 2>$(printf '%q' "$dir/import.log")" \
         2>"$dir/import.time"
-    wait "$sampler" || true
+    # The import has exited: a sampler still looking for it (an import that failed at once) or
+    # between samples stops here.
+    kill "$sampler" 2>/dev/null || true
+    wait "$sampler" 2>/dev/null || true
     wall=$(sed -n 's/.*Elapsed (wall clock) time (h:mm:ss or m:ss): //p' "$dir/import.time" | seconds_of)
     rss_kib=$(sed -n 's/.*Maximum resident set size (kbytes): //p' "$dir/import.time")
     fs_blocks=$(sed -n 's/.*File system outputs: //p' "$dir/import.time")
