@@ -101,7 +101,7 @@ impl KnownRevocations {
         newest.resume(std::mem::take(&mut read.newest), read.floor);
         read.floor = 0;
         for table in unread.iter().flat_map(|r| r.tables.iter()) {
-            let mut scan = TableScan::new(table.clone(), options.frames_per_read);
+            let mut scan = TableScan::new(table.clone(), options.frames_per_read)?;
             while let Some(revocation) = scan.next(store, runtime)? {
                 newest.push(revocation);
             }

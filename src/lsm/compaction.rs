@@ -23,7 +23,7 @@ use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
 use crate::lsm::run::{MAX_SHARDS, Run, shard_of};
-use crate::lsm::scan::TableScan;
+use crate::lsm::scan::{SharedModels, TableScan};
 use crate::lsm::table::{ModelSampler, TableSummary};
 use crate::lsm::tree::{TableWriter, Tree};
 use crate::store::object::Store;
@@ -171,11 +171,12 @@ pub fn merge<E: Entry>(
     assert!((1..=MAX_SHARDS).contains(&shard_count), "bad shard count {shard_count}");
     let io = |source| ReadError::Io { object: format!("compaction output in {}", tree.dir().display()), source };
     let mut outs = Outputs::Learning(Learning::new(tree, ids).map_err(io)?);
+    let mut models = SharedModels::default();
     let mut scans: Vec<TableScan<E>> = inputs
         .iter()
         .flat_map(|r| r.tables.iter())
-        .map(|t| TableScan::new(t.clone(), options.frames_per_read))
-        .collect();
+        .map(|t| TableScan::sharing(t.clone(), options.frames_per_read, &mut models))
+        .collect::<Result<_, _>>()?;
     let mut heap = BinaryHeap::with_capacity(scans.len());
     for (i, scan) in scans.iter_mut().enumerate() {
         if let Some(entry) = scan.next(store, runtime)? {

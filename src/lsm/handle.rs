@@ -329,8 +329,14 @@ impl<E: Entry> TableHandle<E> {
     }
 
     /// Decodes the next frame of `batch` onto `out` and checks it against the index; `false`
-    /// when the batch has no frame left.
-    pub fn decode_scan_frame(&self, batch: &mut ScanBatch<E>, out: &mut Vec<E>) -> Result<bool, ReadError> {
+    /// when the batch has no frame left. `held` are the table's `paged_models`, which the scan
+    /// holds (a paged meta keeps none in its cache for a scan).
+    pub fn decode_scan_frame(
+        &self,
+        batch: &mut ScanBatch<E>,
+        held: Option<&ColumnModels>,
+        out: &mut Vec<E>,
+    ) -> Result<bool, ReadError> {
         if batch.decoded == batch.count {
             return Ok(false);
         }
@@ -338,17 +344,21 @@ impl<E: Entry> TableHandle<E> {
         let info = &batch.infos[at];
         let from = (info.offset - batch.start) as usize;
         let bytes = &batch.bytes[from..from + info.len as usize];
-        self.with_last_and_models(PageUse::Scan, |last, models| {
-            let span = FrameSpan {
-                first_index: batch.first_index + at,
-                infos: &batch.infos[at..at + 1],
-                next: batch.infos.get(at + 1),
-                last,
-                models,
-            };
-            decode_span(&span, bytes, out)
-        })
-        .map_err(|source| self.corrupt(batch.place, source))?;
+        let (last, models) = match &self.meta {
+            MetaView::Resident(meta) => (meta.last, meta.models.as_ref()),
+            MetaView::Paged(meta) => {
+                assert_eq!(held.is_some(), meta.models_id().is_some(), "a scan holds its table's models");
+                (meta.last, held)
+            }
+        };
+        let span = FrameSpan {
+            first_index: batch.first_index + at,
+            infos: &batch.infos[at..at + 1],
+            next: batch.infos.get(at + 1),
+            last,
+            models,
+        };
+        decode_span(&span, bytes, out).map_err(|source| self.corrupt(batch.place, source))?;
         batch.decoded += 1;
         Ok(true)
     }
@@ -368,6 +378,15 @@ impl<E: Entry> TableHandle<E> {
                 .frame_infos(frames.start..(frames.end + 1).min(meta.frame_count()), with)
                 .map(Cow::Owned)
                 .map_err(|e| meta_error(&self.meta_name(), e)),
+        }
+    }
+
+    /// What names a paged meta's column models by content (`PagedMeta::models_id`): `None` for
+    /// a resident meta or a table of raw frames.
+    pub fn paged_models_id(&self) -> Option<(u64, usize)> {
+        match &self.meta {
+            MetaView::Resident(_) => None,
+            MetaView::Paged(meta) => meta.models_id(),
         }
     }
 
@@ -852,7 +871,7 @@ mod tests {
             let at = flipped.len() / 2;
             flipped[at] ^= 0x40;
             std::fs::write(dir.path().join("t.data"), flipped).unwrap();
-            let mut scan = TableScan::new(table.clone(), 4);
+            let mut scan = TableScan::new(table.clone(), 4).unwrap();
             let mut read = Vec::new();
             let outcome = loop {
                 match scan.next(&store, runtime.handle()) {

@@ -428,6 +428,12 @@ impl<E: Entry> PagedMeta<E> {
         Ok(PagedMeta { header, last, models, chunks, source, cache, serial, held_models })
     }
 
+    /// What names the table's column models by content (their bytes' xxh3-64 and length), `None`
+    /// for a table of raw frames: tables with equal ids decode to equal models.
+    pub fn models_id(&self) -> Option<(u64, usize)> {
+        self.models.map(|place| (place.checksum, place.len))
+    }
+
     /// The table's column models (`None` for a table of raw frames): in the cache, held by
     /// another reader, or read again from the meta, checked, and (for a lookup) cached.
     pub fn models(&self, with: PageUse) -> Result<Option<Arc<ColumnModels>>, FormatError> {
