@@ -48,8 +48,9 @@ pub struct CompactionOptions {
     pub max_bytes_per_sec: Option<u64>,
     /// Most revocations a merge holds to drop killed backlinks and settle stamps: the newest
     /// (`liveness::KnownRevocations::load`). About 64 bytes each at the peak (a scan buffer of
-    /// 1.5 times as many at 32 bytes, then an index of 8 bytes per slot): 1 Mi is about 64 MiB;
-    /// 4 Mi was the largest part of a 100 M-link import's peak (BENCHMARKS.md, issue 22).
+    /// 1.5 times as many at 32 bytes, then an index of 8 bytes per slot): the default 512 Ki is
+    /// about 32 MiB. Fewer keep more dead entries in mid-sized runs until a later merge: 512 Ki
+    /// instead of 1 Mi made a 100 M-link import's links tables 0.13 % larger (BENCHMARKS.md).
     pub max_thresholds: usize,
 }
 
@@ -61,7 +62,7 @@ impl Default for CompactionOptions {
             shard_bytes: 64 << 20,
             frames_per_read: 32,
             max_bytes_per_sec: Some(64 << 20),
-            max_thresholds: 1 << 20,
+            max_thresholds: 1 << 19,
         }
     }
 }
