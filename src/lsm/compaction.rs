@@ -10,8 +10,11 @@
 //!   one a reader uses.
 //! - `keep` may drop an entry or lower its stamp, never change its identity, so the output stays
 //!   strictly increasing.
-//! - Work is streamed: one batch of frames per input plus one frame per output shard in memory,
-//!   and the merge holds no lock of the tree; the result replaces its inputs in one step.
+//! - Work is streamed, in passes over slices of the key hash (`passes`: the fewest shards of any
+//!   input or of the output): a pass holds one batch of frames per input table of its slice and
+//!   one frame per output shard of its slice, so a merge of 8 runs of 128 shards into 1,024
+//!   holds 8 scans and 8 builders at a time, not 1,024 and 1,024 (memory does not grow with
+//!   the runs). The merge holds no lock of the tree; the result replaces its inputs in one step.
 //! - A merge learns one set of column models for all its output tables (`ModelSampler`) from
 //!   its first `TableOptions::spill_bytes` of kept entries, which wait raw in one spill file
 //!   meanwhile: a merge into many shards holds one set of counts and models, not one a shard, and
@@ -159,6 +162,10 @@ pub struct MergeOutput {
 /// Streams the entries of `inputs` into `ids.len()` shard tables of `tree`, keeping the freshest
 /// of each identity and writing what `keep` makes of it: `None` drops it, `Some` is the entry or
 /// the entry with a lower stamp. Blocking: run it on a blocking thread.
+///
+/// The merge goes in passes over slices of the key hash (`passes`): every input table and every
+/// output shard lies in one slice, so a pass scans the input tables of its slice alone and
+/// writes its output shards alone.
 pub fn merge<E: Entry>(
     tree: &Tree<E>,
     inputs: &[Arc<Run<E>>],
@@ -171,51 +178,70 @@ pub fn merge<E: Entry>(
     let shard_count = ids.len() as u32;
     assert!((1..=MAX_SHARDS).contains(&shard_count), "bad shard count {shard_count}");
     let io = |source| ReadError::Io { object: format!("compaction output in {}", tree.dir().display()), source };
-    let mut outs = Outputs::Learning(Learning::new(tree, ids).map_err(io)?);
-    let mut models = SharedModels::default();
-    let mut scans: Vec<TableScan<E>> = inputs
-        .iter()
-        .flat_map(|r| r.tables.iter())
-        .map(|t| TableScan::sharing(t.clone(), options.frames_per_read, &mut models))
-        .collect::<Result<_, _>>()?;
-    let mut heap = BinaryHeap::with_capacity(scans.len());
-    for (i, scan) in scans.iter_mut().enumerate() {
-        if let Some(entry) = scan.next(store, runtime)? {
-            heap.push(Reverse((entry, i)));
-        }
-    }
+    let passes = passes(inputs, shard_count);
+    let mut outs = Outputs::Learning(Learning::new(tree, ids, passes).map_err(io)?);
     let pacer = Pacer { started: Instant::now(), max_bytes_per_sec: options.max_bytes_per_sec };
     let mut output = MergeOutput { tables: Vec::new(), entries_in: 0, duplicates_dropped: 0, killed_dropped: 0 };
     let mut pending: Option<E> = None;
-    while let Some(Reverse((entry, i))) = heap.pop() {
-        output.entries_in += 1;
-        if let Some(next) = scans[i].next(store, runtime)? {
-            heap.push(Reverse((next, i)));
+    let mut bytes_of_passes_done = 0;
+    for pass in 0..passes {
+        let mut models = SharedModels::default();
+        let mut scans: Vec<TableScan<E>> = inputs
+            .iter()
+            .flat_map(|run| run.tables.iter().filter(|t| slice_of(t.record.shard, run.shard_count(), passes) == pass))
+            .map(|t| TableScan::sharing(t.clone(), options.frames_per_read, &mut models))
+            .collect::<Result<_, _>>()?;
+        let mut heap = BinaryHeap::with_capacity(scans.len());
+        for (i, scan) in scans.iter_mut().enumerate() {
+            if let Some(entry) = scan.next(store, runtime)? {
+                heap.push(Reverse((entry, i)));
+            }
         }
-        match pending {
-            Some(previous) if previous.same_identity(&entry) => output.duplicates_dropped += 1,
-            Some(previous) => emit(&mut outs, tree, ids, previous, keep, &mut output).map_err(io)?,
-            None => {}
+        let bytes_read = |scans: &[TableScan<E>]| scans.iter().map(|s| s.bytes_read()).sum::<Result<u64, _>>();
+        while let Some(Reverse((entry, i))) = heap.pop() {
+            output.entries_in += 1;
+            if let Some(next) = scans[i].next(store, runtime)? {
+                heap.push(Reverse((next, i)));
+            }
+            match pending {
+                Some(previous) if previous.same_identity(&entry) => output.duplicates_dropped += 1,
+                Some(previous) => emit(&mut outs, tree, ids, previous, keep, &mut output).map_err(io)?,
+                None => {}
+            }
+            pending = Some(entry);
+            if output.entries_in.is_multiple_of(65_536) {
+                pacer.wait(bytes_of_passes_done + bytes_read(&scans)?);
+            }
         }
-        pending = Some(entry);
-        if output.entries_in.is_multiple_of(65_536) {
-            pacer.wait(scans.iter().map(|s| s.bytes_read()).sum::<Result<u64, _>>()?);
-        }
+        bytes_of_passes_done += bytes_read(&scans)?;
     }
     if let Some(last) = pending {
         emit(&mut outs, tree, ids, last, keep, &mut output).map_err(io)?;
     }
-    for (shard, out) in outs.writers(tree, ids).map_err(io)?.into_iter().enumerate() {
-        output.tables.push((shard as u32, out.finish().map_err(io)?));
-    }
+    output.tables = outs.writing(tree, ids).map_err(io)?.finish(tree, ids).map_err(io)?;
     Ok(output)
+}
+
+/// How many slices of the key hash a merge into `shard_count` shards goes through: the fewest
+/// shards of any input or of the output (all powers of two, so each table and output shard lies
+/// in one slice: a power-of-two shard count takes the hash's top bits). One when an input has
+/// another count (no run has one today).
+fn passes<E: Entry>(inputs: &[Arc<Run<E>>], shard_count: u32) -> u32 {
+    let counts = || inputs.iter().map(|run| run.shard_count()).chain([shard_count]);
+    if counts().all(u32::is_power_of_two) { counts().min().unwrap_or(1) } else { 1 }
+}
+
+/// The slice (of `passes`) that shard `shard` of `shard_count` lies in.
+fn slice_of(shard: u32, shard_count: u32, passes: u32) -> u32 {
+    assert!(passes <= shard_count && shard < shard_count, "shard {shard} of {shard_count}, {passes} passes");
+    (u64::from(shard) * u64::from(passes) / u64::from(shard_count)) as u32
 }
 
 /// Where a merge's kept entries go: into its spill while it learns its models, then into its
 /// output tables.
 enum Outputs<E: Entry> {
     Learning(Learning<E>),
-    Writing(Vec<TableWriter<E>>),
+    Writing(Writing<E>),
 }
 
 /// A merge learning its models: the kept entries so far, raw, in order, in an unlinked file.
@@ -226,14 +252,15 @@ struct Learning<E: Entry> {
     spilled_bytes: usize,
     spill_bytes: usize,
     sampler: ModelSampler<E>,
+    passes: u32,
 }
 
 impl<E: Entry> Learning<E> {
-    fn new(tree: &Tree<E>, ids: &[String]) -> std::io::Result<Self> {
+    fn new(tree: &Tree<E>, ids: &[String], passes: u32) -> std::io::Result<Self> {
         let spill = BufWriter::with_capacity(256 << 10, tree.anonymous_spill(&ids[0])?);
         let (sampler, spill_bytes) =
             (ModelSampler::new(ids.len(), tree.table_options()), tree.table_options().spill_bytes);
-        Ok(Learning { spill, raw: vec![0; E::WIDTH], spilled_bytes: 0, spill_bytes, sampler })
+        Ok(Learning { spill, raw: vec![0; E::WIDTH], spilled_bytes: 0, spill_bytes, sampler, passes })
     }
 
     fn push(&mut self, shard: usize, entry: &E) -> std::io::Result<()> {
@@ -248,11 +275,11 @@ impl<E: Entry> Learning<E> {
         self.spilled_bytes >= self.spill_bytes
     }
 
-    /// Decides the models, opens the output tables under them and writes the spilled entries.
-    fn into_writers(self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<Vec<TableWriter<E>>> {
+    /// Decides the models and writes the spilled entries under them.
+    fn into_writing(self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<Writing<E>> {
         let models: Option<Arc<ColumnModels>> = self.sampler.finish();
-        let mut outs: Vec<TableWriter<E>> =
-            ids.iter().map(|id| tree.table_writer(id, models.clone())).collect::<Result<_, _>>()?;
+        let mut writing = Writing { models, passes: self.passes, pass: 0, writers: Vec::new(), tables: Vec::new() };
+        writing.open_pass(tree, ids)?;
         let mut spill = self.spill.into_inner().map_err(std::io::IntoInnerError::into_error)?;
         spill.seek(SeekFrom::Start(0))?;
         let mut spill = BufReader::with_capacity(1 << 20, spill);
@@ -260,18 +287,81 @@ impl<E: Entry> Learning<E> {
         for _ in 0..self.spilled_bytes / E::WIDTH {
             spill.read_exact(&mut raw)?;
             let entry = E::decode(&raw);
-            outs[shard_of(&entry.key(), shards) as usize].push(&entry)?;
+            writing.push(tree, ids, shard_of(&entry.key(), shards), &entry)?;
         }
-        Ok(outs)
+        Ok(writing)
+    }
+}
+
+/// A merge writing under its models: the output shards of one pass open at a time (entries come
+/// pass by pass, so a shard's first entry of a later pass finishes the shards before it).
+struct Writing<E: Entry> {
+    models: Option<Arc<ColumnModels>>,
+    passes: u32,
+    /// The pass whose shards `writers` are.
+    pass: u32,
+    writers: Vec<TableWriter<E>>,
+    /// Every finished shard, in order.
+    tables: Vec<(u32, TableSummary)>,
+}
+
+impl<E: Entry> Writing<E> {
+    /// Writes nothing (what `Outputs` holds for the moment it turns from learning to writing).
+    fn none() -> Self {
+        Writing { models: None, passes: 0, pass: 0, writers: Vec::new(), tables: Vec::new() }
+    }
+
+    /// The output shards of the current pass.
+    fn shards(&self, shard_count: u32) -> std::ops::Range<u32> {
+        let per_pass = shard_count / self.passes;
+        self.pass * per_pass..(self.pass + 1) * per_pass
+    }
+
+    fn open_pass(&mut self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<()> {
+        assert!(self.writers.is_empty(), "pass {} opened twice", self.pass);
+        let shards = self.shards(ids.len() as u32);
+        self.writers =
+            shards.map(|s| tree.table_writer(&ids[s as usize], self.models.clone())).collect::<Result<_, _>>()?;
+        Ok(())
+    }
+
+    /// Finishes the current pass's shards and opens the next pass's, if any.
+    fn next_pass(&mut self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<()> {
+        let shards = self.shards(ids.len() as u32);
+        for (shard, writer) in shards.zip(std::mem::take(&mut self.writers)) {
+            self.tables.push((shard, writer.finish()?));
+        }
+        self.pass += 1;
+        if self.pass < self.passes { self.open_pass(tree, ids) } else { Ok(()) }
+    }
+
+    fn push(&mut self, tree: &Tree<E>, ids: &[String], shard: u32, entry: &E) -> std::io::Result<()> {
+        let shard_count = ids.len() as u32;
+        let pass = slice_of(shard, shard_count, self.passes);
+        assert!(pass >= self.pass, "shard {shard} after pass {}", self.pass);
+        while self.pass < pass {
+            self.next_pass(tree, ids)?;
+        }
+        let first = self.shards(shard_count).start;
+        self.writers[(shard - first) as usize].push(entry)
+    }
+
+    /// Finishes every shard left, each pass in turn: (shard, summary) of every output, in order.
+    fn finish(mut self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<Vec<(u32, TableSummary)>> {
+        while self.pass < self.passes {
+            self.next_pass(tree, ids)?;
+        }
+        assert_eq!(self.tables.len(), ids.len(), "a table for every shard");
+        Ok(self.tables)
     }
 }
 
 impl<E: Entry> Outputs<E> {
-    /// The output tables, once the models are decided (deciding them now if not yet).
-    fn writers(self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<Vec<TableWriter<E>>> {
+    /// The writing outputs, once the models are decided (deciding them now if not yet).
+    fn writing(self, tree: &Tree<E>, ids: &[String]) -> std::io::Result<Writing<E>> {
         match self {
-            Outputs::Learning(learning) => learning.into_writers(tree, ids),
-            Outputs::Writing(outs) => Ok(outs),
+            Outputs::Learning(learning) => learning.into_writing(tree, ids),
+            Outputs::Writing(writing) => Ok(writing),
         }
     }
 }
@@ -289,14 +379,14 @@ fn emit<E: Entry>(
         return Ok(());
     };
     assert!(kept.same_identity(&entry), "keep changed more than a stamp");
-    let shard = shard_of(&kept.key(), ids.len() as u32) as usize;
+    let shard = shard_of(&kept.key(), ids.len() as u32);
     match outs {
-        Outputs::Writing(writers) => writers[shard].push(&kept),
+        Outputs::Writing(writing) => writing.push(tree, ids, shard, &kept),
         Outputs::Learning(learning) => {
-            learning.push(shard, &kept)?;
+            learning.push(shard as usize, &kept)?;
             if learning.full() {
-                let learnt = std::mem::replace(outs, Outputs::Writing(Vec::new()));
-                *outs = Outputs::Writing(learnt.writers(tree, ids)?);
+                let learnt = std::mem::replace(outs, Outputs::Writing(Writing::none()));
+                *outs = Outputs::Writing(learnt.writing(tree, ids)?);
             }
             Ok(())
         }
@@ -380,6 +470,87 @@ mod tests {
                 assert!(entries.iter().all(|e| shard_of(&e.key(), ids.len() as u32) == *shard));
                 written.extend(entries);
             }
+            written.sort();
+            assert_eq!(written, expected, "spilling {spilled_entries} entries");
+        }
+    }
+
+    /// The output of a merge of `inputs` into `shards` shards, opened as a compacted run `id`.
+    fn merged_run(
+        tree: &Tree<Backlink>,
+        inputs: &[Arc<Run<Backlink>>],
+        (id, shards): (&str, u32),
+        runtime: &tokio::runtime::Runtime,
+    ) -> Arc<Run<Backlink>> {
+        use crate::lsm::record::{RunKind, TableRecord};
+        use crate::model::ids::TreeKind;
+        let ids: Vec<String> = (0..shards).map(|i| format!("{id}-{i}")).collect();
+        let store = crate::store::dir::DirStore::new(tree.dir().join("bucket"));
+        let output = merge(tree, inputs, &ids, &store, runtime.handle(), &CompactionOptions::default(), &mut Some);
+        let tables = output.unwrap().tables.into_iter().zip(&ids).map(|((shard, summary), table_id)| {
+            let run = (id.to_string(), RunKind::Compacted);
+            let record = TableRecord::written(TreeKind::Links, table_id.clone(), run, (shard, shards), &summary);
+            Arc::new(tree.open_table(record).unwrap())
+        });
+        Arc::new(Run::from_tables(tables.collect()).unwrap())
+    }
+
+    /// A merge whose inputs are all split goes in passes over slices of the key hash (the fewest
+    /// shards of an input or the output), and writes exactly the freshest entries, each in its
+    /// shard, whether its models were decided in the first pass or at the end.
+    #[test]
+    fn a_merge_of_split_runs_goes_slice_by_slice_and_loses_nothing() {
+        use crate::lsm::table::TableOptions;
+        use crate::lsm::tree::TreeCaches;
+        let link = |i: u64, rev: u64| Backlink {
+            target: RecordId::repo(i % 500),
+            source: RecordId { rkey: i, collection: 1 + i % 3, did: i % 97 },
+            location: 1,
+            source_rev: rev,
+        };
+        let input = |range: std::ops::Range<u64>, rev: u64| {
+            let mut entries: Vec<Backlink> = range.map(|i| link(i, rev)).collect();
+            entries.sort();
+            entries
+        };
+        let inputs = [input(0..3_000, 10), input(2_000..6_000, 11), input(5_000..7_000, 12), input(0..500, 13)];
+        let mut expected: Vec<Backlink> = inputs.concat();
+        expected.sort_by(|a, b| a.cmp(b).reverse());
+        expected.dedup_by(|later, kept| later.same_identity(kept));
+        expected.reverse();
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for spilled_entries in [300usize, 100_000] {
+            let dir = tempfile::tempdir().unwrap();
+            let options = TableOptions {
+                frame_bytes: 64 * 16,
+                model_min_entries: 100,
+                spill_bytes: spilled_entries * 64,
+                ..TableOptions::default()
+            };
+            let caches = TreeCaches::of_bytes(1 << 20, 1 << 20);
+            let tree = Tree::<Backlink>::new(dir.path().join("links"), options, caches).unwrap();
+            let deltas = runs_of(&tree, &inputs);
+            let split = [
+                merged_run(&tree, &deltas[0..1], ("a", 4), &runtime),
+                merged_run(&tree, &deltas[1..2], ("b", 2), &runtime),
+                merged_run(&tree, &deltas[2..4], ("c", 8), &runtime),
+            ];
+            assert_eq!(passes(&split, 16), 2);
+            assert_eq!(passes(&split, 1), 1);
+            assert_eq!(passes(&split[..1], 8), 4);
+            assert_eq!(passes(&[split[0].clone(), deltas[0].clone()], 8), 1);
+            let merged = merged_run(&tree, &split, ("out", 16), &runtime);
+            let mut written = Vec::new();
+            for (shard, table) in merged.tables.iter().enumerate() {
+                let runtime = runtime.handle();
+                let store = crate::store::dir::DirStore::new(tree.dir().join("bucket"));
+                let mut scan = crate::lsm::scan::TableScan::new(table.clone(), 3).unwrap();
+                while let Some(entry) = scan.next(&store, runtime).unwrap() {
+                    assert_eq!(shard_of(&entry.key(), 16) as usize, shard);
+                    written.push(entry);
+                }
+            }
+            assert!(written.is_sorted_by(|a, b| shard_of(&a.key(), 16) < shard_of(&b.key(), 16) || a < b));
             written.sort();
             assert_eq!(written, expected, "spilling {spilled_entries} entries");
         }
