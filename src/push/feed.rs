@@ -68,7 +68,7 @@ impl FeedOptions {
     /// A log keeping `retain_us` of history within `max_bytes`, a recent-links table of
     /// `recent_bytes`, and the default memory.
     pub fn new(retain_us: i64, max_bytes: u64, recent_bytes: u64, extract: ExtractLimits) -> Self {
-        let log = LogOptions { segment_bytes: SEGMENT_BYTES, retain_us, max_bytes };
+        let log = LogOptions { segment_bytes: SEGMENT_BYTES, retain_us, max_bytes, pack: true };
         let boot = super::recent::current_boot();
         FeedOptions { log, extract, remember_us: REMEMBER_US, max_remembered: MAX_REMEMBERED, recent_bytes, boot }
     }

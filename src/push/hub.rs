@@ -502,7 +502,7 @@ mod tests {
     #[test]
     fn a_member_gets_what_comes_after_its_cursor_and_a_full_queue_cuts_it_off() {
         let dir = tempfile::tempdir().unwrap();
-        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX };
+        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
         let mut log = ChangeLog::open(dir.path(), options).unwrap();
         let counters = Arc::new(PushCounters::default());
         let delivery = tokio::runtime::Runtime::new().unwrap();
@@ -553,7 +553,7 @@ mod tests {
         // On one thread the hub and a subscriber share the CPU as they would when delivery is
         // starved: a burst of many times the queue's size must not cut the subscriber off.
         let dir = tempfile::tempdir().unwrap();
-        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX };
+        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
         let mut log = ChangeLog::open(dir.path(), options).unwrap();
         let delivery = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let counters = Arc::new(PushCounters::default());

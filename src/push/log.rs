@@ -3,7 +3,8 @@
 //!
 //! The log is a directory of segment files `NNNNNNNNNN-CURSOR.log` (a sequence number and the
 //! first cursor the segment holds), each a run of frames `len u32, xxh3-64 of the body u64,
-//! body` (an `Entry`). One writer appends (the ingest engine's feed); any number of readers follow.
+//! body` (an `Entry`). Once sealed, a segment is packed (`packed`: `NNNNNNNNNN-CURSOR.logz`) by a
+//! thread of its own at the lowest priority; offsets stay those of the frames as written. One writer appends (the ingest engine's feed); any number of readers follow.
 //! A new segment starts at the first entry after a publish once the current one reaches
 //! `segment_bytes` (never within a batch, so a crash keeps all of an event's entries or none;
 //! within a batch only near `MAX_SEGMENT_BYTES`); the oldest segments are
@@ -19,18 +20,24 @@
 //!   error, never an event.
 //! - Bytes in the log are durable after `sync`; before that they survive a crash of the process
 //!   (they are in the kernel's page cache) but not of the machine.
+//! - A sealed segment is readable throughout its packing: the packed file is renamed into place
+//!   before the plain one goes, and readers look for the plain file first, then the packed one
+//!   (a reader holding the plain file open keeps reading it). A retired segment leaves the list
+//!   before its files go, and the packer removes what it packed for a segment no longer listed.
 
 use super::PushError;
 use super::entry::{Entry, MAX_ENTRY_BYTES};
+use super::frame::{FRAME_HEADER, frame_in, header_fields};
+use super::packed::{PackedSegment, pack};
 use crate::base::durable::sync_dir;
+use crate::base::priority::lower_this_thread;
 use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, mpsc};
 use xxhash_rust::xxh3::xxh3_64;
 
-const FRAME_HEADER: usize = 12;
 /// Bytes a reader asks the kernel for at once.
 const READ_CHUNK: usize = 256 << 10;
 /// Segments may not reach 4 GiB: positions keep offsets in 32 bits.
@@ -45,7 +52,12 @@ pub struct LogOptions {
     pub retain_us: i64,
     /// The most the log may hold on disk (plus one segment).
     pub max_bytes: u64,
+    /// Pack sealed segments (`packed`) on a thread of the log's own.
+    pub pack: bool,
 }
+
+/// The packer's priority: below everything else the server does.
+const PACKER_NICE: i32 = 19;
 
 /// Where an entry is: its segment and offset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -103,9 +115,8 @@ impl LogShared {
     /// The oldest cursor still in the log, if any (read from the oldest segment's first frame).
     pub fn oldest_cursor(&self) -> Option<i64> {
         let first = self.segments.lock().expect("segments lock poisoned").first().copied()?;
-        let file = File::open(self.path_of(first)).ok()?;
-        let length = file.metadata().ok()?.len();
-        match exact_frame_at(&file, 0, length) {
+        let mut reader = ChunkReader::new(self.open(first).ok()??);
+        match reader.lookup(0) {
             Ok(Some(Ok(entry))) => Some(entry.first_cursor),
             _ => None,
         }
@@ -117,6 +128,59 @@ impl LogShared {
 
     fn path_of(&self, segment: Segment) -> PathBuf {
         self.dir.join(format!("{:010}-{}.log", segment.number, segment.first_cursor))
+    }
+
+    fn packed_path_of(&self, segment: Segment) -> PathBuf {
+        self.path_of(segment).with_extension("logz")
+    }
+
+    /// The segment's file, plain or packed (`None`: retired).
+    fn open(&self, segment: Segment) -> Result<Option<SegmentFile>, PushError> {
+        let path = self.path_of(segment);
+        match File::open(&path) {
+            Ok(file) => return Ok(Some(SegmentFile::Plain(file))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(PushError::io(&path, e)),
+        }
+        let packed = self.packed_path_of(segment);
+        match File::open(&packed) {
+            Ok(file) => {
+                PackedSegment::open(file).map(|p| Some(SegmentFile::Packed(p))).map_err(|e| PushError::io(&packed, e))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(PushError::io(&packed, e)),
+        }
+    }
+
+    fn listed(&self, number: u32) -> bool {
+        self.segment(number).is_some()
+    }
+
+    /// Sealed segments (numbered below `current`) still as written.
+    fn unpacked_sealed(&self, current: u32) -> Vec<Segment> {
+        let segments = self.segments.lock().expect("segments lock poisoned").clone();
+        segments.into_iter().filter(|s| s.number < current && self.path_of(*s).exists()).collect()
+    }
+
+    /// Packs sealed `segment` and removes it as written (module invariants: it stays readable
+    /// throughout; a segment retired meanwhile loses the packed file too).
+    fn pack_segment(&self, segment: Segment) -> Result<(), PushError> {
+        let (plain, packed) = (self.path_of(segment), self.packed_path_of(segment));
+        let packed_bytes = match pack(&plain, &packed) {
+            Ok(bytes) => bytes,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(PushError::io(&plain, e)),
+        };
+        sync_dir(&self.dir).map_err(|e| PushError::io(&self.dir, e))?;
+        if !self.listed(segment.number) {
+            return remove_if_there(&packed);
+        }
+        remove_if_there(&plain)?;
+        let mut segments = self.segments.lock().expect("segments lock poisoned");
+        if let Some(listed) = segments.iter_mut().find(|s| s.number == segment.number) {
+            listed.bytes = packed_bytes;
+        }
+        Ok(())
     }
 
     fn segment(&self, number: u32) -> Option<Segment> {
@@ -143,7 +207,9 @@ pub struct ChangeLog {
     pending: Vec<u8>,
     last_cursor: i64,
     /// The sealed segment `read_at` read last, kept open for the next lookup.
-    looked_up: Option<(u32, File)>,
+    looked_up: Option<(u32, ChunkReader)>,
+    /// Sealed segments to pack (`None` when the options say not to).
+    packer: Option<mpsc::Sender<Segment>>,
 }
 
 impl ChangeLog {
@@ -181,7 +247,14 @@ impl ChangeLog {
             segments: Mutex::new(segments),
         });
         let current = Segment { bytes: valid, ..current };
-        Ok(ChangeLog { shared, options, file, current, written: valid, pending: vec![], last_cursor, looked_up: None })
+        let packer = options.pack.then(|| start_packer(shared.clone()));
+        if let Some(packer) = &packer {
+            for sealed in shared.unpacked_sealed(current.number) {
+                let _ = packer.send(sealed);
+            }
+        }
+        let pending = vec![];
+        Ok(ChangeLog { shared, options, file, current, written: valid, pending, last_cursor, looked_up: None, packer })
     }
 
     pub fn shared(&self) -> &Arc<LogShared> {
@@ -250,20 +323,18 @@ impl ChangeLog {
         }
         let Some(segment) = self.shared.segment(position.segment) else { return Ok(None) };
         let path = self.shared.path_of(segment);
-        let limit = segment.bytes.max(position.offset as u64);
         let frame = if segment.number == self.current.number {
-            exact_frame_at(&self.file, position.offset as u64, limit)
+            exact_frame_at(&self.file, position.offset as u64, self.written)
         } else {
-            let file = match self.looked_up.take().filter(|(number, _)| *number == segment.number) {
-                Some((_, file)) => file,
-                None => match File::open(&path) {
-                    Ok(file) => file,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-                    Err(e) => return Err(PushError::io(&path, e)),
+            let mut reader = match self.looked_up.take().filter(|(number, _)| *number == segment.number) {
+                Some((_, reader)) => reader,
+                None => match self.shared.open(segment)? {
+                    Some(file) => ChunkReader::new(file),
+                    None => return Ok(None),
                 },
             };
-            let frame = exact_frame_at(&file, position.offset as u64, limit);
-            self.looked_up = Some((segment.number, file));
+            let frame = reader.lookup(position.offset as u64);
+            self.looked_up = Some((segment.number, reader));
             frame
         };
         match frame.map_err(|e| PushError::io(&path, e))? {
@@ -299,7 +370,11 @@ impl ChangeLog {
             OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(|e| PushError::io(&path, e))?;
         sync_dir(&self.shared.dir).map_err(|e| PushError::io(&self.shared.dir, e))?;
         self.shared.segments.lock().expect("segments lock poisoned").push(next);
-        self.current = next;
+        let sealed = std::mem::replace(&mut self.current, next);
+        if let Some(packer) = &self.packer {
+            // The packer ends only with the log: a send cannot fail while it is alive.
+            let _ = packer.send(sealed);
+        }
         self.written = 0;
         // Readers move to the new segment once the end does.
         self.shared.end.send_replace(LogEnd { segment: next.number, offset: 0, last_cursor: self.last_cursor });
@@ -318,13 +393,10 @@ impl ChangeLog {
                 (too_old || too_big).then(|| segments[0])
             };
             let Some(doomed) = doomed else { return Ok(()) };
-            let path = self.shared.path_of(doomed);
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(PushError::io(&path, e)),
-            }
+            // Unlisted first: a packer that finishes after this removes what it wrote.
             self.shared.segments.lock().expect("segments lock poisoned").retain(|s| s.number != doomed.number);
+            remove_if_there(&self.shared.path_of(doomed))?;
+            remove_if_there(&self.shared.packed_path_of(doomed))?;
         }
     }
 }
@@ -419,12 +491,7 @@ impl LogReader {
     }
 
     fn open(&self, segment: Segment) -> Result<ChunkReader, PushError> {
-        let path = self.shared.path_of(segment);
-        match File::open(&path) {
-            Ok(file) => Ok(ChunkReader::new(file, 0)),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(PushError::Behind),
-            Err(e) => Err(PushError::io(&path, e)),
-        }
+        self.shared.open(segment)?.map(ChunkReader::new).ok_or(PushError::Behind)
     }
 
     fn sealed_length(&mut self, segment: Segment) -> Result<u64, PushError> {
@@ -432,7 +499,7 @@ impl LogReader {
             self.reader = Some(self.open(segment)?);
         }
         let reader = self.reader.as_ref().expect("opened above");
-        reader.file.metadata().map(|m| m.len()).map_err(|e| PushError::io(&self.shared.path_of(segment), e))
+        reader.source.plain_len().map_err(|e| PushError::io(&self.shared.path_of(segment), e))
     }
 
     fn next_segment(&mut self, segment: Segment) -> Result<(), PushError> {
@@ -444,9 +511,26 @@ impl LogReader {
     }
 }
 
-/// Positioned reads of one segment through a buffer, never past `limit`.
+/// A segment's file: as written, or packed once sealed.
+enum SegmentFile {
+    Plain(File),
+    Packed(PackedSegment),
+}
+
+impl SegmentFile {
+    /// The segment's length as written.
+    fn plain_len(&self) -> std::io::Result<u64> {
+        match self {
+            SegmentFile::Plain(file) => file.metadata().map(|m| m.len()),
+            SegmentFile::Packed(packed) => Ok(packed.plain_len()),
+        }
+    }
+}
+
+/// Positioned reads of one segment through a buffer (a chunk of a plain file, a block of a
+/// packed one), never past `limit`.
 struct ChunkReader {
-    file: File,
+    source: SegmentFile,
     limit: u64,
     buffer: Vec<u8>,
     buffer_offset: u64,
@@ -476,8 +560,11 @@ fn exact_frame_at(file: &File, offset: u64, limit: u64) -> std::io::Result<Optio
 }
 
 impl ChunkReader {
-    fn new(file: File, limit: u64) -> Self {
-        ChunkReader { file, limit, buffer: vec![], buffer_offset: 0 }
+    /// A reader of `source` up to its length as written (a follower of the current segment moves
+    /// `limit` on as the log's end does).
+    fn new(source: SegmentFile) -> Self {
+        let limit = source.plain_len().unwrap_or(0);
+        ChunkReader { source, limit, buffer: vec![], buffer_offset: 0 }
     }
 
     /// The bytes `[offset, offset + len)`, or `None` past the limit.
@@ -488,13 +575,41 @@ impl ChunkReader {
         let buffered =
             offset >= self.buffer_offset && offset + len as u64 <= self.buffer_offset + self.buffer.len() as u64;
         if !buffered {
-            let want = (len.max(READ_CHUNK) as u64).min(self.limit - offset) as usize;
-            self.buffer.resize(want, 0);
-            self.file.read_exact_at(&mut self.buffer, offset)?;
-            self.buffer_offset = offset;
+            self.fill(offset, len)?;
         }
         let start = (offset - self.buffer_offset) as usize;
         Ok(Some(&self.buffer[start..start + len]))
+    }
+
+    /// Reads into the buffer what holds `[offset, offset + len)`: a chunk from `offset` of a plain
+    /// file, the block holding `offset` of a packed one (frames never span blocks).
+    fn fill(&mut self, offset: u64, len: usize) -> std::io::Result<()> {
+        match &self.source {
+            SegmentFile::Plain(file) => {
+                let want = (len.max(READ_CHUNK) as u64).min(self.limit - offset) as usize;
+                self.buffer.resize(want, 0);
+                file.read_exact_at(&mut self.buffer, offset)?;
+                self.buffer_offset = offset;
+            }
+            SegmentFile::Packed(packed) => {
+                self.buffer_offset = packed.block_at(offset, &mut self.buffer)?.unwrap_or(offset);
+                if offset + len as u64 > self.buffer_offset + self.buffer.len() as u64 {
+                    self.buffer.clear();
+                    let detail = format!("{len} bytes at {offset} are not in one block");
+                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, detail));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The frame at `offset`, for a lookup of one entry: two exact reads of a plain file (not a
+    /// chunk), its block of a packed one (kept for the next lookup).
+    fn lookup(&mut self, offset: u64) -> std::io::Result<Option<Result<Entry, String>>> {
+        match &self.source {
+            SegmentFile::Plain(file) => exact_frame_at(file, offset, self.limit.max(offset)),
+            SegmentFile::Packed(_) => Ok(self.frame_at(offset)?.map(|frame| frame.map(|(entry, _)| entry))),
+        }
     }
 
     /// The frame at `offset` decoded with its length, a reason it is bad, or `None` when it
@@ -513,29 +628,9 @@ impl ChunkReader {
     }
 }
 
-fn header_fields(header: &[u8]) -> (usize, u64) {
-    let len = u32::from_le_bytes(header[..4].try_into().expect("4 bytes")) as usize;
-    let checksum = u64::from_le_bytes(header[4..FRAME_HEADER].try_into().expect("8 bytes"));
-    (len, checksum)
-}
-
-/// The body of the frame at the start of `bytes`, with the frame's length.
-fn frame_in(bytes: &[u8]) -> Result<(&[u8], usize), String> {
-    if bytes.len() < FRAME_HEADER {
-        return Err("a frame cut short".into());
-    }
-    let (len, checksum) = header_fields(bytes);
-    let body = bytes.get(FRAME_HEADER..FRAME_HEADER + len).ok_or("a frame cut short")?;
-    if xxh3_64(body) != checksum {
-        return Err("checksum mismatch".into());
-    }
-    Ok((body, FRAME_HEADER + len))
-}
-
 /// How many leading bytes of a segment are whole, valid frames, and the last cursor in them.
 fn scan_valid(file: &File, path: &Path) -> Result<(u64, Option<i64>), PushError> {
-    let length = file.metadata().map_err(|e| PushError::io(path, e))?.len();
-    let mut reader = ChunkReader::new(file.try_clone().map_err(|e| PushError::io(path, e))?, length);
+    let mut reader = ChunkReader::new(SegmentFile::Plain(file.try_clone().map_err(|e| PushError::io(path, e))?));
     let (mut offset, mut last) = (0, None);
     while let Some(Ok((entry, len))) = reader.frame_at(offset).map_err(|e| PushError::io(path, e))? {
         if last.is_some_and(|last| entry.first_cursor <= last) {
@@ -547,20 +642,67 @@ fn scan_valid(file: &File, path: &Path) -> Result<(u64, Option<i64>), PushError>
     Ok((offset, last))
 }
 
+/// The segments in `dir`, plain or packed. What a packer left behind is cleared: a packed file
+/// it did not finish, and a plain file whose packed one is in place.
 fn list_segments(dir: &Path) -> Result<Vec<Segment>, PushError> {
-    let mut segments = vec![];
+    let mut segments: Vec<(Segment, bool)> = vec![];
     for item in std::fs::read_dir(dir).map_err(|e| PushError::io(dir, e))? {
         let item = item.map_err(|e| PushError::io(dir, e))?;
         let name = item.file_name();
-        let Some((number, first_cursor)) = name.to_str().and_then(parse_segment_name) else { continue };
+        let Some(name) = name.to_str() else { continue };
+        if name.ends_with(".logz.tmp") {
+            remove_if_there(&item.path())?;
+            continue;
+        }
+        let Some((number, first_cursor, packed)) = parse_segment_name(name) else { continue };
         let bytes = item.metadata().map_err(|e| PushError::io(&item.path(), e))?.len();
-        segments.push(Segment { number, first_cursor, bytes });
+        segments.push((Segment { number, first_cursor, bytes }, packed));
     }
-    segments.sort_by_key(|s| s.number);
-    Ok(segments)
+    segments.sort_by_key(|(s, packed)| (s.number, !packed));
+    let mut listed: Vec<Segment> = Vec::with_capacity(segments.len());
+    for (segment, packed) in segments {
+        if listed.last().is_some_and(|last| last.number == segment.number) {
+            assert!(!packed, "the packed file of a segment comes first");
+            remove_if_there(&dir.join(format!("{:010}-{}.log", segment.number, segment.first_cursor)))?;
+            continue;
+        }
+        listed.push(segment);
+    }
+    Ok(listed)
 }
 
-fn parse_segment_name(name: &str) -> Option<(u32, i64)> {
-    let (number, cursor) = name.strip_suffix(".log")?.split_once('-')?;
-    Some((number.parse().ok()?, cursor.parse().ok()?))
+/// A segment file's number, first cursor, and whether it is packed.
+fn parse_segment_name(name: &str) -> Option<(u32, i64, bool)> {
+    let (stem, packed) = match name.strip_suffix(".logz") {
+        Some(stem) => (stem, true),
+        None => (name.strip_suffix(".log")?, false),
+    };
+    let (number, cursor) = stem.split_once('-')?;
+    Some((number.parse().ok()?, cursor.parse().ok()?, packed))
+}
+
+fn remove_if_there(path: &Path) -> Result<(), PushError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(PushError::io(path, e)),
+    }
+}
+
+/// The packer: a thread that packs the sealed segments it is sent, one at a time, until the log
+/// is dropped.
+fn start_packer(shared: Arc<LogShared>) -> mpsc::Sender<Segment> {
+    let (sender, segments) = mpsc::channel::<Segment>();
+    let spawned = std::thread::Builder::new().name("log-packer".into()).spawn(move || {
+        lower_this_thread(PACKER_NICE);
+        for segment in segments {
+            if let Err(error) = shared.pack_segment(segment) {
+                tracing::warn!(%error, segment = segment.number, "could not pack a change-log segment (it stays as written)");
+            }
+        }
+    });
+    if let Err(error) = spawned {
+        tracing::warn!(%error, "no change-log packer: sealed segments stay as written");
+    }
+    sender
 }

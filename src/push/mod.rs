@@ -2,7 +2,9 @@
 //! websocket and resume from a cursor.
 //!
 //! - `entry`: one change-log entry (what one ingested event changed) and its events;
+//! - `frame`: one frame of the log (length, checksum, entry);
 //! - `log`: the change log on local disk, segments kept for `retain_us`;
+//! - `packed`: a sealed segment, compressed;
 //! - `recent`: recent records' links, so deletes reach the subscribers of what they unlinked;
 //! - `feed`: turns ingested events into entries (live ingest calls it);
 //! - `filter`: what a subscriber wants;
@@ -25,8 +27,10 @@
 pub mod entry;
 pub mod feed;
 pub mod filter;
+pub mod frame;
 pub mod hub;
 pub mod log;
+pub mod packed;
 pub mod recent;
 
 use std::path::{Path, PathBuf};

@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 fn log_options(segment_bytes: u64) -> LogOptions {
-    LogOptions { segment_bytes, retain_us: i64::MAX / 4, max_bytes: u64::MAX }
+    LogOptions { segment_bytes, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: false }
 }
 
 fn show(cursor: i64) -> Entry {
@@ -92,7 +92,7 @@ fn a_torn_tail_is_cut_on_open_and_a_bad_frame_is_never_read() {
 #[test]
 fn old_segments_go_and_a_reader_from_before_them_starts_at_the_log_start() {
     let dir = tempfile::tempdir().unwrap();
-    let options = LogOptions { segment_bytes: 200, retain_us: 100, max_bytes: u64::MAX };
+    let options = LogOptions { segment_bytes: 200, retain_us: 100, max_bytes: u64::MAX, pack: false };
     let mut log = ChangeLog::open(dir.path(), options).unwrap();
     for cursor in 1..=100 {
         log.append(&show(cursor * 10)).unwrap();
@@ -105,6 +105,114 @@ fn old_segments_go_and_a_reader_from_before_them_starts_at_the_log_start() {
     assert_eq!(read_all(&log, 5).first(), Some(&oldest));
     let start = LogReader::start_of(log.shared(), oldest);
     assert!(!start.from_log_start);
+}
+
+/// The files of a log directory with this extension.
+fn files_ending(dir: &std::path::Path, extension: &str) -> Vec<String> {
+    let names = std::fs::read_dir(dir).unwrap().map(|item| item.unwrap().file_name().into_string().unwrap());
+    let mut names: Vec<String> = names.filter(|name| name.ends_with(extension)).collect();
+    names.sort();
+    names
+}
+
+/// Waits (up to 20 s) until the packer has packed every sealed segment: one plain file is left.
+fn wait_packed(dir: &std::path::Path) {
+    let started = std::time::Instant::now();
+    while files_ending(dir, ".log").len() > 1 {
+        assert!(started.elapsed() < std::time::Duration::from_secs(20), "sealed segments still plain");
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn sealed_segments_are_packed_and_read_as_written_from_any_cursor_and_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let packing = LogOptions { pack: true, ..log_options(300) };
+    let mut log = ChangeLog::open(dir.path(), packing.clone()).unwrap();
+    // A reader that starts in the first segment while it is still being written.
+    let mut early = LogReader::after(log.shared().clone(), 0);
+    let cursors: Vec<i64> = (1..=80).map(|i| i * 10).collect();
+    let mut early_read = vec![];
+    for &cursor in &cursors {
+        log.append(&show(cursor)).unwrap();
+        log.publish().unwrap();
+        if cursor == 30 {
+            while let Some(entry) = early.next_entry().unwrap() {
+                early_read.push(entry.first_cursor);
+            }
+        }
+    }
+    wait_packed(dir.path());
+    let packed = files_ending(dir.path(), ".logz");
+    assert!(packed.len() > 5, "{packed:?}");
+    assert!(files_ending(dir.path(), ".tmp").is_empty());
+    while let Some(entry) = early.next_entry().unwrap() {
+        early_read.push(entry.first_cursor);
+    }
+    assert_eq!(early_read, cursors, "a reader from before the packing reads on");
+    for after in [0, 9, 10, 11, 255, 499, 500, 795, 800] {
+        let expected: Vec<i64> = cursors.iter().copied().filter(|c| *c > after).collect();
+        assert_eq!(read_all(&log, after), expected, "after {after}");
+    }
+    assert_eq!(log.shared().oldest_cursor(), Some(10));
+    let mut positions = LogReader::after(log.shared().clone(), 0);
+    while let Some((position, entry)) = positions.next_with_position().unwrap() {
+        assert_eq!(log.read_at(position).unwrap().map(|e| e.first_cursor), Some(entry.first_cursor));
+    }
+    drop(log);
+    let mut reopened = ChangeLog::open(dir.path(), packing).unwrap();
+    assert_eq!(reopened.last_cursor(), 800);
+    reopened.append(&show(810)).unwrap();
+    reopened.publish().unwrap();
+    assert_eq!(read_all(&reopened, 0), [cursors.clone(), vec![810]].concat());
+}
+
+#[test]
+fn a_packers_leftovers_are_cleared_on_open_and_a_damaged_block_is_never_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut log = ChangeLog::open(dir.path(), log_options(300)).unwrap();
+    for cursor in 1..=40 {
+        log.append(&show(cursor)).unwrap();
+        log.publish().unwrap();
+    }
+    drop(log);
+    let plain = files_ending(dir.path(), ".log");
+    assert!(plain.len() > 3);
+    // A packer stopped between its rename and its removal, and one stopped before its rename.
+    let first = dir.path().join(&plain[0]);
+    super::packed::pack(&first, &first.with_extension("logz")).unwrap();
+    std::fs::write(dir.path().join(&plain[1]).with_extension("logz.tmp"), b"half").unwrap();
+    let log = ChangeLog::open(dir.path(), log_options(300)).unwrap();
+    assert_eq!(files_ending(dir.path(), ".logz"), [plain[0].replace(".log", ".logz")]);
+    assert_eq!(files_ending(dir.path(), ".log"), plain[1..].to_vec());
+    assert!(files_ending(dir.path(), ".tmp").is_empty());
+    assert_eq!(read_all(&log, 0), (1..=40).collect::<Vec<i64>>());
+    let packed = dir.path().join(plain[0].replace(".log", ".logz"));
+    let mut bytes = std::fs::read(&packed).unwrap();
+    bytes[20] ^= 0x04;
+    std::fs::write(&packed, &bytes).unwrap();
+    let error = LogReader::after(log.shared().clone(), 0).next_entry().unwrap_err().to_string();
+    assert!(error.contains("checksum"), "zstd's checksum of the block: {error}");
+}
+
+#[test]
+fn retired_segments_leave_no_file_whether_packed_or_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = LogOptions { segment_bytes: 200, retain_us: 100, max_bytes: u64::MAX, pack: true };
+    let mut log = ChangeLog::open(dir.path(), options).unwrap();
+    for cursor in 1..=200 {
+        log.append(&show(cursor * 10)).unwrap();
+        log.publish().unwrap();
+    }
+    wait_packed(dir.path());
+    let oldest = log.shared().oldest_segment();
+    let numbers = |extension| {
+        files_ending(dir.path(), extension).iter().map(|n| n[..10].parse::<u32>().unwrap()).collect::<Vec<_>>()
+    };
+    let (packed, plain) = (numbers(".logz"), numbers(".log"));
+    assert!(packed.iter().chain(&plain).all(|n| *n >= oldest), "{packed:?} {plain:?} from {oldest}");
+    assert!(!packed.is_empty());
+    assert_eq!(read_all(&log, 0).first(), log.shared().oldest_cursor().as_ref());
 }
 
 // --- The feed against a model of records and accounts.
@@ -193,7 +301,7 @@ impl Rebuilt {
 
 fn feed_options() -> FeedOptions {
     FeedOptions {
-        log: log_options(4096),
+        log: LogOptions { pack: true, ..log_options(4096) },
         extract: ExtractLimits::default(),
         remember_us: 1_000_000,
         max_remembered: 100_000,
