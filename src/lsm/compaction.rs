@@ -411,13 +411,35 @@ mod tests {
         inputs.iter().enumerate().map(open).collect()
     }
 
+    /// The freshest entry of each identity over `inputs`, in order: what a merge keeps.
+    fn freshest_of(inputs: &[Vec<Backlink>]) -> Vec<Backlink> {
+        let mut expected: Vec<Backlink> = inputs.concat();
+        expected.sort_by(|a, b| a.cmp(b).reverse());
+        expected.dedup_by(|later, kept| later.same_identity(kept));
+        expected.reverse();
+        expected
+    }
+
+    /// A links tree of small frames whose merges learn their models from their first
+    /// `spilled_entries` kept entries.
+    fn tree_learning_from(dir: &std::path::Path, spilled_entries: usize) -> Tree<Backlink> {
+        use crate::lsm::table::TableOptions;
+        use crate::lsm::tree::TreeCaches;
+        let options = TableOptions {
+            frame_bytes: 64 * 16,
+            model_min_entries: 100,
+            spill_bytes: spilled_entries * 64,
+            ..TableOptions::default()
+        };
+        Tree::<Backlink>::new(dir.join("links"), options, TreeCaches::of_bytes(1 << 20, 1 << 20)).unwrap()
+    }
+
     /// A merge into several shards learns one set of models from its first `spill_bytes` of kept
     /// entries (every shard's frames sampled, as `ModelSampler` does), writes every table under
     /// it, and loses nothing it spilled: its tables hold exactly the inputs' freshest entries.
     #[test]
     fn a_merge_writes_every_shard_under_one_set_of_models_learnt_from_its_spill() {
-        use crate::lsm::table::{TableMeta, TableOptions};
-        use crate::lsm::tree::TreeCaches;
+        use crate::lsm::table::TableMeta;
         let link = |t: u64, s: u64, rev: u64| Backlink {
             target: RecordId::repo(t),
             source: RecordId { rkey: s, collection: 1 + s % 3, did: s % 97 },
@@ -433,21 +455,11 @@ mod tests {
                 entries
             })
             .collect();
-        let mut expected: Vec<Backlink> = inputs.concat();
-        expected.sort_by(|a, b| a.cmp(b).reverse());
-        expected.dedup_by(|later, kept| later.same_identity(kept));
-        expected.reverse();
+        let expected = freshest_of(&inputs);
         for spilled_entries in [500usize, 100_000] {
             let dir = tempfile::tempdir().unwrap();
-            let table = TableOptions {
-                frame_bytes: 64 * 16,
-                model_min_entries: 100,
-                spill_bytes: spilled_entries * 64,
-                ..TableOptions::default()
-            };
-            let tree =
-                Tree::<Backlink>::new(dir.path().join("links"), table.clone(), TreeCaches::of_bytes(1 << 20, 1 << 20))
-                    .unwrap();
+            let tree = tree_learning_from(dir.path(), spilled_entries);
+            let table = tree.table_options().clone();
             let runs = runs_of(&tree, &inputs);
             let ids: Vec<String> = (0..4).map(|i| format!("out{i}")).collect();
             let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
@@ -500,8 +512,6 @@ mod tests {
     /// shard, whether its models were decided in the first pass or at the end.
     #[test]
     fn a_merge_of_split_runs_goes_slice_by_slice_and_loses_nothing() {
-        use crate::lsm::table::TableOptions;
-        use crate::lsm::tree::TreeCaches;
         let link = |i: u64, rev: u64| Backlink {
             target: RecordId::repo(i % 500),
             source: RecordId { rkey: i, collection: 1 + i % 3, did: i % 97 },
@@ -514,21 +524,11 @@ mod tests {
             entries
         };
         let inputs = [input(0..3_000, 10), input(2_000..6_000, 11), input(5_000..7_000, 12), input(0..500, 13)];
-        let mut expected: Vec<Backlink> = inputs.concat();
-        expected.sort_by(|a, b| a.cmp(b).reverse());
-        expected.dedup_by(|later, kept| later.same_identity(kept));
-        expected.reverse();
+        let expected = freshest_of(&inputs);
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         for spilled_entries in [300usize, 100_000] {
             let dir = tempfile::tempdir().unwrap();
-            let options = TableOptions {
-                frame_bytes: 64 * 16,
-                model_min_entries: 100,
-                spill_bytes: spilled_entries * 64,
-                ..TableOptions::default()
-            };
-            let caches = TreeCaches::of_bytes(1 << 20, 1 << 20);
-            let tree = Tree::<Backlink>::new(dir.path().join("links"), options, caches).unwrap();
+            let tree = tree_learning_from(dir.path(), spilled_entries);
             let deltas = runs_of(&tree, &inputs);
             let split = [
                 merged_run(&tree, &deltas[0..1], ("a", 4), &runtime),
