@@ -18,9 +18,10 @@
 //!   checksums too, which readers check).
 //! - A packed file appears whole or not at all: written beside, synced, then renamed.
 
+use super::entry::MAX_ENTRY_BYTES;
 use super::frame::{FRAME_HEADER, header_fields};
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 use xxhash_rust::xxh3::xxh3_64;
@@ -51,59 +52,90 @@ pub struct PackedSegment {
 }
 
 /// Writes `plain` (a sealed segment of whole frames) packed at `packed`: beside it first, synced,
-/// then renamed. Returns the packed file's length.
+/// then renamed. Reads a frame at a time: it holds one block and one frame, not the segment.
+/// Returns the packed file's length.
 pub fn pack(plain: &Path, packed: &Path) -> std::io::Result<u64> {
-    let bytes = std::fs::read(plain)?;
+    let mut input = BufReader::with_capacity(256 << 10, File::open(plain)?);
     let tmp = packed.with_extension("logz.tmp");
-    let mut out = BufWriter::new(File::create(&tmp)?);
-    let mut blocks = Vec::new();
-    let mut written = 0u64;
-    let mut compressor = zstd::bulk::Compressor::new(LEVEL)?;
-    // Each block carries zstd's own checksum of its content: damage is found at the block.
-    compressor.set_parameter(zstd::stream::raw::CParameter::ChecksumFlag(true))?;
-    for (plain_offset, block) in blocks_of(&bytes)? {
-        let compressed = compressor.compress(block)?;
-        blocks.push(Block { plain: plain_offset as u64, packed: written });
-        out.write_all(&compressed)?;
-        written += compressed.len() as u64;
+    let mut out = BlockWriter::new(BufWriter::new(File::create(&tmp)?))?;
+    let (mut block, mut frame) = (Vec::with_capacity(BLOCK_BYTES), Vec::new());
+    while next_frame(&mut input, &mut frame)? {
+        if !block.is_empty() && block.len() + frame.len() > BLOCK_BYTES {
+            out.write_block(&block)?;
+            block.clear();
+        }
+        block.extend_from_slice(&frame);
     }
-    let mut index = Vec::with_capacity(blocks.len() * INDEX_RECORD);
-    for block in &blocks {
-        index.extend_from_slice(&block.plain.to_le_bytes());
-        index.extend_from_slice(&block.packed.to_le_bytes());
+    if !block.is_empty() {
+        out.write_block(&block)?;
     }
-    out.write_all(&index)?;
-    out.write_all(&(blocks.len() as u32).to_le_bytes())?;
-    out.write_all(&(bytes.len() as u64).to_le_bytes())?;
-    out.write_all(&xxh3_64(&index).to_le_bytes())?;
-    out.write_all(MAGIC)?;
-    let file = out.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+    let (file, packed_len) = out.finish()?;
     file.sync_all()?;
     std::fs::rename(&tmp, packed)?;
-    Ok(written + (index.len() + FOOTER_LEN) as u64)
+    Ok(packed_len)
 }
 
-/// `bytes` cut into blocks of whole frames, with their plain offsets.
-fn blocks_of(bytes: &[u8]) -> std::io::Result<Vec<(usize, &[u8])>> {
-    let mut blocks = Vec::new();
-    let (mut start, mut at) = (0, 0);
-    while at < bytes.len() {
-        let header = bytes.get(at..at + FRAME_HEADER).ok_or_else(|| invalid("a frame header cut short".into()))?;
-        let (len, _) = header_fields(header);
-        let end = at + FRAME_HEADER + len;
-        if end > bytes.len() {
-            return Err(invalid(format!("a frame at {at} runs past the segment's end")));
-        }
-        if end - start > BLOCK_BYTES && at > start {
-            blocks.push((start, &bytes[start..at]));
-            start = at;
-        }
-        at = end;
+/// Reads the next whole frame into `frame`; `false` at the end of the segment.
+fn next_frame(input: &mut impl BufRead, frame: &mut Vec<u8>) -> std::io::Result<bool> {
+    if input.fill_buf()?.is_empty() {
+        return Ok(false);
     }
-    if at > start {
-        blocks.push((start, &bytes[start..at]));
+    let cut_short = |e: std::io::Error| match e.kind() {
+        std::io::ErrorKind::UnexpectedEof => invalid("a frame cut short".into()),
+        _ => e,
+    };
+    frame.resize(FRAME_HEADER, 0);
+    input.read_exact(frame).map_err(cut_short)?;
+    let (len, _) = header_fields(frame);
+    if len > MAX_ENTRY_BYTES {
+        return Err(invalid(format!("a frame of {len} bytes")));
     }
-    Ok(blocks)
+    frame.resize(FRAME_HEADER + len, 0);
+    input.read_exact(&mut frame[FRAME_HEADER..]).map_err(cut_short)?;
+    Ok(true)
+}
+
+/// The blocks of a packed file as they are written, then its index and footer.
+struct BlockWriter {
+    out: BufWriter<File>,
+    compressor: zstd::bulk::Compressor<'static>,
+    blocks: Vec<Block>,
+    plain_len: u64,
+    packed_len: u64,
+}
+
+impl BlockWriter {
+    fn new(out: BufWriter<File>) -> std::io::Result<Self> {
+        let mut compressor = zstd::bulk::Compressor::new(LEVEL)?;
+        // Each block carries zstd's own checksum of its content: damage is found at the block.
+        compressor.set_parameter(zstd::stream::raw::CParameter::ChecksumFlag(true))?;
+        Ok(BlockWriter { out, compressor, blocks: Vec::new(), plain_len: 0, packed_len: 0 })
+    }
+
+    fn write_block(&mut self, block: &[u8]) -> std::io::Result<()> {
+        let compressed = self.compressor.compress(block)?;
+        self.blocks.push(Block { plain: self.plain_len, packed: self.packed_len });
+        self.out.write_all(&compressed)?;
+        self.plain_len += block.len() as u64;
+        self.packed_len += compressed.len() as u64;
+        Ok(())
+    }
+
+    /// Writes the index and the footer; returns the file and its length.
+    fn finish(mut self) -> std::io::Result<(File, u64)> {
+        let mut index = Vec::with_capacity(self.blocks.len() * INDEX_RECORD);
+        for block in &self.blocks {
+            index.extend_from_slice(&block.plain.to_le_bytes());
+            index.extend_from_slice(&block.packed.to_le_bytes());
+        }
+        self.out.write_all(&index)?;
+        self.out.write_all(&(self.blocks.len() as u32).to_le_bytes())?;
+        self.out.write_all(&self.plain_len.to_le_bytes())?;
+        self.out.write_all(&xxh3_64(&index).to_le_bytes())?;
+        self.out.write_all(MAGIC)?;
+        let file = self.out.into_inner().map_err(std::io::IntoInnerError::into_error)?;
+        Ok((file, self.packed_len + (index.len() + FOOTER_LEN) as u64))
+    }
 }
 
 fn invalid(detail: String) -> std::io::Error {
@@ -194,13 +226,19 @@ mod tests {
 
     #[test]
     fn blocks_hold_whole_frames_and_a_large_frame_alone() {
-        let bytes = frames(&[100, BLOCK_BYTES * 2, 10, 10, BLOCK_BYTES - 40, 5]);
-        let blocks = blocks_of(&bytes).unwrap();
-        let starts: Vec<usize> = blocks.iter().map(|(start, _)| *start).collect();
-        let frame = |i: usize| frames(&[100, BLOCK_BYTES * 2, 10, 10, BLOCK_BYTES - 40, 5][..i]).len();
+        let dir = tempfile::tempdir().unwrap();
+        let lens = [100, BLOCK_BYTES * 2, 10, 10, BLOCK_BYTES - 40, 5];
+        let bytes = frames(&lens);
+        let (plain, packed) = (dir.path().join("0-1.log"), dir.path().join("0-1.logz"));
+        std::fs::write(&plain, &bytes).unwrap();
+        pack(&plain, &packed).unwrap();
+        let segment = PackedSegment::open(File::open(&packed).unwrap()).unwrap();
+        let starts: Vec<u64> = segment.blocks.iter().map(|b| b.plain).collect();
+        let frame = |i: usize| frames(&lens[..i]).len() as u64;
         assert_eq!(starts, [0, frame(1), frame(2), frame(4)]);
-        assert_eq!(blocks.iter().map(|(_, b)| b.len()).sum::<usize>(), bytes.len());
-        assert!(blocks_of(&bytes[..bytes.len() - 1]).is_err(), "a torn frame is refused");
+        assert_eq!(segment.plain_len(), bytes.len() as u64);
+        std::fs::write(&plain, &bytes[..bytes.len() - 1]).unwrap();
+        assert!(pack(&plain, &packed).is_err(), "a torn frame is refused");
     }
 
     #[test]
