@@ -71,7 +71,7 @@ pub struct KnownRevocations {
 }
 
 impl KnownRevocations {
-    /// The memory it holds: the revocations and their index by source.
+    /// The memory it holds: the revocations, their index by source and the filter of sources.
     pub fn memory_bytes(&self) -> usize {
         self.newest.capacity() * size_of::<Revocation>() + self.by_source.memory_bytes() + self.sources.encoded_len()
     }

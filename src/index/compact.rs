@@ -166,6 +166,7 @@ impl Index {
             tree = E::TREE.name(),
             inputs = inputs.len(),
             shards = shard_count,
+            passes = output.passes,
             entries_in = output.entries_in,
             duplicates = output.duplicates_dropped,
             killed = output.killed_dropped,
