@@ -115,7 +115,7 @@ impl LogShared {
     /// The oldest cursor still in the log, if any (read from the oldest segment's first frame).
     pub fn oldest_cursor(&self) -> Option<i64> {
         let first = self.segments.lock().expect("segments lock poisoned").first().copied()?;
-        let mut reader = ChunkReader::new(self.open(first).ok()??);
+        let mut reader = ChunkReader::new(self.open(first).ok()??).ok()?;
         match reader.lookup(0) {
             Ok(Some(Ok(entry))) => Some(entry.first_cursor),
             _ => None,
@@ -127,7 +127,7 @@ impl LogShared {
     }
 
     fn path_of(&self, segment: Segment) -> PathBuf {
-        self.dir.join(format!("{:010}-{}.log", segment.number, segment.first_cursor))
+        segment_path(&self.dir, segment)
     }
 
     fn packed_path_of(&self, segment: Segment) -> PathBuf {
@@ -152,10 +152,6 @@ impl LogShared {
         }
     }
 
-    fn listed(&self, number: u32) -> bool {
-        self.segment(number).is_some()
-    }
-
     /// Sealed segments (numbered below `current`) still as written.
     fn unpacked_sealed(&self, current: u32) -> Vec<Segment> {
         let segments = self.segments.lock().expect("segments lock poisoned").clone();
@@ -172,7 +168,7 @@ impl LogShared {
             Err(e) => return Err(PushError::io(&plain, e)),
         };
         sync_dir(&self.dir).map_err(|e| PushError::io(&self.dir, e))?;
-        if !self.listed(segment.number) {
+        if self.segment(segment.number).is_none() {
             return remove_if_there(&packed);
         }
         remove_if_there(&plain)?;
@@ -223,7 +219,7 @@ impl ChangeLog {
             segments.push(Segment { number: 0, first_cursor: 0, bytes: 0 });
         }
         let current = *segments.last().expect("one segment at least");
-        let path = shared_dir.join(format!("{:010}-{}.log", current.number, current.first_cursor));
+        let path = segment_path(&shared_dir, current);
         let file =
             OpenOptions::new().create(true).read(true).append(true).open(&path).map_err(|e| PushError::io(&path, e))?;
         let (valid, last_in_current) = scan_valid(&file, &path)?;
@@ -234,7 +230,7 @@ impl ChangeLog {
         let mut last_cursor = last_in_current;
         if last_cursor.is_none() && segments.len() > 1 {
             let previous = segments[segments.len() - 2];
-            let previous_path = shared_dir.join(format!("{:010}-{}.log", previous.number, previous.first_cursor));
+            let previous_path = segment_path(&shared_dir, previous);
             let previous_file = File::open(&previous_path).map_err(|e| PushError::io(&previous_path, e))?;
             last_cursor = scan_valid(&previous_file, &previous_path)?.1;
         }
@@ -329,7 +325,7 @@ impl ChangeLog {
             let mut reader = match self.looked_up.take().filter(|(number, _)| *number == segment.number) {
                 Some((_, reader)) => reader,
                 None => match self.shared.open(segment)? {
-                    Some(file) => ChunkReader::new(file),
+                    Some(file) => ChunkReader::new(file).map_err(|e| PushError::io(&path, e))?,
                     None => return Ok(None),
                 },
             };
@@ -491,7 +487,8 @@ impl LogReader {
     }
 
     fn open(&self, segment: Segment) -> Result<ChunkReader, PushError> {
-        self.shared.open(segment)?.map(ChunkReader::new).ok_or(PushError::Behind)
+        let file = self.shared.open(segment)?.ok_or(PushError::Behind)?;
+        ChunkReader::new(file).map_err(|e| PushError::io(&self.shared.path_of(segment), e))
     }
 
     fn sealed_length(&mut self, segment: Segment) -> Result<u64, PushError> {
@@ -562,9 +559,9 @@ fn exact_frame_at(file: &File, offset: u64, limit: u64) -> std::io::Result<Optio
 impl ChunkReader {
     /// A reader of `source` up to its length as written (a follower of the current segment moves
     /// `limit` on as the log's end does).
-    fn new(source: SegmentFile) -> Self {
-        let limit = source.plain_len().unwrap_or(0);
-        ChunkReader { source, limit, buffer: vec![], buffer_offset: 0 }
+    fn new(source: SegmentFile) -> std::io::Result<Self> {
+        let limit = source.plain_len()?;
+        Ok(ChunkReader { source, limit, buffer: vec![], buffer_offset: 0 })
     }
 
     /// The bytes `[offset, offset + len)`, or `None` past the limit.
@@ -584,7 +581,7 @@ impl ChunkReader {
     /// Reads into the buffer what holds `[offset, offset + len)`: a chunk from `offset` of a plain
     /// file, the block holding `offset` of a packed one (frames never span blocks).
     fn fill(&mut self, offset: u64, len: usize) -> std::io::Result<()> {
-        match &self.source {
+        match &mut self.source {
             SegmentFile::Plain(file) => {
                 let want = (len.max(READ_CHUNK) as u64).min(self.limit - offset) as usize;
                 self.buffer.resize(want, 0);
@@ -630,7 +627,8 @@ impl ChunkReader {
 
 /// How many leading bytes of a segment are whole, valid frames, and the last cursor in them.
 fn scan_valid(file: &File, path: &Path) -> Result<(u64, Option<i64>), PushError> {
-    let mut reader = ChunkReader::new(SegmentFile::Plain(file.try_clone().map_err(|e| PushError::io(path, e))?));
+    let file = SegmentFile::Plain(file.try_clone().map_err(|e| PushError::io(path, e))?);
+    let mut reader = ChunkReader::new(file).map_err(|e| PushError::io(path, e))?;
     let (mut offset, mut last) = (0, None);
     while let Some(Ok((entry, len))) = reader.frame_at(offset).map_err(|e| PushError::io(path, e))? {
         if last.is_some_and(|last| entry.first_cursor <= last) {
@@ -663,12 +661,17 @@ fn list_segments(dir: &Path) -> Result<Vec<Segment>, PushError> {
     for (segment, packed) in segments {
         if listed.last().is_some_and(|last| last.number == segment.number) {
             assert!(!packed, "the packed file of a segment comes first");
-            remove_if_there(&dir.join(format!("{:010}-{}.log", segment.number, segment.first_cursor)))?;
+            remove_if_there(&segment_path(dir, segment))?;
             continue;
         }
         listed.push(segment);
     }
     Ok(listed)
+}
+
+/// The file of `segment` as written: `NNNNNNNNNN-CURSOR.log` in `dir`.
+fn segment_path(dir: &Path, segment: Segment) -> PathBuf {
+    dir.join(format!("{:010}-{}.log", segment.number, segment.first_cursor))
 }
 
 /// A segment file's number, first cursor, and whether it is packed.

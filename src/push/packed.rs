@@ -42,9 +42,11 @@ struct Block {
 }
 
 /// An open packed segment: its index, read and checked.
-#[derive(Debug)]
 pub struct PackedSegment {
     file: File,
+    /// One decompression context and one read buffer for every block read.
+    decompressor: zstd::bulk::Decompressor<'static>,
+    packed: Vec<u8>,
     blocks: Vec<Block>,
     /// Where the index starts: the end of the last block.
     blocks_end: u64,
@@ -178,7 +180,8 @@ impl PackedSegment {
         if !(increasing && inside && starts) || (blocks.is_empty() && plain_len > 0) {
             return Err(invalid("an index out of order".into()));
         }
-        Ok(PackedSegment { file, blocks, blocks_end, plain_len })
+        let decompressor = zstd::bulk::Decompressor::new()?;
+        Ok(PackedSegment { file, decompressor, packed: Vec::new(), blocks, blocks_end, plain_len })
     }
 
     /// The segment's length as written (what plain offsets run to).
@@ -188,7 +191,7 @@ impl PackedSegment {
 
     /// The block holding plain offset `offset`, decompressed into `into`; returns the block's
     /// first plain offset (`None` past the end).
-    pub fn block_at(&self, offset: u64, into: &mut Vec<u8>) -> std::io::Result<Option<u64>> {
+    pub fn block_at(&mut self, offset: u64, into: &mut Vec<u8>) -> std::io::Result<Option<u64>> {
         if offset >= self.plain_len {
             return Ok(None);
         }
@@ -197,11 +200,11 @@ impl PackedSegment {
         let (plain_end, packed_end) =
             self.blocks.get(at + 1).map_or((self.plain_len, self.blocks_end), |next| (next.plain, next.packed));
         let plain_len = (plain_end - block.plain) as usize;
-        let mut packed = vec![0u8; (packed_end - block.packed) as usize];
-        self.file.read_exact_at(&mut packed, block.packed)?;
+        self.packed.resize((packed_end - block.packed) as usize, 0);
+        self.file.read_exact_at(&mut self.packed, block.packed)?;
         into.clear();
         into.reserve(plain_len);
-        let written = zstd::bulk::Decompressor::new()?.decompress_to_buffer(&packed, into)?;
+        let written = self.decompressor.decompress_to_buffer(&self.packed, into)?;
         if written != plain_len {
             return Err(invalid(format!("a block of {written} bytes where the index says {plain_len}")));
         }
@@ -250,7 +253,7 @@ mod tests {
         let len = pack(&plain, &packed).unwrap();
         assert_eq!(std::fs::metadata(&packed).unwrap().len(), len);
         assert!(len < bytes.len() as u64 / 4, "{len} of {}", bytes.len());
-        let segment = PackedSegment::open(File::open(&packed).unwrap()).unwrap();
+        let mut segment = PackedSegment::open(File::open(&packed).unwrap()).unwrap();
         assert_eq!(segment.plain_len(), bytes.len() as u64);
         let (mut block, mut offset, mut read) = (Vec::new(), 0, Vec::new());
         while let Some(start) = segment.block_at(offset, &mut block).unwrap() {
@@ -272,7 +275,7 @@ mod tests {
             let opened = PackedSegment::open(File::open(&packed).unwrap());
             let refused = match opened {
                 Err(_) => true,
-                Ok(segment) => segment.block_at(0, &mut block).is_err(),
+                Ok(mut segment) => segment.block_at(0, &mut block).is_err(),
             };
             assert!(refused, "a flip at {at} of {}", whole.len());
         }
