@@ -15,6 +15,9 @@
 //!   one frame per output shard of its slice, so a merge of 8 runs of 128 shards into 1,024
 //!   holds 8 scans and 8 builders at a time, not 1,024 and 1,024 (memory does not grow with
 //!   the runs). The merge holds no lock of the tree; the result replaces its inputs in one step.
+//! - Between two passes a merge holds no scan and no input: its caller's `between_passes` runs
+//!   there (the index merges lower tiers meanwhile, so one long merge does not hold back the
+//!   small ones), and the pacing does not count that time as the merge's.
 //! - A merge learns one set of column models for all its output tables (`ModelSampler`) from
 //!   its first `TableOptions::spill_bytes` of kept entries, which wait raw in one spill file
 //!   meanwhile: a merge into many shards holds one set of counts and models, not one a shard, and
@@ -140,6 +143,11 @@ struct Pacer {
 }
 
 impl Pacer {
+    /// Takes `paused` out of the merge's time, so a merge that waited does not read in a burst after.
+    fn paused(&mut self, paused: Duration) {
+        self.started += paused;
+    }
+
     fn wait(&self, bytes_so_far: u64) {
         let Some(rate) = self.max_bytes_per_sec else { return };
         let due = Duration::from_secs_f64(bytes_so_far as f64 / rate.max(1) as f64);
@@ -167,7 +175,9 @@ pub struct MergeOutput {
 ///
 /// The merge goes in passes over slices of the key hash (`passes`): every input table and every
 /// output shard lies in one slice, so a pass scans the input tables of its slice alone and
-/// writes its output shards alone.
+/// writes its output shards alone. `between_passes` runs after every pass but the last, when
+/// the merge holds no scan.
+#[allow(clippy::too_many_arguments)]
 pub fn merge<E: Entry>(
     tree: &Tree<E>,
     inputs: &[Arc<Run<E>>],
@@ -176,13 +186,14 @@ pub fn merge<E: Entry>(
     runtime: &tokio::runtime::Handle,
     options: &CompactionOptions,
     keep: &mut dyn FnMut(E) -> Option<E>,
+    between_passes: &mut dyn FnMut(),
 ) -> Result<MergeOutput, ReadError> {
     let shard_count = ids.len() as u32;
     assert!((1..=MAX_SHARDS).contains(&shard_count), "bad shard count {shard_count}");
     let io = |source| ReadError::Io { object: format!("compaction output in {}", tree.dir().display()), source };
     let passes = passes(inputs, shard_count);
     let mut outs = Outputs::Learning(Learning::new(tree, ids, passes).map_err(io)?);
-    let pacer = Pacer { started: Instant::now(), max_bytes_per_sec: options.max_bytes_per_sec };
+    let mut pacer = Pacer { started: Instant::now(), max_bytes_per_sec: options.max_bytes_per_sec };
     let mut output =
         MergeOutput { tables: Vec::new(), entries_in: 0, passes, duplicates_dropped: 0, killed_dropped: 0 };
     let mut pending: Option<E> = None;
@@ -217,6 +228,12 @@ pub fn merge<E: Entry>(
             }
         }
         bytes_of_passes_done += bytes_read(&scans)?;
+        drop(scans);
+        if pass + 1 < passes {
+            let paused = Instant::now();
+            between_passes();
+            pacer.paused(paused.elapsed());
+        }
     }
     if let Some(last) = pending {
         emit(&mut outs, tree, ids, last, keep, &mut output).map_err(io)?;
@@ -466,7 +483,7 @@ mod tests {
             let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             let options = CompactionOptions::default();
-            let output = merge(&tree, &runs, &ids, &store, runtime.handle(), &options, &mut Some).unwrap();
+            let output = merge(&tree, &runs, &ids, &store, runtime.handle(), &options, &mut Some, &mut || {}).unwrap();
             let mut sampler = ModelSampler::<Backlink>::new(ids.len(), &table);
             for entry in expected.iter().take(spilled_entries) {
                 sampler.add(shard_of(&entry.key(), ids.len() as u32) as usize, entry);
@@ -488,18 +505,21 @@ mod tests {
         }
     }
 
-    /// The output of a merge of `inputs` into `shards` shards, opened as a compacted run `id`.
+    /// The output of a merge of `inputs` into `shards` shards, opened as a compacted run `id`,
+    /// with the passes it made and how often it paused between them.
     fn merged_run(
         tree: &Tree<Backlink>,
         inputs: &[Arc<Run<Backlink>>],
         (id, shards): (&str, u32),
         runtime: &tokio::runtime::Runtime,
-    ) -> (Arc<Run<Backlink>>, u32) {
+    ) -> (Arc<Run<Backlink>>, u32, u32) {
         use crate::lsm::record::{RunKind, TableRecord};
         use crate::model::ids::TreeKind;
         let ids: Vec<String> = (0..shards).map(|i| format!("{id}-{i}")).collect();
         let store = crate::store::dir::DirStore::new(tree.dir().join("bucket"));
-        let output = merge(tree, inputs, &ids, &store, runtime.handle(), &CompactionOptions::default(), &mut Some);
+        let mut pauses = 0;
+        let options = CompactionOptions::default();
+        let output = merge(tree, inputs, &ids, &store, runtime.handle(), &options, &mut Some, &mut || pauses += 1);
         let output = output.unwrap();
         let passes = output.passes;
         let tables = output.tables.into_iter().zip(&ids).map(|((shard, summary), table_id)| {
@@ -507,12 +527,12 @@ mod tests {
             let record = TableRecord::written(TreeKind::Links, table_id.clone(), run, (shard, shards), &summary);
             Arc::new(tree.open_table(record).unwrap())
         });
-        (Arc::new(Run::from_tables(tables.collect()).unwrap()), passes)
+        (Arc::new(Run::from_tables(tables.collect()).unwrap()), passes, pauses)
     }
 
     /// A merge whose inputs are all split goes in passes over slices of the key hash (the fewest
-    /// shards of an input or the output), and writes exactly the freshest entries, each in its
-    /// shard, whether its models were decided in the first pass or at the end.
+    /// shards of an input or the output), pausing between them, and writes exactly the freshest
+    /// entries, each in its shard, whether its models were decided in the first pass or at the end.
     #[test]
     fn a_merge_of_split_runs_goes_slice_by_slice_and_loses_nothing() {
         let link = |i: u64, rev: u64| Backlink {
@@ -542,8 +562,9 @@ mod tests {
             assert_eq!(passes(&split, 1), 1);
             assert_eq!(passes(&split[..1], 8), 4);
             assert_eq!(passes(&[split[0].clone(), deltas[0].clone()], 8), 1);
-            let (merged, passes_made) = merged_run(&tree, &split, ("out", 16), &runtime);
+            let (merged, passes_made, pauses) = merged_run(&tree, &split, ("out", 16), &runtime);
             assert_eq!(passes_made, 2, "the merge went slice by slice");
+            assert_eq!(pauses, 1, "between its two passes");
             let mut written = Vec::new();
             for (shard, table) in merged.tables.iter().enumerate() {
                 let runtime = runtime.handle();

@@ -140,7 +140,8 @@ mod tests {
         let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let ids: Vec<String> = (0..4).map(|i| format!("out{i}")).collect();
-        let merged = merge(&tree, &[input], &ids, &store, runtime.handle(), &CompactionOptions::default(), &mut Some);
+        let options = CompactionOptions::default();
+        let merged = merge(&tree, &[input], &ids, &store, runtime.handle(), &options, &mut Some, &mut || {});
         let shards: Vec<_> = merged
             .unwrap()
             .tables

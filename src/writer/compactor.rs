@@ -3,7 +3,8 @@
 //! result in at once; see `lsm::compaction`).
 //!
 //! Invariants:
-//! - At most one merge runs at a time (`Index::compact_once` serializes them anyway).
+//! - One compaction at a time (`Index::compact_once` serializes them anyway); a long merge runs
+//!   the lower tiers' merges between its passes (`index::compact`).
 //! - `nudge` never blocks: a nudge while a nudge is pending is merged into it (bounded channel of
 //!   one), so a writer flushing faster than merges finish cannot queue unbounded work.
 //! - `settle` asks, once the tiers are drained, for the runs of each tree's lowest tier to be
