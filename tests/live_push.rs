@@ -1,8 +1,8 @@
 //! Live push end to end: the real binary follows the test Jetstream server over a websocket, and
 //! real websocket clients subscribe to it. What each subscriber receives must equal what a
 //! reference fed the same events says changed for its filter; a subscriber applying its events
-//! holds the model's answer; reconnecting with the last cursor (also across a restart) loses and
-//! repeats nothing; a subscriber that does not read is cut off while ingest keeps up. Every frame
+//! holds the model's answer; reconnecting with the last cursor (also across a restart, and a
+//! machine crash that cost the recent-links table pages) loses and repeats nothing; a subscriber that does not read is cut off while ingest keeps up. Every frame
 //! of `subscribeBacklinks` is checked against its lexicon by the strict validator.
 
 #[path = "support/lexicon.rs"]
@@ -593,6 +593,64 @@ fn reconnecting_with_the_last_cursor_loses_and_repeats_nothing_across_a_restart(
     cursors_increase(&got);
     let got: Vec<Expected> = got.iter().filter_map(as_expected).collect();
     assert_same_events(&got, &everything, "three connections");
+}
+
+/// What a machine crash may leave of the recent-links table of a server killed with it open: pages
+/// lost in any order (every other bucket page reads as zeroes) under a header written in another
+/// boot of the machine (as after a reboot; the test cannot reboot).
+fn as_after_a_machine_crash(table: &Path) {
+    const PAGE: usize = 4096;
+    let mut bytes = std::fs::read(table).unwrap();
+    let header = &mut bytes[..64];
+    assert_eq!(&header[..8], b"BLRECENT");
+    assert_eq!(header[48..56], [0; 8], "left open: not marked clean");
+    let boot = u64::from_le_bytes(header[40..48].try_into().unwrap());
+    header[40..48].copy_from_slice(&boot.wrapping_add(1).to_le_bytes());
+    let checksum = xxhash_rust::xxh3::xxh3_64(&header[..56]);
+    header[56..64].copy_from_slice(&checksum.to_le_bytes());
+    let pages = bytes.len() / PAGE;
+    assert!(pages > 2, "buckets past the header");
+    for page in (1..pages).step_by(2) {
+        bytes[page * PAGE..(page + 1) * PAGE].fill(0);
+    }
+    std::fs::write(table, &bytes).unwrap();
+}
+
+/// A machine crash: the server is killed and its recent-links table is left as a reboot finds it.
+/// The next start sees the other boot, empties the table and rebuilds it from the change log, so
+/// deletes and updates of records created before the crash still reach subscribers: the events
+/// of both connections are exactly the reference's (with the lost pages believed instead, those
+/// deletes would find no links to remove).
+#[test]
+fn after_a_machine_crash_the_recent_links_are_rebuilt_from_the_log() {
+    let (lines, reference) = generate(4_000, 29);
+    let live = Live::paced(&lines, 20, 5);
+    let everything = selected(&reference.changes, |_| true);
+    let first = live.serve();
+    let (mut got, cursor) = live.runtime.block_on(async {
+        let mut socket = connect(&first.addr, &format!("{SUBSCRIBE}?cursor=0")).await;
+        assert_eq!(next_frame(&mut socket, Duration::from_secs(60)).await.unwrap()["op"], "info");
+        let frames = read_until(&mut socket, Duration::from_secs(30), |f| f.len() >= everything.len() / 2).await;
+        let last = frames.last().and_then(|f| f["cursor"].as_i64()).unwrap();
+        (frames, last)
+    });
+    first.kill();
+    as_after_a_machine_crash(&live.data_dir().join("push").join("recent.table"));
+    let second = live.serve();
+    let rest = live.runtime.block_on(async {
+        let mut socket = connect(&second.addr, &format!("{SUBSCRIBE}?cursor={cursor}")).await;
+        assert_eq!(next_frame(&mut socket, Duration::from_secs(60)).await.unwrap()["op"], "info");
+        let wanted = everything.len() - got.len();
+        read_until(&mut socket, Duration::from_secs(60), |f| f.len() >= wanted).await
+    });
+    wait_for_cursor(&second, last_time_us(&lines));
+    got.extend(rest);
+    cursors_increase(&got);
+    let got: Vec<Expected> = got.iter().filter_map(as_expected).collect();
+    let is_delete = |e: &&Expected| matches!(e, Expected::Link(op, _) if op == "delete");
+    let deletes_after = got[got.len() / 2..].iter().filter(is_delete).count();
+    assert!(deletes_after > 10, "the second half removes links ({deletes_after})");
+    assert_same_events(&got, &everything, "across a machine crash");
 }
 
 #[test]
