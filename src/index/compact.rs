@@ -134,11 +134,9 @@ impl Index {
         }
         if let Some(inputs) = picker.pick(&self.thresholds.runs(), compaction.options) {
             let mut failed = None;
-            let mut between = |read: &mut RevocationsRead| {
+            let output = self.compact_tree(&self.thresholds, &inputs, compaction, &mut Some, &mut || {
                 self.merge_between_passes(compaction, (picker, &inputs), read, held, &mut failed)
-            };
-            let output =
-                self.compact_tree(&self.thresholds, &inputs, compaction, &mut Some, &mut || between(&mut *read))?;
+            })?;
             read.replaced(&inputs.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), &output);
             return failed.map_or(Ok(true), Err);
         }
