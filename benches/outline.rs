@@ -3,13 +3,18 @@
 //! what it finds) and, for comparison, through a SQLite index on (kind, value) built on the same
 //! `outlines.db` for the purpose, which is how such a miss was answered before the table (since
 //! version 2, `outlines.db` has that index for collections and locations only).
+//!
+//! The hit path at the import's scale: a cache of 1,048,576 DIDs (the default), interned in
+//! batches of `BATCH` drawn at random from them, one at a time as an import's writer interns a
+//! batch's DIDs, with and without warming the batch first (`Outlines::warm`).
 
 use backlinks::base::rng::splitmix64;
 use backlinks::outline::{OutlineKind, OutlineOptions, Outlines};
-use criterion::{Criterion, criterion_group, criterion_main};
-use std::path::Path;
+use criterion::{BatchSize, Criterion, Throughput, criterion_group, criterion_main};
 
 const STORED: usize = 2_000_000;
+/// DIDs of one import batch: about two for each of its 1,024 operations.
+const BATCH: usize = 2_048;
 const BASE32: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
 
 /// A did:plc of 24 random base32 characters, as on the network.
@@ -20,10 +25,10 @@ fn did(state: &mut u64) -> String {
     format!("did:plc:{tail}")
 }
 
-fn stored_dids(path: &Path) -> Vec<String> {
-    let outlines = Outlines::open(path, OutlineOptions { cache_entries: 1024, map_bytes: 0 }).unwrap();
-    let mut state = 1;
-    let names: Vec<String> = (0..STORED).map(|_| did(&mut state)).collect();
+/// `count` random DIDs (from `seed`), interned and persisted in `outlines`.
+fn stored_dids(outlines: &Outlines, count: usize, seed: u64) -> Vec<String> {
+    let mut state = seed;
+    let names: Vec<String> = (0..count).map(|_| did(&mut state)).collect();
     for chunk in names.chunks(100_000) {
         for name in chunk {
             outlines.intern(OutlineKind::Did, name, 0).unwrap();
@@ -36,10 +41,11 @@ fn stored_dids(path: &Path) -> Vec<String> {
 fn bench_miss_path(c: &mut Criterion) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("outlines.db");
-    let names = stored_dids(&path);
+    let options = OutlineOptions { cache_entries: 1024, map_bytes: 0 };
+    let names = stored_dids(&Outlines::open(&path, options).unwrap(), STORED, 1);
     let mut group = c.benchmark_group("outline_miss");
     {
-        let outlines = Outlines::open(&path, OutlineOptions { cache_entries: 1024, map_bytes: 0 }).unwrap();
+        let outlines = Outlines::open(&path, options).unwrap();
         let mut state = 9;
         group.bench_function("by_fingerprint", |b| {
             b.iter(|| {
@@ -62,5 +68,37 @@ fn bench_miss_path(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_miss_path);
+fn bench_hit_path(c: &mut Criterion) {
+    let dir = tempfile::tempdir().unwrap();
+    let cached = OutlineOptions::default().cache_entries;
+    let outlines = Outlines::open(&dir.path().join("outlines.db"), OutlineOptions::default()).unwrap();
+    let names = stored_dids(&outlines, cached, 3);
+    let mut group = c.benchmark_group("outline_hit");
+    group.throughput(Throughput::Elements(BATCH as u64));
+    for warm in [false, true] {
+        let mut state = 5;
+        // A batch's DIDs lie back to back in one buffer, as an import batch's text holds them.
+        let mut batch = || {
+            let text: String = (0..BATCH).map(|_| names[splitmix64(&mut state) as usize % cached].as_str()).collect();
+            let len = text.len() / BATCH;
+            (text, len)
+        };
+        group.bench_function(if warm { "warmed_batch" } else { "one_by_one" }, |b| {
+            b.iter_batched(
+                &mut batch,
+                |(text, len)| {
+                    let dids = || (0..BATCH).map(|i| &text[i * len..(i + 1) * len]);
+                    if warm {
+                        outlines.warm(OutlineKind::Did, dids()).unwrap();
+                    }
+                    dids().map(|did| outlines.intern(OutlineKind::Did, did, 0).unwrap()).fold(0, u64::wrapping_add)
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_miss_path, bench_hit_path);
 criterion_main!(benches);

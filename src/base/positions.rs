@@ -68,6 +68,14 @@ impl PositionIndex {
         }
     }
 
+    /// The position in `hash`'s home bucket when that bucket's tag is `hash`'s: what `find` most
+    /// often returns, read without comparing keys (for `outline::cache`'s warming, which reads
+    /// the home buckets of many hashes in a row so that the CPU fetches them together).
+    pub(crate) fn home_candidate(&self, hash: u64) -> Option<usize> {
+        let bucket = self.buckets[self.home(hash)];
+        (bucket != 0 && bucket >> 32 == Self::tag(hash)).then(|| (bucket as u32 - 1) as usize)
+    }
+
     pub(crate) fn insert(&mut self, hash: u64, slot: usize, hash_of: impl Fn(usize) -> u64) {
         if (self.len + 1) * 4 > self.buckets.len() * 3 {
             self.grow(&hash_of);

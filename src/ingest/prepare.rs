@@ -23,6 +23,7 @@ use crate::extract::{ExtractLimits, ExtractStats, extract_links};
 use crate::index::{Change, FoundLinks, Index, IndexError, NoLinks};
 use crate::model::operation::{Operation, RecordRef};
 use crate::model::syntax::LinkTarget;
+use crate::outline::OutlineKind;
 use std::borrow::Cow;
 use std::io::BufRead;
 use std::ops::Range;
@@ -158,11 +159,22 @@ impl Batch {
         index: &Index,
         after_each: &mut dyn FnMut() -> Result<(), IndexError>,
     ) -> Result<(), IndexError> {
+        index.outlines.warm(OutlineKind::Did, self.dids())?;
         for operation in &self.operations {
             self.apply_one(index, operation)?;
             after_each()?;
         }
         Ok(())
+    }
+
+    /// Every DID the batch's operations name (their repositories and their links' targets).
+    fn dids(&self) -> impl Iterator<Item = &str> {
+        let repositories = self.operations.iter().map(|operation| operation.record[0]);
+        let targets = self.links.iter().filter_map(|link| match link.target {
+            Target::Record([did, _, _]) | Target::Did(did) => Some(did),
+            Target::Url(_) => None,
+        });
+        repositories.chain(targets).map(|span| self.str(span))
     }
 
     fn apply_one(&self, index: &Index, operation: &Prepared) -> Result<(), IndexError> {

@@ -735,6 +735,15 @@ impl Outlines {
         Ok(stored)
     }
 
+    /// Brings what interning `values` of `kind` will read of the cache into the CPU's caches,
+    /// all at once (`Cache::warm`): for a batch of events, whose strings are then interned one
+    /// at a time. Changes nothing.
+    pub fn warm<'v>(&self, kind: OutlineKind, values: impl Iterator<Item = &'v str>) -> Result<(), OutlineError> {
+        let mut hashes = Vec::new();
+        read(&self.caches[kind.index()])?.warm(values, &mut hashes);
+        Ok(())
+    }
+
     fn cached_id(&self, kind: OutlineKind, value: &str) -> Result<Option<u64>, OutlineError> {
         Ok(read(&self.caches[kind.index()])?.id_of(value))
     }
