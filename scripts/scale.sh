@@ -3,7 +3,8 @@
 # density (one account per ACCOUNT_LINKS links; ACCOUNTS=N overrides) into `backlinks import -`
 # with a fresh data directory and a local-directory bucket, then measure the import, the bytes it
 # left (bucket and local), a warm and a cold query load, and a fresh replica. Prints one markdown
-# table row per size and keeps every figure in $SCALE_DIR/<size>/*.json.
+# table row per size and keeps every figure in $SCALE_DIR/<size>/*.json (each tree's current
+# tables, their entries and bytes, in trees.tsv).
 #
 #   scripts/scale.sh 10000000 100000000 1000000000
 #
@@ -96,6 +97,12 @@ for size in "$@"; do
     outlines=$(bytes_of "$data"/outlines.*) # outlines.db with its WAL, and the fingerprint table
     state=$(bytes_of "$data"/state/state.db*)
     links=$(jq .links "$dir/workload.json")
+    # Each tree's current tables: what the bucket's bytes are made of, and its bytes per entry.
+    sqlite3 -header -separator $'\t' "$data/state/state.db" \
+        "select tree, count(distinct run_id) as runs, count(*) as tables, sum(entries) as entries,
+                sum(data_len) as data_bytes, sum(meta_len) as meta_bytes,
+                round(1.0 * sum(data_len + meta_len) / max(sum(entries), 1), 2) as bytes_per_entry
+         from tables where obsolete_at is null group by tree" >"$dir/trees.tsv"
 
     step "$size: query targets"
     # Targets of every popularity: the subjects of the workload's first events (regenerated: the
