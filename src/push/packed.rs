@@ -12,8 +12,8 @@
 //! - A block holds whole frames and at most `BLOCK_BYTES` of them, unless one frame is larger
 //!   (then it holds that frame alone): a frame never spans two blocks, so a reader that starts
 //!   at a frame's offset finds all of it in the block holding that offset.
-//! - The index is believed only when its checksum matches and its offsets increase inside the
-//!   file and the plain length; a block is believed only when it decompresses, its zstd content
+//! - The index is believed only when its checksum matches, its offsets increase inside the
+//!   file and the plain length, and no block is longer than one may be; a block is believed only when it decompresses, its zstd content
 //!   checksum matching, to exactly the bytes the index says (the frames inside keep their own
 //!   checksums too, which readers check).
 //! - A packed file appears whole or not at all: written beside, synced, then renamed.
@@ -33,6 +33,13 @@ const MAGIC: &[u8; 4] = b"BLPK";
 const FOOTER_LEN: usize = 4 + 8 + 8 + 4;
 const INDEX_RECORD: usize = 16;
 const LEVEL: i32 = 3;
+/// Most plain bytes of one block: `BLOCK_BYTES`, or one frame of the largest entry alone. A
+/// reader refuses an index that says more before it allocates for a block.
+const MAX_BLOCK_PLAIN: u64 = if BLOCK_BYTES > FRAME_HEADER + MAX_ENTRY_BYTES {
+    BLOCK_BYTES as u64
+} else {
+    (FRAME_HEADER + MAX_ENTRY_BYTES) as u64
+};
 
 /// Where one block is: its first plain offset and its first byte in the file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -180,6 +187,10 @@ impl PackedSegment {
         if !(increasing && inside && starts) || (blocks.is_empty() && plain_len > 0) {
             return Err(invalid("an index out of order".into()));
         }
+        let ends = blocks.iter().skip(1).map(|b| b.plain).chain([plain_len]);
+        if blocks.iter().zip(ends).any(|(block, end)| end - block.plain > MAX_BLOCK_PLAIN) {
+            return Err(invalid(format!("a block of more than {MAX_BLOCK_PLAIN} bytes")));
+        }
         let decompressor = zstd::bulk::Decompressor::new()?;
         Ok(PackedSegment { file, decompressor, packed: Vec::new(), blocks, blocks_end, plain_len })
     }
@@ -278,6 +289,25 @@ mod tests {
                 Ok(mut segment) => segment.block_at(0, &mut block).is_err(),
             };
             assert!(refused, "a flip at {at} of {}", whole.len());
+        }
+    }
+
+    /// The footer's plain length is not under the index's checksum: one far past the blocks
+    /// makes the last block longer than a block may be, refused at open (a reader would have
+    /// reserved that many bytes for it).
+    #[test]
+    fn a_block_longer_than_a_block_may_be_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let (plain, packed) = (dir.path().join("0-1.log"), dir.path().join("0-1.logz"));
+        std::fs::write(&plain, frames(&[10, 20, 30])).unwrap();
+        pack(&plain, &packed).unwrap();
+        let mut bytes = std::fs::read(&packed).unwrap();
+        let at = bytes.len() - FOOTER_LEN + 4;
+        for plain_len in [MAX_BLOCK_PLAIN + 1, u64::MAX / 2] {
+            bytes[at..at + 8].copy_from_slice(&plain_len.to_le_bytes());
+            std::fs::write(&packed, &bytes).unwrap();
+            let error = PackedSegment::open(File::open(&packed).unwrap()).err().expect("refused");
+            assert!(error.to_string().contains("a block of more than"), "{error}");
         }
     }
 }
