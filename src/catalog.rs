@@ -40,6 +40,7 @@ fn migrations() -> Migrations<'static> {
     Migrations::new(vec![
         M::up(include_str!("../migrations/state/0001_catalog.sql")),
         M::up(include_str!("../migrations/state/0002_forward_tree.sql")),
+        M::up(include_str!("../migrations/state/0003_count_trees.sql")),
     ])
 }
 
@@ -247,6 +248,24 @@ impl Catalog {
             Ok(IngestPosition { cursor: row.get(0)?, clock: u64_at(row, 1)? })
         })?;
         Ok(position)
+    }
+
+    /// The committed states of those of `dids` that have one (an account never seen, or active,
+    /// has none).
+    pub fn account_states(
+        &self,
+        dids: impl IntoIterator<Item = u64>,
+    ) -> Result<std::collections::HashMap<u64, AccountState>, CatalogError> {
+        let db = self.lock()?;
+        let mut query = db.prepare_cached("SELECT state FROM accounts WHERE did = ?1")?;
+        let mut states = std::collections::HashMap::new();
+        for did in dids {
+            let state: Option<String> = query.query_row([did as i64], |row| row.get(0)).optional()?;
+            if let Some(state) = state {
+                states.insert(did, AccountState::parse(&state));
+            }
+        }
+        Ok(states)
     }
 
     /// Accounts whose links queries must hide, by did id.
@@ -532,7 +551,7 @@ mod tests {
         assert!(catalog.hidden_accounts().unwrap().is_empty());
         assert_eq!(catalog.last_manifest().unwrap(), None);
         let version: i64 = catalog.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-        assert_eq!(version, 2);
+        assert_eq!(version, 3);
         let mode: String = catalog.lock().unwrap().pragma_query_value(None, "journal_mode", |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
         let sync: i64 = catalog.lock().unwrap().pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap();
@@ -627,7 +646,7 @@ mod tests {
         assert_eq!(catalog.next_table_seq().unwrap(), 3);
         assert_eq!(catalog.last_manifest().unwrap(), Some((3, "3-abcdef".into())));
         let version: i64 = catalog.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-        assert_eq!(version, 2, "migrations did not run twice");
+        assert_eq!(version, 3, "migrations did not run twice");
     }
 
     #[test]
@@ -655,9 +674,15 @@ mod tests {
         assert_eq!(before.len(), 1);
         assert_eq!((before[0].id.as_str(), before[0].tree, before[0].entries), ("t1", TreeKind::Links, 3));
         let forward = TableRecord { tree: TreeKind::Forward, ..delta("f1", (3, 3)) };
-        catalog.commit_flush(&flush(vec![forward], 1, 3)).unwrap();
+        let hot = TableRecord { tree: TreeKind::Hot, ..delta("h1", (3, 3)) };
+        let tallies = TableRecord { tree: TreeKind::Tallies, ..delta("c1", (3, 3)) };
+        catalog.commit_flush(&flush(vec![forward, hot, tallies], 1, 3)).unwrap();
         let trees: Vec<TreeKind> = catalog.tables().unwrap().iter().map(|t| t.tree).collect();
-        assert_eq!(trees, [TreeKind::Links, TreeKind::Forward], "rows kept in order, forward accepted");
+        assert_eq!(
+            trees,
+            TreeKind::ALL[..].iter().copied().filter(|k| *k != TreeKind::Thresholds).collect::<Vec<_>>(),
+            "rows kept in order, the newer trees accepted"
+        );
         let seq: i64 =
             catalog.lock().unwrap().query_row("SELECT seq FROM tables WHERE id = 'f1'", [], |r| r.get(0)).unwrap();
         assert_eq!(seq, 3, "the sequence goes on past the forgotten row");

@@ -58,6 +58,9 @@ pub struct FileConfig {
     /// column models), all trees together (default 128 MiB): all a meta costs in memory beyond a
     /// small directory per table.
     pub meta_cache_bytes: Option<usize>,
+    /// A target with at least this many entries gets its counts kept by every flush, exact
+    /// without reading its links (default 16384).
+    pub hot_target_entries: Option<u64>,
     /// Runs of one size tier that trigger a compaction (and that it merges).
     pub compaction_fan_in: Option<usize>,
     /// Compressed bytes per shard table of a compacted run.
@@ -223,6 +226,9 @@ impl FileConfig {
         if let Some(bytes) = self.meta_cache_bytes {
             options.meta_cache_bytes = bounded("meta_cache_bytes", bytes, 0, 16 << 30)?;
         }
+        if let Some(entries) = self.hot_target_entries {
+            options.hot_target_entries = bounded("hot_target_entries", entries, 64, 1 << 40)?;
+        }
         if let Some(fan_in) = self.compaction_fan_in {
             options.compaction.fan_in = bounded("compaction_fan_in", fan_in, 2, 64)?;
         }
@@ -367,6 +373,7 @@ const ENV_KEYS: &[(&str, EnvKind)] = &[
     ("zstd_level", EnvKind::Scalar),
     ("filter_fpr", EnvKind::Scalar),
     ("outline_cache_entries", EnvKind::Scalar),
+    ("hot_target_entries", EnvKind::Scalar),
     ("outline_map_bytes", EnvKind::Scalar),
     ("cache_bytes", EnvKind::Scalar),
     ("frame_cache_bytes", EnvKind::Scalar),

@@ -22,7 +22,7 @@
 //! - Totals come from countBacklinks with the same filters; an estimate adds `"approximate": true`
 //!   (exact answers have exactly constellation's fields).
 
-use crate::count::{CountOptions, count_backlinks};
+use crate::count::{CountOptions, Figures, count_backlinks, count_backlinks_named};
 use crate::model::syntax::{parse_target, validate_did, validate_nsid};
 use crate::query::{ListPage, ListParams, QueryError, list_backlinks};
 use serde_json::{Value, json};
@@ -204,9 +204,12 @@ pub async fn get_backlinks_count(
     options: CountOptions,
     distinct: bool,
 ) -> Result<Value, QueryError> {
+    if distinct {
+        let count = count_backlinks_named(index, params, options, Figures::WithAccounts, &|l| Some(l.into())).await?;
+        return Ok(mark_estimate(json!({ "total": count.distinct_dids }), count.distinct_approximate));
+    }
     let count = count_backlinks(index, params, options).await?;
-    let total = if distinct { count.distinct_dids } else { count.total };
-    Ok(mark_estimate(json!({ "total": total }), count.approximate))
+    Ok(mark_estimate(json!({ "total": count.total }), count.approximate))
 }
 
 #[cfg(test)]

@@ -9,20 +9,25 @@
 //!   frames that can hold it). When the bound fits the limit, every such frame is read, duplicates
 //!   collapse to the freshest, and the revocation round, hidden accounts and filters apply exactly
 //!   as in listBacklinks. The count then equals the length of listBacklinks' full enumeration.
+//! - Tallied path: a hot target past the bound (one with tallies, `index::tally`) is counted from
+//!   its tallies, exactly, by source collection and location; without a DID filter, that is. Its
+//!   distinct accounts, when asked for, are estimated from a sample as below.
 //! - Estimate path: otherwise, per table, the target's boundary frames plus its newest frames (as
 //!   many as the table's share of the limit) are read. The frames between the boundaries are known
 //!   from metadata to hold only the target, so the raw number of entries is exact; the live share
-//!   and the split by location come from the sample. The answer says `approximate: true`.
+//!   and the split by location come from the sample. The answer says `approximate: true`, and the
+//!   index is asked to promote the target, so that its later counts are tallied.
 //!
 //! Invariants:
 //! - At most `exact_scan_limit` entries (plus two boundary frames per table) are read per request.
 //! - `total` is the sum of `by_location`; an unknown target or an impossible filter is an exact 0.
-//! - Exact answers never carry `approximate: true`, estimates always do.
+//! - Exact figures never carry `approximate` (records) or `distinct_approximate` (accounts),
+//!   estimates always do.
 
 use crate::index::{Index, IndexError};
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::{ReadError, TableHandle};
-use crate::model::ids::{Backlink, RecordId};
+use crate::model::ids::{Backlink, RecordId, Tally};
 use crate::model::syntax::parse_target;
 use crate::outline::OutlineKind;
 use crate::query::{Filters, ListParams, QueryError, freshest_per_position, live_only};
@@ -58,8 +63,11 @@ pub struct Count {
     pub distinct_dids: u64,
     /// Live backlinks and distinct linking repositories per (source collection, location).
     pub by_source: BTreeMap<(String, String), SourceCount>,
-    /// True when the figures are an estimate (the target had more entries than the scan limit).
+    /// True when the records figures are an estimate (a target with more entries than the scan
+    /// limit and no tallies).
     pub approximate: bool,
+    /// True when the distinct accounts are an estimate (or were not asked for).
+    pub distinct_approximate: bool,
 }
 
 /// The live backlinks of one (source collection, location) and how many repositories they come from.
@@ -86,8 +94,11 @@ pub fn parse_count_query(pairs: &[(String, String)]) -> Result<ListParams, Query
 }
 
 /// countBacklinks: live backlinks to `params.target` that pass its filters (paging ignored).
+/// Figures of records only: a hot target's come from its tallies alone, and its distinct
+/// accounts are not counted (`distinct_approximate`).
 pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountOptions) -> Result<Count, QueryError> {
-    count_backlinks_named(index, params, options, &|location| Some(location.to_string())).await
+    let links = read_target(index, params, options, Figures::Records).await?;
+    count_of(index, &links, &|location| Some(location.to_string()))
 }
 
 /// `count_backlinks`, with `by_source` keyed by `(collection, name(location))`: locations one
@@ -96,32 +107,64 @@ pub async fn count_backlinks_named(
     index: &Index,
     params: &ListParams,
     options: CountOptions,
+    figures: Figures,
     name: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<Count, QueryError> {
-    count_of(index, &read_target(index, params, options).await?, name)
+    count_of(index, &read_target(index, params, options, figures).await?, name)
+}
+
+/// Which figures a count needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Figures {
+    Records,
+    /// Distinct accounts too: a hot target's are estimated from a sample.
+    WithAccounts,
 }
 
 /// What a count reads of one target: every live backlink that passes the filters, or for a
-/// target with more than `exact_scan_limit` entries a bounded sample of them.
+/// target with more than `exact_scan_limit` entries its tallies or a bounded sample.
 pub enum TargetLinks {
     /// Every one, in position order.
     All(Vec<Backlink>),
     /// The live ones of a sample, and the entries (dead and duplicate copies included) the sample
     /// read and stands for.
     Sampled { live: Vec<Backlink>, raw_total: u64, raw_sampled: u64 },
+    /// A hot target's tallies that pass the filters, and a sample for its distinct accounts when
+    /// they were asked for.
+    Tallied { tallies: Vec<Tally>, sample: Option<Box<TargetLinks>> },
 }
 
-/// Reads the live backlinks to `params.target` that pass its filters: all of them, or a sample
-/// when the target is hotter than `exact_scan_limit`.
-pub async fn read_target(index: &Index, params: &ListParams, options: CountOptions) -> Result<TargetLinks, QueryError> {
+/// Reads the live backlinks to `params.target` that pass its filters: all of them, or when the
+/// target is hotter than `exact_scan_limit` its tallies or a sample.
+pub async fn read_target(
+    index: &Index,
+    params: &ListParams,
+    options: CountOptions,
+    figures: Figures,
+) -> Result<TargetLinks, QueryError> {
     let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(TargetLinks::All(Vec::new())) };
     let limit = exact_limit(options);
     if scope.upper_bound() <= limit {
         return Ok(TargetLinks::All(scope.live_all(index, &filters).await?));
     }
-    let sample = scope.read_sample(index, limit as usize).await?;
-    let live = live_only(index, freshest_per_position(sample.entries), &filters).await?;
-    Ok(TargetLinks::Sampled { live, raw_total: sample.raw_total, raw_sampled: sample.raw_sampled })
+    let tallies = match filters.by_account() {
+        true => None,
+        false => index.tallies_of(scope.target).await?,
+    };
+    if tallies.is_none() {
+        index.request_promotion(scope.target);
+    }
+    let sample = match (figures, &tallies) {
+        (Figures::Records, Some(_)) => None,
+        _ => Some(scope.sampled(index, limit as usize, &filters).await?),
+    };
+    Ok(match (tallies, sample) {
+        (Some(tallies), sample) => {
+            let tallies = tallies.into_iter().filter(|t| filters.admits_group(t.collection, t.location)).collect();
+            TargetLinks::Tallied { tallies, sample: sample.map(Box::new) }
+        }
+        (None, sample) => sample.expect("a sample of a target without tallies"),
+    })
 }
 
 /// The count of what `read_target` read, `by_source` keyed as in `count_backlinks_named`.
@@ -135,9 +178,41 @@ pub fn count_of(
         TargetLinks::Sampled { live, raw_total, raw_sampled } => {
             let mut count = tally(index, live, (*raw_total, *raw_sampled), name)?;
             count.approximate = true;
+            count.distinct_approximate = true;
             Ok(count)
         }
+        TargetLinks::Tallied { tallies, sample } => {
+            let accounts = sample.as_deref().map(|sample| count_of(index, sample, name)).transpose()?;
+            count_tallies(index, tallies, accounts.unwrap_or_default(), name)
+        }
     }
+}
+
+/// A hot target's count: records from its tallies, exact; distinct accounts from `accounts` (a
+/// sample's count, or nothing), capped by the records.
+fn count_tallies(
+    index: &Index,
+    tallies: &[Tally],
+    accounts: Count,
+    name: &dyn Fn(&str) -> Option<String>,
+) -> Result<Count, QueryError> {
+    let mut count = Count { distinct_approximate: true, ..Count::default() };
+    for tally in tallies.iter().filter(|tally| tally.records > 0) {
+        let collection = resolve(index, OutlineKind::Collection, tally.collection)?;
+        let location = resolve(index, OutlineKind::Location, tally.location)?;
+        *count.by_location.entry(location.to_string()).or_default() += tally.records;
+        if let Some(location_name) = name(&location) {
+            let key = (collection.to_string(), location_name);
+            count.by_source.entry(key).or_default().records += tally.records;
+        }
+    }
+    for (key, figures) in count.by_source.iter_mut() {
+        let seen = accounts.by_source.get(key).map_or(0, |sampled| sampled.distinct_dids);
+        figures.distinct_dids = seen.min(figures.records);
+    }
+    count.total = count.by_location.values().sum();
+    count.distinct_dids = accounts.distinct_dids.min(count.total);
+    Ok(count)
 }
 
 /// Entries of a target (dead and duplicate copies included) a count reads whole.
@@ -237,6 +312,14 @@ impl TargetScope {
         let mut entries = self.read(index, reads).await?;
         entries.extend(self.memtable_entries.iter().copied());
         live_only(index, freshest_per_position(entries), filters).await
+    }
+
+    /// The live links of a sample of about `limit` entries that `filters` admit, and what it
+    /// stands for.
+    async fn sampled(&self, index: &Index, limit: usize, filters: &Filters) -> Result<TargetLinks, QueryError> {
+        let sample = self.read_sample(index, limit).await?;
+        let live = live_only(index, freshest_per_position(sample.entries), filters).await?;
+        Ok(TargetLinks::Sampled { live, raw_total: sample.raw_total, raw_sampled: sample.raw_sampled })
     }
 
     /// Reads each table's share of `limit` entries (at least its boundary frames).

@@ -39,7 +39,7 @@ use crate::lsm::lookup::read_keys_newer;
 use crate::lsm::run::Run;
 use crate::lsm::scan::TableScan;
 use crate::lsm::tree::Tree;
-use crate::model::ids::{Backlink, ForwardLink, RecordId, Revocation};
+use crate::model::ids::{Backlink, ForwardLink, HotLink, RecordId, Revocation};
 use crate::store::object::Store;
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -190,6 +190,12 @@ impl Revocable for Backlink {
 impl Revocable for ForwardLink {
     fn settle_by(self, known: &KnownRevocations) -> Option<Self> {
         known.settle(self.backlink()).map(Backlink::forward)
+    }
+}
+
+impl Revocable for HotLink {
+    fn settle_by(self, known: &KnownRevocations) -> Option<Self> {
+        known.settle(self.backlink()).map(HotLink::of)
     }
 }
 

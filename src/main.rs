@@ -492,6 +492,7 @@ fn effective_config(args: &ServeArgs) -> anyhow::Result<String> {
     set("outline_map_bytes", (engine.outline_map_bytes as i64).into());
     set("frame_cache_bytes", (engine.frame_cache_bytes as i64).into());
     set("meta_cache_bytes", (engine.meta_cache_bytes as i64).into());
+    set("hot_target_entries", (engine.hot_target_entries as i64).into());
     set("max_concurrent_queries", (server.max_concurrent_queries as i64).into());
     set("request_timeout_ms", (server.request_timeout.as_millis() as i64).into());
     set("max_connections", (server.max_connections as i64).into());

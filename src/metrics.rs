@@ -27,7 +27,7 @@ use crate::ingest::frames::EventKind;
 use crate::ingest::live::IngestStatus;
 use crate::lsm::entry::Entry;
 use crate::lsm::tree::Tree;
-use crate::model::ids::{Backlink, ForwardLink, Revocation};
+use crate::model::ids::{Backlink, ForwardLink, HotLink, Revocation, Tally};
 use crate::push::PushCounters;
 use crate::store::object::{LocalFile, ObjectInfo, Store, StoreError};
 use bytes::Bytes;
@@ -285,6 +285,16 @@ fn index_registry(index: &Index) -> Registry {
             figures(index.forward.frame_cache.hits_and_misses(), index.forward.frame_cache.bytes()),
             figures(index.forward.meta_cache.hits_and_misses(), index.forward.meta_cache.bytes()),
         ),
+        (
+            HotLink::TREE.name(),
+            figures(index.hot.frame_cache.hits_and_misses(), index.hot.frame_cache.bytes()),
+            figures(index.hot.meta_cache.hits_and_misses(), index.hot.meta_cache.bytes()),
+        ),
+        (
+            Tally::TREE.name(),
+            figures(index.tallies.frame_cache.hits_and_misses(), index.tallies.frame_cache.bytes()),
+            figures(index.tallies.meta_cache.hits_and_misses(), index.tallies.meta_cache.bytes()),
+        ),
     ];
     for (tree, frames, metas) in trees {
         let label = TreeLabel { tree };
@@ -481,6 +491,8 @@ fn register_tree_figures(registry: &mut Registry, index: &Index) {
     add(Backlink::TREE.name(), records_of(&index.links), index.links.memtable_bytes());
     add(Revocation::TREE.name(), records_of(&index.thresholds), index.thresholds.memtable_bytes());
     add(ForwardLink::TREE.name(), records_of(&index.forward), index.forward.memtable_bytes());
+    add(HotLink::TREE.name(), records_of(&index.hot), 0);
+    add(Tally::TREE.name(), records_of(&index.tallies), 0);
     registry.register("tables", "Tables, by tree", tables);
     registry.register("runs", "Runs, by tree and kind", runs);
     registry.register("table_entries", "Entries in tables, by tree", entries);

@@ -266,9 +266,18 @@ impl Filters {
 
     pub fn admits(&self, link: &Backlink) -> bool {
         let admits = |ids: &Option<Vec<u64>>, id: u64| ids.as_ref().is_none_or(|ids| ids.contains(&id));
-        admits(&self.collections, link.source.collection)
-            && admits(&self.locations, link.location)
-            && admits(&self.dids, link.source.did)
+        self.admits_group(link.source.collection, link.location) && admits(&self.dids, link.source.did)
+    }
+
+    /// Whether links from one (source collection, location) may pass.
+    pub fn admits_group(&self, collection: u64, location: u64) -> bool {
+        let admits = |ids: &Option<Vec<u64>>, id: u64| ids.as_ref().is_none_or(|ids| ids.contains(&id));
+        admits(&self.collections, collection) && admits(&self.locations, location)
+    }
+
+    /// Whether only some accounts' links pass (what no tally can say).
+    pub fn by_account(&self) -> bool {
+        self.dids.is_some()
     }
 
     pub fn matches_nothing(&self) -> bool {

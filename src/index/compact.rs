@@ -1,5 +1,5 @@
-//! Compaction driven by the index: picks a full tier of any tree (backlinks, then forward links,
-//! then revocations), merges it on the calling thread with the revocations a merge may use, and
+//! Compaction driven by the index: picks a full tier of any tree (backlinks, forward links, hot
+//! links, revocations, then tallies), merges it on the calling thread with the revocations a merge may use, and
 //! swaps the result in.
 //!
 //! Invariants:
@@ -110,8 +110,8 @@ impl Index {
         self.merge_first(compaction, picker, &mut read, None)
     }
 
-    /// Merges what `picker` chooses in the first tree it chooses anything in (backlinks, then
-    /// forward links, then revocations). `held`: the revocations of the merge this one runs
+    /// Merges what `picker` chooses in the first tree it chooses anything in (backlinks, forward
+    /// links, hot links, revocations, then tallies). `held`: the revocations of the merge this one runs
     /// between the passes of.
     fn merge_first(
         &self,
@@ -132,6 +132,10 @@ impl Index {
             self.compact_revoked(&self.forward, &inputs, compaction, picker, revocations(read))?;
             return Ok(true);
         }
+        if let Some(inputs) = picker.pick(&self.hot.runs(), compaction.options) {
+            self.compact_revoked(&self.hot, &inputs, compaction, picker, revocations(read))?;
+            return Ok(true);
+        }
         if let Some(inputs) = picker.pick(&self.thresholds.runs(), compaction.options) {
             let mut failed = None;
             let output = self.compact_tree(&self.thresholds, &inputs, compaction, &mut Some, &mut || {
@@ -140,7 +144,28 @@ impl Index {
             read.replaced(&inputs.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), &output);
             return failed.map_or(Ok(true), Err);
         }
+        if let Some(inputs) = picker.pick(&self.tallies.runs(), compaction.options) {
+            self.compact_freshest(&self.tallies, &inputs, compaction, picker, read, held)?;
+            return Ok(true);
+        }
         Ok(false)
+    }
+
+    /// Merges runs of a tree whose entries only fresher copies replace (the tallies).
+    fn compact_freshest<E: Entry>(
+        &self,
+        tree: &Tree<E>,
+        inputs: &[Arc<Run<E>>],
+        compaction: &Compaction,
+        picker: Picker,
+        read: &mut RevocationsRead,
+        held: Option<&KnownRevocations>,
+    ) -> Result<(), IndexError> {
+        let mut failed = None;
+        self.compact_tree(tree, inputs, compaction, &mut Some, &mut || {
+            self.merge_between_passes(compaction, (picker, inputs), read, held, &mut failed)
+        })?;
+        failed.map_or(Ok(()), Err)
     }
 
     /// Merges runs of a tree whose entries revocations kill (backlinks, forward links), with the

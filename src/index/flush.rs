@@ -1,5 +1,6 @@
-//! Flushes: the three memtables frozen at one position and written out as delta tables, committed
-//! with the ingest position and the account changes they cover.
+//! Flushes: the three memtables frozen at one position and written out as delta tables, with the
+//! hot links and tallies they change (`tally`), committed with the ingest position and the
+//! account changes they cover.
 //!
 //! Invariants:
 //! - A flush persists the outlines first, then writes table files, then commits tables, clock,
@@ -15,6 +16,7 @@
 //! - `tables_clock` moves after a flush installs its tables, and a failed flush stops all later
 //!   ones (its operations are in no table).
 
+use super::tally::FlushedOps;
 use super::{Index, IndexError, WriterState, add_elapsed, io_err};
 use crate::base::drop_flag::SetOnDrop;
 use crate::catalog::{FlushRecord, IngestPosition};
@@ -52,15 +54,33 @@ impl FlushJob<'_> {
     pub fn finish(mut self) -> Result<usize, IndexError> {
         let index = self.index;
         index.outlines.persist()?;
-        let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
-        let flushed = KnownRevocations::of_flush(revocations);
+        let revoked: Vec<Revocation> =
+            self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
+        let flushed = KnownRevocations::of_flush(revoked.clone());
+        let hot = index.hot_writes(&FlushedOps {
+            links: self.links.as_ref().map(|(memtable, _)| memtable.as_ref()),
+            revocations: &flushed,
+            revoked: &revoked,
+            accounts: &self.accounts,
+            clock: self.position.clock,
+            installed_clock: index.tables_clock.load(Ordering::Acquire),
+        })?;
         let links = index.write_live(&index.links, self.links.as_ref(), &flushed)?;
         let forward = index.write_live(&index.forward, self.forward.as_ref(), &flushed)?;
         let mut thresholds = None;
         if let Some((memtable, id)) = &self.thresholds {
             thresholds = Some(index.write_table(&index.thresholds, id, || memtable.iter().copied())?);
         }
-        let tables = [&links, &forward].into_iter().filter_map(Flushed::record).chain(&thresholds).cloned().collect();
+        let hot_links = index.write_new_table(&index.hot, &hot.links)?;
+        let tallies = index.write_new_table(&index.tallies, &hot.tallies)?;
+        let tables = [&links, &forward]
+            .into_iter()
+            .filter_map(Flushed::record)
+            .chain(&thresholds)
+            .chain(&hot_links)
+            .chain(&tallies)
+            .cloned()
+            .collect();
         let flush = FlushRecord { tables, position: self.position, accounts: self.accounts };
         index.catalog.commit_flush(&flush)?;
         index.install_flushed(&index.links, links, self.links.as_ref())?;
@@ -68,6 +88,13 @@ impl FlushJob<'_> {
         if let Some(record) = thresholds {
             index.thresholds.install(index.thresholds.open_table(record)?, self.thresholds.as_ref().map(|(m, _)| m));
         }
+        if let Some(record) = hot_links {
+            index.hot.install(index.hot.open_table(record)?, None);
+        }
+        if let Some(record) = tallies {
+            index.tallies.install(index.tallies.open_table(record)?, None);
+        }
+        index.promoted(&hot.promoted);
         index.tables_clock.fetch_max(flush.position.clock, Ordering::Release);
         index.counters.flushes.fetch_add(1, Ordering::Relaxed);
         let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
@@ -214,6 +241,16 @@ impl Index {
             (Flushed::Nothing, _) | (Flushed::AllDead, None) => {}
         }
         Ok(())
+    }
+
+    /// Writes sorted, unique entries that no memtable held (the flush's hot links and tallies)
+    /// as a new table of `tree`, if there are any.
+    fn write_new_table<E: Entry>(&self, tree: &Tree<E>, entries: &[E]) -> Result<Option<TableRecord>, IndexError> {
+        if entries.is_empty() {
+            return Ok(None);
+        }
+        let id = self.new_table_id(&mut self.writer.lock().expect("writer lock poisoned"))?;
+        self.write_table(tree, &id, || entries.iter().copied()).map(Some)
     }
 
     /// Writes a flush's sorted, unique entries (given twice by `entries`) as table `id` of `tree`.

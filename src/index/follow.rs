@@ -102,7 +102,9 @@ impl Index {
         let store = self.store.as_ref();
         Ok(self.links.complete_partial_metas(store).await?
             + self.thresholds.complete_partial_metas(store).await?
-            + self.forward.complete_partial_metas(store).await?)
+            + self.forward.complete_partial_metas(store).await?
+            + self.hot.complete_partial_metas(store).await?
+            + self.tallies.complete_partial_metas(store).await?)
     }
 
     /// Makes this index exactly what `manifest` describes: imports its outline ranges, fetches
@@ -167,6 +169,8 @@ impl Index {
             TreeKind::Links => self.links.fetch_meta(store, record, whole).await?,
             TreeKind::Thresholds => self.thresholds.fetch_meta(store, record, whole).await?,
             TreeKind::Forward => self.forward.fetch_meta(store, record, whole).await?,
+            TreeKind::Hot => self.hot.fetch_meta(store, record, whole).await?,
+            TreeKind::Tallies => self.tallies.fetch_meta(store, record, whole).await?,
         }
         Ok(())
     }

@@ -1,9 +1,11 @@
-//! The index: the three trees, the outlines, the catalog and the store, and everything a writer or a
+//! The index: the five trees, the outlines, the catalog and the store, and everything a writer or a
 //! reader does with them as a whole.
 //!
 //! - `write`: operations in (create, update, delete, account changes, repository snapshots);
 //! - `flush`: memtables out to tables, committed with the ingest position;
 //! - `compact`: one merge of a full tier, with the revocations it may use;
+//! - `tally`: exact counts of hot targets, kept by flushes;
+//! - `reads`: where a flush waits for the reads the tallies make;
 //! - `publish`: tables and outline ranges uploaded, then a manifest and CURRENT;
 //! - `follow`: restore from the bucket, and a replica following the writer's manifests;
 //! - `gc`: retired tables and orphan objects deleted after their grace period;
@@ -37,11 +39,14 @@ mod flush;
 mod follow;
 mod gc;
 mod publish;
+mod reads;
 mod render;
 mod retired;
+mod tally;
 mod write;
 
 pub use flush::FlushJob;
+pub use tally::DEFAULT_HOT_TARGET_ENTRIES;
 pub use write::{Change, FoundLinks, NoLinks};
 
 use crate::base::rng::splitmix64;
@@ -53,7 +58,7 @@ use crate::lsm::handle::ReadError;
 use crate::lsm::table::TableOptions;
 use crate::lsm::tree::{TableFiles, Tree, TreeCaches};
 use crate::model::account::AccountState;
-use crate::model::ids::{Backlink, ForwardLink, Revocation, TreeKind};
+use crate::model::ids::{Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
 use crate::outline::{OutlineKind, OutlineOptions, Outlines};
 use crate::store::object::Store;
 use flush::FlushGate;
@@ -92,6 +97,9 @@ pub struct IndexOptions {
     /// Open without taking the writer lock (for `backlinks query` next to a running server).
     /// Such an index must not be written to.
     pub read_only: bool,
+    /// A target with at least this many entries gets its counts kept (`tally`): counts of it are
+    /// exact without reading its links.
+    pub hot_target_entries: u64,
 }
 
 impl Default for IndexOptions {
@@ -107,6 +115,7 @@ impl Default for IndexOptions {
             frame_cache_bytes: DEFAULT_FRAME_CACHE_BYTES,
             meta_cache_bytes: DEFAULT_META_CACHE_BYTES,
             read_only: false,
+            hot_target_entries: DEFAULT_HOT_TARGET_ENTRIES,
         }
     }
 }
@@ -221,6 +230,11 @@ pub struct Index {
     pub thresholds: Tree<Revocation>,
     /// The links of records that have more than one, by source (many-to-many queries).
     pub forward: Tree<ForwardLink>,
+    /// The links to hot targets, by source account (what a deletion or a change of visibility
+    /// changes in the tallies).
+    pub hot: Tree<HotLink>,
+    /// The hot targets' counts.
+    pub tallies: Tree<Tally>,
     pub store: Arc<dyn Store>,
     pub counters: WriteCounters,
     /// The frame and meta budgets the trees' caches share.
@@ -239,6 +253,10 @@ pub struct Index {
     tables_clock: AtomicU64,
     /// Entered by the one flush running at a time, from `begin_flush` to the end of its job.
     flushing: FlushGate,
+    /// The targets with tallies, and those counts asked to promote.
+    hot_targets: tally::HotTargets,
+    /// Where a flush waits for the reads its tallies make.
+    reads: reads::Reads,
     /// Set by a flush job that failed or was dropped unfinished; no flush runs after it.
     flush_failed: AtomicBool,
     /// The newest manifest this process published or followed (loaded from the bucket on first
@@ -267,12 +285,18 @@ impl Index {
             .map_err(io_err(&tables_dir))?;
         let forward = Tree::new(tables_dir.join(TreeKind::Forward.name()), options.table.clone(), caches.clone())
             .map_err(io_err(&tables_dir))?;
+        let hot = Tree::new(tables_dir.join(TreeKind::Hot.name()), options.table.clone(), caches.clone())
+            .map_err(io_err(&tables_dir))?;
+        let tallies = Tree::new(tables_dir.join(TreeKind::Tallies.name()), options.table.clone(), caches.clone())
+            .map_err(io_err(&tables_dir))?;
         if lock.is_some() {
             // Files of tables a crash wrote but never committed; nothing else writes yet.
             let known = catalog.known_table_ids()?;
             links.remove_orphans(&known).map_err(io_err(links.dir()))?;
             thresholds.remove_orphans(&known).map_err(io_err(thresholds.dir()))?;
             forward.remove_orphans(&known).map_err(io_err(forward.dir()))?;
+            hot.remove_orphans(&known).map_err(io_err(hot.dir()))?;
+            tallies.remove_orphans(&known).map_err(io_err(tallies.dir()))?;
         }
         let hidden = catalog.hidden_accounts()?.into_iter().collect();
         let position = catalog.position()?;
@@ -286,6 +310,8 @@ impl Index {
             links,
             thresholds,
             forward,
+            hot,
+            tallies,
             store,
             counters: WriteCounters::default(),
             caches,
@@ -296,6 +322,8 @@ impl Index {
             revocations_held_bytes: AtomicUsize::new(0),
             tables_clock,
             flushing: FlushGate::default(),
+            hot_targets: tally::HotTargets::default(),
+            reads: reads::Reads::here(),
             flush_failed: AtomicBool::new(false),
             published: Mutex::new(None),
             retired_files: retired::RetiredFiles::default(),
@@ -330,17 +358,16 @@ impl Index {
 
     /// Rebuilds the trees' run lists from the catalog, reusing open tables.
     pub(super) fn reload_trees(&self) -> Result<(), IndexError> {
-        let (mut links, mut thresholds, mut forward) = (Vec::new(), Vec::new(), Vec::new());
+        let mut by_tree: HashMap<TreeKind, Vec<_>> = TreeKind::ALL.into_iter().map(|k| (k, Vec::new())).collect();
         for record in self.catalog.tables()? {
-            match record.tree {
-                TreeKind::Links => links.push(record),
-                TreeKind::Thresholds => thresholds.push(record),
-                TreeKind::Forward => forward.push(record),
-            }
+            by_tree.get_mut(&record.tree).expect("every tree").push(record);
         }
-        self.links.load(links)?;
-        self.thresholds.load(thresholds)?;
-        self.forward.load(forward)?;
+        let mut of = |kind| by_tree.remove(&kind).expect("every tree");
+        self.links.load(of(TreeKind::Links))?;
+        self.thresholds.load(of(TreeKind::Thresholds))?;
+        self.forward.load(of(TreeKind::Forward))?;
+        self.hot.load(of(TreeKind::Hot))?;
+        self.tallies.load(of(TreeKind::Tallies))?;
         Ok(())
     }
 
@@ -360,7 +387,11 @@ impl Index {
 
     /// Runs over every tree (merges waiting show as many runs).
     pub fn run_count(&self) -> usize {
-        self.links.runs().len() + self.thresholds.runs().len() + self.forward.runs().len()
+        self.links.runs().len()
+            + self.thresholds.runs().len()
+            + self.forward.runs().len()
+            + self.hot.runs().len()
+            + self.tallies.runs().len()
     }
 
     /// A fresh table (or run) id: the catalog's durable sequence and 32 injected random bits.
@@ -376,6 +407,8 @@ impl Index {
             TreeKind::Links => &self.links,
             TreeKind::Thresholds => &self.thresholds,
             TreeKind::Forward => &self.forward,
+            TreeKind::Hot => &self.hot,
+            TreeKind::Tallies => &self.tallies,
         }
     }
 }

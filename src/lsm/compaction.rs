@@ -307,7 +307,7 @@ impl<E: Entry> Learning<E> {
         for _ in 0..self.spilled_bytes / E::WIDTH {
             spill.read_exact(&mut raw)?;
             let entry = E::decode(&raw);
-            writing.push(tree, ids, shard_of(&entry.key(), shards), &entry)?;
+            writing.push(tree, ids, shard_of::<E>(&entry.key(), shards), &entry)?;
         }
         Ok(writing)
     }
@@ -399,7 +399,7 @@ fn emit<E: Entry>(
         return Ok(());
     };
     assert!(kept.same_identity(&entry), "keep changed more than a stamp");
-    let shard = shard_of(&kept.key(), ids.len() as u32);
+    let shard = shard_of::<E>(&kept.key(), ids.len() as u32);
     match outs {
         Outputs::Writing(writing) => writing.push(tree, ids, shard, &kept),
         Outputs::Learning(learning) => {
@@ -486,7 +486,7 @@ mod tests {
             let output = merge(&tree, &runs, &ids, &store, runtime.handle(), &options, &mut Some, &mut || {}).unwrap();
             let mut sampler = ModelSampler::<Backlink>::new(ids.len(), &table);
             for entry in expected.iter().take(spilled_entries) {
-                sampler.add(shard_of(&entry.key(), ids.len() as u32) as usize, entry);
+                sampler.add(shard_of::<Backlink>(&entry.key(), ids.len() as u32) as usize, entry);
             }
             let learnt = sampler.finish().expect("more than model_min_entries").encode();
             let mut written = Vec::new();
@@ -497,7 +497,7 @@ mod tests {
                 let mut entries = Vec::new();
                 crate::lsm::table::decode_frames(&meta, 0..meta.frames.len(), &data, &mut entries).unwrap();
                 assert_eq!(entries.len() as u64, summary.entries);
-                assert!(entries.iter().all(|e| shard_of(&e.key(), ids.len() as u32) == *shard));
+                assert!(entries.iter().all(|e| shard_of::<Backlink>(&e.key(), ids.len() as u32) == *shard));
                 written.extend(entries);
             }
             written.sort();
@@ -571,7 +571,7 @@ mod tests {
                 let store = crate::store::dir::DirStore::new(tree.dir().join("bucket"));
                 let mut scan = crate::lsm::scan::TableScan::new(table.clone(), 3).unwrap();
                 while let Some(entry) = scan.next(&store, runtime).unwrap() {
-                    assert_eq!(shard_of(&entry.key(), 16) as usize, shard);
+                    assert_eq!(shard_of::<Backlink>(&entry.key(), 16) as usize, shard);
                     written.push(entry);
                 }
             }

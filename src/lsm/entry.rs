@@ -1,15 +1,16 @@
-//! The fixed-width entry the generic LSM stores, and its three instances.
+//! The fixed-width entry the generic LSM stores, and its five instances.
 //!
 //! Invariants every `Entry` upholds (checked by the tests at the bottom):
 //! - `encode` writes exactly `WIDTH` bytes and `decode(encode(e)) == e`.
 //! - Byte order of encodings equals `Ord` order.
-//! - The first `KEY_WIDTH` bytes are the encoded `key()`: the filter, the shard hash and the
-//!   frame fences all work on that prefix.
-//! - The first `IDENTITY_WIDTH` bytes identify an entry up to freshness; the last 8 bytes are its
-//!   big-endian `stamp()`. Of two entries with the same identity the larger stamp wins, and
-//!   because the stamp is the last field, duplicates sort next to each other, oldest first.
+//! - The first `KEY_WIDTH` bytes are the encoded `key()`: the filter and the frame fences work
+//!   on that prefix, the shard hash on its first `SHARD_WIDTH` bytes.
+//! - The first `IDENTITY_WIDTH` bytes identify an entry up to freshness; the 8 bytes after them
+//!   are its big-endian `stamp()`, and whatever follows (a tally's count) is a value the stamp
+//!   decides. Of two entries with the same identity the larger stamp wins, and because the
+//!   stamp follows the identity, duplicates sort next to each other, oldest first.
 
-use crate::model::ids::{Backlink, ForwardLink, RecordId, Revocation, TreeKind, be_u64};
+use crate::model::ids::{Backlink, ForwardLink, HotLink, RecordId, Revocation, Tally, TreeKind, be_u64};
 use std::fmt::Debug;
 use std::hash::Hash;
 
@@ -18,8 +19,11 @@ pub trait Entry: Copy + Ord + Eq + Hash + Debug + Send + Sync + 'static {
     const WIDTH: usize;
     /// Encoded size of the key prefix (always a `RecordId` here).
     const KEY_WIDTH: usize = RecordId::WIDTH;
-    /// Encoded size of the identity prefix; `WIDTH - IDENTITY_WIDTH == 8` (the stamp).
+    /// Encoded size of the identity prefix, which the 8-byte stamp follows.
     const IDENTITY_WIDTH: usize;
+    /// Bytes of the key that choose a compacted run's shard (`run::shard_of`): all of it,
+    /// unless a tree reads ranges of keys that share a prefix.
+    const SHARD_WIDTH: usize = RecordId::WIDTH;
     /// The tree that holds this entry type (its name is used in paths: `tables/<name>/<id>.data`).
     const TREE: TreeKind;
     /// Byte offsets of the encoded record keys (big-endian `u64`s: TIDs, outlined ids with the
@@ -170,6 +174,108 @@ impl Entry for Revocation {
     }
 }
 
+impl Entry for HotLink {
+    const WIDTH: usize = HotLink::WIDTH;
+    const IDENTITY_WIDTH: usize = 56;
+    /// The account: all of an account's hot links are in one table of a compacted run.
+    const SHARD_WIDTH: usize = 8;
+    const TREE: TreeKind = TreeKind::Hot;
+    /// The source's and the target's.
+    const RKEY_OFFSETS: &'static [usize] = &[16, 24];
+
+    fn encode(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), Self::WIDTH);
+        out[0..8].copy_from_slice(&self.account.to_be_bytes());
+        out[8..16].copy_from_slice(&self.collection.to_be_bytes());
+        out[16..24].copy_from_slice(&self.rkey.to_be_bytes());
+        self.target.encode(&mut out[24..48]);
+        out[48..56].copy_from_slice(&self.location.to_be_bytes());
+        out[56..64].copy_from_slice(&self.source_rev.to_be_bytes());
+    }
+
+    fn decode(bytes: &[u8]) -> Self {
+        assert_eq!(bytes.len(), Self::WIDTH);
+        HotLink {
+            account: be_u64(&bytes[0..8]),
+            collection: be_u64(&bytes[8..16]),
+            rkey: be_u64(&bytes[16..24]),
+            target: RecordId::decode(&bytes[24..48]),
+            location: be_u64(&bytes[48..56]),
+            source_rev: be_u64(&bytes[56..64]),
+        }
+    }
+
+    fn key(&self) -> RecordId {
+        HotLink::key_of(self.source())
+    }
+
+    fn stamp(&self) -> u64 {
+        self.source_rev
+    }
+
+    fn min_for_key(key: RecordId) -> Self {
+        let source = RecordId { rkey: key.did, collection: key.collection, did: key.rkey };
+        HotLink::of(Backlink { target: RecordId::MIN, source, location: 0, source_rev: 0 })
+    }
+
+    fn max_for_key(key: RecordId) -> Self {
+        let source = RecordId { rkey: key.did, collection: key.collection, did: key.rkey };
+        HotLink::of(Backlink { target: RecordId::MAX, source, location: u64::MAX, source_rev: u64::MAX })
+    }
+
+    fn same_identity(&self, other: &Self) -> bool {
+        self.source() == other.source() && self.target == other.target && self.location == other.location
+    }
+}
+
+impl Entry for Tally {
+    const WIDTH: usize = Tally::WIDTH;
+    const IDENTITY_WIDTH: usize = 40;
+    const TREE: TreeKind = TreeKind::Tallies;
+    /// The target's.
+    const RKEY_OFFSETS: &'static [usize] = &[0];
+
+    fn encode(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), Self::WIDTH);
+        self.target.encode(&mut out[0..24]);
+        out[24..32].copy_from_slice(&self.collection.to_be_bytes());
+        out[32..40].copy_from_slice(&self.location.to_be_bytes());
+        out[40..48].copy_from_slice(&self.stamp.to_be_bytes());
+        out[48..56].copy_from_slice(&self.records.to_be_bytes());
+    }
+
+    fn decode(bytes: &[u8]) -> Self {
+        assert_eq!(bytes.len(), Self::WIDTH);
+        Tally {
+            target: RecordId::decode(&bytes[0..24]),
+            collection: be_u64(&bytes[24..32]),
+            location: be_u64(&bytes[32..40]),
+            stamp: be_u64(&bytes[40..48]),
+            records: be_u64(&bytes[48..56]),
+        }
+    }
+
+    fn key(&self) -> RecordId {
+        self.target
+    }
+
+    fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
+    fn min_for_key(key: RecordId) -> Self {
+        Tally { target: key, collection: 0, location: 0, stamp: 0, records: 0 }
+    }
+
+    fn max_for_key(key: RecordId) -> Self {
+        Tally { target: key, collection: u64::MAX, location: u64::MAX, stamp: u64::MAX, records: u64::MAX }
+    }
+
+    fn same_identity(&self, other: &Self) -> bool {
+        self.target == other.target && self.collection == other.collection && self.location == other.location
+    }
+}
+
 /// Encodes into a fresh buffer; for tests and cold paths.
 pub fn encode_to_vec<E: Entry>(entry: &E) -> Vec<u8> {
     let mut out = vec![0u8; E::WIDTH];
@@ -207,7 +313,8 @@ mod tests {
         assert_eq!(E::decode(&ea), a);
         assert_eq!(a.cmp(&b), ea.cmp(&eb));
         assert_eq!(ea[..E::KEY_WIDTH], a.key().to_bytes());
-        assert_eq!(ea[E::IDENTITY_WIDTH..], a.stamp().to_be_bytes());
+        assert_eq!(ea[E::IDENTITY_WIDTH..E::IDENTITY_WIDTH + 8], a.stamp().to_be_bytes());
+        assert!(E::SHARD_WIDTH <= E::KEY_WIDTH && E::KEY_WIDTH <= E::IDENTITY_WIDTH);
         assert_eq!(a.same_identity(&b), ea[..E::IDENTITY_WIDTH] == eb[..E::IDENTITY_WIDTH]);
         assert!(E::min_for_key(a.key()) <= a && a <= E::max_for_key(a.key()));
     }
@@ -225,6 +332,25 @@ mod tests {
             check_laws(a.forward(), b.forward());
             check_laws(a.forward(), Backlink { source_rev: b.source_rev, ..a }.forward());
             assert_eq!(a.forward().backlink(), a);
+        }
+
+        #[test]
+        fn hot_link_laws(a in backlink(), b in backlink()) {
+            check_laws(HotLink::of(a), HotLink::of(b));
+            check_laws(HotLink::of(a), HotLink::of(Backlink { source_rev: b.source_rev, ..a }));
+            assert_eq!(HotLink::of(a).backlink(), a);
+            let (first, last) = HotLink::account_keys(a.source.did);
+            assert!(first <= HotLink::of(a).key() && HotLink::of(a).key() <= last);
+        }
+
+        #[test]
+        fn tally_laws(a in backlink(), b in backlink(), records in any::<u64>()) {
+            let tally = |l: Backlink, records| Tally {
+                target: l.target, collection: l.source.collection, location: l.location, stamp: l.source_rev, records,
+            };
+            check_laws(tally(a, records), tally(b, records / 2));
+            let fresher = Backlink { source_rev: b.source_rev, ..a };
+            check_laws(tally(a, records), tally(fresher, records / 2));
         }
 
         #[test]

@@ -9,11 +9,14 @@
 //!   stamped above it.
 
 use crate::lsm::entry::{Entry, within};
-use crate::lsm::handle::ReadError;
+use crate::lsm::handle::{ReadError, TableHandle};
+use crate::lsm::table::PageUse;
 use crate::lsm::tree::Tree;
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
+use futures::StreamExt;
 use std::ops::Range;
+use std::sync::Arc;
 
 /// Every entry of `keys` in `tree` (memtables and tables), in no particular order.
 pub async fn read_keys<E: Entry>(tree: &Tree<E>, store: &dyn Store, keys: &[RecordId]) -> Result<Vec<E>, ReadError> {
@@ -29,6 +32,60 @@ pub async fn read_keys_newer<E: Entry>(
     store: &dyn Store,
     keys: &[(RecordId, Option<u64>)],
 ) -> Result<Vec<E>, ReadError> {
+    let (mut found, reads) = plan_reads(tree, store, keys).await?;
+    let fetched = futures::future::try_join_all(reads.iter().map(|(table, frames, keys)| {
+        let span = keys.iter().fold((RecordId::MAX, RecordId::MIN), |(lo, hi), k| (lo.min(*k), hi.max(*k)));
+        table.read_frame_slices(store, frames.clone(), span)
+    }))
+    .await?;
+    // Each read is sorted: search it for the keys it was made for instead of scanning it.
+    for ((_, _, read_keys), slices) in reads.iter().zip(&fetched) {
+        for slice in slices {
+            extend_with_keys(&mut found, slice, read_keys);
+        }
+    }
+    Ok(found)
+}
+
+/// `read_keys` for a writer (a flush's tallies): the frames it reads go to no cache, so that
+/// what queries keep there stays, and a writer that never queries holds none.
+pub async fn read_keys_uncached<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    keys: &[RecordId],
+) -> Result<Vec<E>, ReadError> {
+    let unbounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|key| (*key, None)).collect();
+    let (mut found, reads) = plan_reads(tree, store, &unbounded).await?;
+    let pieces = reads.iter().flat_map(|(table, frames, keys)| {
+        frames.clone().step_by(UNCACHED_FRAMES_PER_READ).map(move |start| {
+            let end = (start + UNCACHED_FRAMES_PER_READ).min(frames.end);
+            async move { table.read_frames_with(store, start..end, PageUse::Scan).await.map(|entries| (entries, keys)) }
+        })
+    });
+    let mut fetched = futures::stream::iter(pieces).buffer_unordered(UNCACHED_READS_IN_FLIGHT);
+    while let Some(read) = fetched.next().await {
+        let (entries, keys) = read?;
+        extend_with_keys(&mut found, &entries, keys);
+    }
+    Ok(found)
+}
+
+/// A writer's uncached lookup decodes at most this many frames a read, with at most
+/// `UNCACHED_READS_IN_FLIGHT` reads at once, keeping only its keys' entries of each: its memory
+/// is a few frames, not the tables it looks in (a flush's lookups of hot links and revocations
+/// touch frames all over them: a filter's false positives alone are one key in a hundred).
+const UNCACHED_FRAMES_PER_READ: usize = 8;
+const UNCACHED_READS_IN_FLIGHT: usize = 4;
+
+/// One table's frames to read for some keys.
+type Read<E> = (Arc<TableHandle<E>>, Range<usize>, Vec<RecordId>);
+
+/// The memtables' entries of `keys`, and the ranged reads that find theirs in tables.
+async fn plan_reads<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    keys: &[(RecordId, Option<u64>)],
+) -> Result<(Vec<E>, Vec<Read<E>>), ReadError> {
     let ranges: Vec<_> = keys.iter().map(|(k, _)| (E::min_for_key(*k), E::max_for_key(*k))).collect();
     let snapshot = tree.snapshot(&ranges);
     snapshot.fetch_metas_for_keys(store, keys).await?;
@@ -40,19 +97,44 @@ pub async fn read_keys_newer<E: Entry>(
             reads.push((table.clone(), frames, keys));
         }
     }
-    let fetched = futures::future::try_join_all(reads.iter().map(|(table, frames, keys)| {
-        let span = keys.iter().fold((RecordId::MAX, RecordId::MIN), |(lo, hi), k| (lo.min(*k), hi.max(*k)));
-        table.read_frame_slices(store, frames.clone(), span)
-    }))
+    Ok((snapshot.memtable_entries, reads))
+}
+
+/// Adds the entries of `keys` from the sorted `entries`.
+fn extend_with_keys<E: Entry>(found: &mut Vec<E>, entries: &[E], keys: &[RecordId]) {
+    for key in keys {
+        found.extend_from_slice(within(entries, &E::min_for_key(*key), &E::max_for_key(*key)));
+    }
+}
+
+/// Every entry whose key is in `first..=last`, from memtables and tables, in no particular order.
+/// The keys must agree in their first `E::SHARD_WIDTH` bytes (an account's hot links), so that
+/// one table of each compacted run holds them all. Tables have no filter of key ranges: each run
+/// is asked its frame index. For a writer: the frames read go to no cache.
+pub async fn read_key_range<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    (first, last): (RecordId, RecordId),
+) -> Result<Vec<E>, ReadError> {
+    assert!(first <= last, "an empty key range");
+    assert_eq!(first.to_bytes()[..E::SHARD_WIDTH], last.to_bytes()[..E::SHARD_WIDTH], "keys of two shards");
+    let (lo, hi) = (E::min_for_key(first), E::max_for_key(last));
+    let snapshot = tree.snapshot(&[(lo, hi)]);
+    let mut reads = Vec::new();
+    for run in snapshot.runs.iter() {
+        let table = run.table_for(&first);
+        let frames = table.frames_overlapping(&lo, &hi)?;
+        if !frames.is_empty() {
+            reads.push((table.clone(), frames));
+        }
+    }
+    let fetched = futures::future::try_join_all(
+        reads.iter().map(|(table, frames)| table.read_frames_with(store, frames.clone(), PageUse::Scan)),
+    )
     .await?;
     let mut found = snapshot.memtable_entries;
-    // Each read is sorted: search it for the keys it was made for instead of scanning it.
-    for ((_, _, read_keys), slices) in reads.iter().zip(&fetched) {
-        for slice in slices {
-            for key in read_keys {
-                found.extend_from_slice(within(slice, &E::min_for_key(*key), &E::max_for_key(*key)));
-            }
-        }
+    for entries in &fetched {
+        found.extend_from_slice(within(entries, &lo, &hi));
     }
     Ok(found)
 }

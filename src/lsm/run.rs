@@ -4,7 +4,8 @@
 //! Invariants:
 //! - Every table of a run has the run's id and shard count, and table `i` is shard `i`.
 //! - A compacted run holds each key in exactly one table: `shard_of(key, shard_count)`, so a
-//!   reader of one key opens one table per compacted run.
+//!   reader of one key opens one table per compacted run; keys that agree in their first
+//!   `Entry::SHARD_WIDTH` bytes share it, so a reader of such a key range does too.
 //! - A delta run has `shard_count == 1`, so `shard_of` sends every key to its only table.
 
 use crate::lsm::entry::Entry;
@@ -19,13 +20,14 @@ pub const MAX_SHARDS: u32 = 4096;
 
 /// The shard of `key` in a run of `shard_count` shards: multiply-shift of the key's xxh3-64, so a
 /// power-of-two count takes the hash's top bits (a radix split).
-pub fn shard_of(key: &RecordId, shard_count: u32) -> u32 {
-    shard_of_hash(shard_hash(key), shard_count)
+pub fn shard_of<E: Entry>(key: &RecordId, shard_count: u32) -> u32 {
+    shard_of_hash(shard_hash::<E>(key), shard_count)
 }
 
-/// The hash `shard_of` splits by: compute it once for a key asked of many runs.
-pub fn shard_hash(key: &RecordId) -> u64 {
-    xxh3_64(&key.to_bytes())
+/// The hash `shard_of` splits by, of the key's first `E::SHARD_WIDTH` bytes: compute it once for
+/// a key asked of many runs.
+pub fn shard_hash<E: Entry>(key: &RecordId) -> u64 {
+    xxh3_64(&key.to_bytes()[..E::SHARD_WIDTH])
 }
 
 /// `shard_of` for a key whose `shard_hash` is `hash`.
@@ -66,7 +68,7 @@ impl<E: Entry> Run<E> {
 
     /// The one table that may hold `key`.
     pub fn table_for(&self, key: &RecordId) -> &Arc<TableHandle<E>> {
-        self.table_for_hash(shard_hash(key))
+        self.table_for_hash(shard_hash::<E>(key))
     }
 
     /// The one table that may hold the key whose `shard_hash` is `hash`.
@@ -87,23 +89,36 @@ impl<E: Entry> Run<E> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::ids::{Backlink, HotLink};
 
     #[test]
     fn shards_are_in_range_and_spread() {
         let mut counts = [0u32; 8];
         for did in 0..8000u64 {
-            let shard = shard_of(&RecordId::repo(did), 8);
+            let shard = shard_of::<Backlink>(&RecordId::repo(did), 8);
             counts[shard as usize] += 1;
         }
         assert!(counts.iter().all(|&c| (800..1200).contains(&c)), "uneven shards: {counts:?}");
-        assert_eq!(shard_of(&RecordId::repo(5), 1), 0);
+        assert_eq!(shard_of::<Backlink>(&RecordId::repo(5), 1), 0);
+    }
+
+    #[test]
+    fn keys_share_a_shard_by_their_first_shard_width_bytes() {
+        let of_account = |did: u64, record: u64| HotLink::key_of(RecordId { rkey: record, collection: 3, did });
+        for did in 0..64u64 {
+            let shard = shard_of::<HotLink>(&of_account(did, 1), 64);
+            assert!((2..200).all(|record| shard_of::<HotLink>(&of_account(did, record), 64) == shard));
+        }
+        let spread: std::collections::HashSet<u32> =
+            (0..200).map(|record| shard_of::<Backlink>(&of_account(5, record), 64)).collect();
+        assert!(spread.len() > 30, "a whole key picks a backlink's shard");
     }
 
     #[test]
     fn power_of_two_counts_take_the_top_bits() {
         let key = RecordId { rkey: 1, collection: 2, did: 3 };
         let hash = xxh3_64(&key.to_bytes());
-        assert_eq!(shard_of(&key, 16) as u64, hash >> 60);
-        assert_eq!(shard_of(&key, 2) as u64, hash >> 63);
+        assert_eq!(shard_of::<Backlink>(&key, 16) as u64, hash >> 60);
+        assert_eq!(shard_of::<Backlink>(&key, 2) as u64, hash >> 63);
     }
 }

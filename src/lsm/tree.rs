@@ -45,9 +45,21 @@ impl<E: Entry> Snapshot<E> {
     /// The tables that may hold entries whose key is `key`, oldest run first: in each run the
     /// table of the key's shard, when its filter admits the key.
     pub fn tables_for_key(&self, key: &RecordId) -> Vec<Arc<TableHandle<E>>> {
-        let (hash, shard) = (KeyHash::of_record(key), shard_hash(key));
+        let (hash, shard) = (KeyHash::of_record(key), shard_hash::<E>(key));
         let tables = self.runs.iter().map(|run| run.table_for_hash(shard));
         tables.filter(|table| table.may_contain(hash)).cloned().collect()
+    }
+
+    /// How many entries of `key` there may be: the memtables' ones, and in each table every
+    /// entry of the frames that may hold it (from the frame index alone). At least the key's
+    /// entries, copies and dead ones included.
+    pub fn entries_bound(&self, key: &RecordId) -> Result<u64, ReadError> {
+        let mut bound = self.memtable_entries.iter().filter(|entry| entry.key() == *key).count() as u64;
+        for table in self.tables_for_key(key) {
+            let frames = table.frames_for_key(*key)?;
+            bound += table.frame_infos(frames)?.iter().map(|frame| u64::from(frame.entries)).sum::<u64>();
+        }
+        Ok(bound)
     }
 
     /// Before `tables_for_key(s)`: fetches from the bucket what a lookup of `keys` reads in tables
@@ -65,7 +77,7 @@ impl<E: Entry> Snapshot<E> {
         // Keys by table, so that each table fetches each of its pieces once.
         let mut by_table: Vec<(&Arc<TableHandle<E>>, Vec<RecordId>)> = Vec::new();
         for (key, bound) in keys {
-            let hash = shard_hash(key);
+            let hash = shard_hash::<E>(key);
             let tables = partial_runs.iter().map(|run| run.table_for_hash(hash));
             for table in tables.filter(|t| t.meta_is_partial() && t.record.has_stamps_above(*bound)) {
                 match by_table.iter_mut().find(|(t, _)| Arc::ptr_eq(t, table)) {
@@ -82,7 +94,8 @@ impl<E: Entry> Snapshot<E> {
     /// keys (in `keys` order), oldest run first. A key with a bound (`Some(stamp)`) is not looked
     /// for in tables whose entries are all stamped at or below it (`TableRecord::max_stamp`).
     pub fn tables_for_keys(&self, keys: &[(RecordId, Option<u64>)]) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
-        let hashes: Vec<(KeyHash, u64)> = keys.iter().map(|(k, _)| (KeyHash::of_record(k), shard_hash(k))).collect();
+        let hashes: Vec<(KeyHash, u64)> =
+            keys.iter().map(|(k, _)| (KeyHash::of_record(k), shard_hash::<E>(k))).collect();
         self.runs.iter().flat_map(|run| keys_by_table(run, keys, &hashes)).collect()
     }
 }

@@ -1,4 +1,4 @@
-//! Fixed-width identifiers: `RecordId`, `Backlink`, `ForwardLink`, `Revocation`.
+//! Fixed-width identifiers: `RecordId`, `Backlink`, `ForwardLink`, `Revocation`, `HotLink`, `Tally`.
 //!
 //! Invariants:
 //! - Every encoding is big-endian with fields in declaration order, so the byte order of two
@@ -132,6 +132,67 @@ impl Backlink {
     }
 }
 
+/// A backlink to a hot target (one whose counts the index keeps, `Tally`) seen from its source's
+/// account: the source's DID, collection and record key, then the target, location and stamp,
+/// the fields of its `Backlink`, alive by the same rule. Ordered by account, so that everything an
+/// account links to among hot targets is one key range: a deletion, a snapshot or a change of
+/// the account's visibility finds what it changes in the counts there, as a record's deletion
+/// finds its record's links.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct HotLink {
+    pub account: u64,
+    pub collection: u64,
+    pub rkey: u64,
+    pub target: RecordId,
+    pub location: u64,
+    pub source_rev: u64,
+}
+
+impl HotLink {
+    pub const WIDTH: usize = 64;
+
+    pub fn of(link: Backlink) -> Self {
+        let Backlink { target, source, location, source_rev } = link;
+        HotLink { account: source.did, collection: source.collection, rkey: source.rkey, target, location, source_rev }
+    }
+
+    pub fn backlink(self) -> Backlink {
+        Backlink { target: self.target, source: self.source(), location: self.location, source_rev: self.source_rev }
+    }
+
+    pub fn source(&self) -> RecordId {
+        RecordId { rkey: self.rkey, collection: self.collection, did: self.account }
+    }
+
+    /// The tree key of a source's hot links: the source's three fields, DID first, in the three
+    /// fields of a `RecordId` (whose encoding is their concatenation). Not a record id: only the
+    /// hot tree's lookups use it.
+    pub fn key_of(source: RecordId) -> RecordId {
+        RecordId { rkey: source.did, collection: source.collection, did: source.rkey }
+    }
+
+    /// The smallest and largest keys of an account's hot links (`key_of` of its sources).
+    pub fn account_keys(did: u64) -> (RecordId, RecordId) {
+        (RecordId { rkey: did, collection: 0, did: 0 }, RecordId { rkey: did, collection: u64::MAX, did: u64::MAX })
+    }
+}
+
+/// How many live backlinks a hot target has from one (source collection, location): the value
+/// a flush wrote at `stamp` (the clock it covers), the freshest stamp winning. Hidden accounts'
+/// links are not counted.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Tally {
+    pub target: RecordId,
+    pub collection: u64,
+    pub location: u64,
+    pub stamp: u64,
+    pub records: u64,
+}
+
+impl Tally {
+    pub const WIDTH: usize = 56;
+}
+
 /// Every backlink of `source` written before stamp `rev` is dead.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Revocation {
@@ -143,8 +204,10 @@ impl Revocation {
     pub const WIDTH: usize = 32;
 }
 
-/// The three trees of the index: backlinks, the same links by source (for records with more than
-/// one), and the revocations that decide the liveness of both. The name is the tree's directory, object key segment and catalog value (`tables/<name>/<id>.data`).
+/// The trees of the index: backlinks, the same links by source (for records with more than one),
+/// the revocations that decide the liveness of both, and for hot targets their links by account
+/// and their counts. The name is the tree's directory, object key segment and catalog value
+/// (`tables/<name>/<id>.data`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TreeKind {
     /// `Backlink` entries.
@@ -153,16 +216,23 @@ pub enum TreeKind {
     Thresholds,
     /// `ForwardLink` entries.
     Forward,
+    /// `HotLink` entries.
+    Hot,
+    /// `Tally` entries.
+    Tallies,
 }
 
 impl TreeKind {
-    pub const ALL: [TreeKind; 3] = [TreeKind::Links, TreeKind::Thresholds, TreeKind::Forward];
+    pub const ALL: [TreeKind; 5] =
+        [TreeKind::Links, TreeKind::Thresholds, TreeKind::Forward, TreeKind::Hot, TreeKind::Tallies];
 
     pub const fn name(self) -> &'static str {
         match self {
             TreeKind::Links => "links",
             TreeKind::Thresholds => "thresholds",
             TreeKind::Forward => "forward",
+            TreeKind::Hot => "hot",
+            TreeKind::Tallies => "tallies",
         }
     }
 

@@ -1,0 +1,110 @@
+//! Count latency (issue 23): countBacklinks of targets with 10, 10 k and 1 M live backlinks, warm,
+//! one request at a time, p50 / p99 / max over `REQUESTS` requests each. Every 20th record is
+//! deleted again, so the counts are of live links among dead ones. Run twice: with the default
+//! `hot_target_entries` (the 1 M target is hot, counted from its tallies) and with promotion off
+//! (it is estimated from a sample, as before tallies), to show what tallies change.
+//!
+//! Run: `cargo bench --bench count`.
+
+use backlinks::count::{CountOptions, count_backlinks};
+use backlinks::index::{Index, IndexOptions};
+use backlinks::model::operation::{Operation, RecordOp, RecordRef};
+use backlinks::model::tid::format_tid;
+use backlinks::query::ListParams;
+use backlinks::store::dir::DirStore;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const REQUESTS: usize = 2_000;
+const SIZES: [usize; 3] = [10, 10_000, 1_000_000];
+const ACCOUNTS: usize = 20_000;
+
+fn target(size: usize) -> String {
+    format!(
+        "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/{}",
+        format_tid(1_600_000_000_000_000 + size as u64)
+    )
+}
+
+fn like(size: usize, n: usize) -> RecordRef<'static> {
+    let account = n % ACCOUNTS;
+    let did = format!("did:plc:{:0>24}", format!("{account:x}"));
+    let rkey = format_tid(1_700_000_000_000_000 + (size * 3 + n) as u64);
+    RecordRef { did: did.into(), collection: "app.bsky.feed.like".into(), rkey: rkey.into() }
+}
+
+fn build(dir: &std::path::Path, hot_target_entries: u64, runtime: &tokio::runtime::Runtime) -> Index {
+    let store = Arc::new(DirStore::new(dir.join("bucket")));
+    let options = IndexOptions { hot_target_entries, ..IndexOptions::default() };
+    let index = Index::open(&dir.join("data"), store, options, 1).unwrap();
+    let mut now_ms = 0;
+    for size in SIZES {
+        let subject = serde_json::json!({"subject": {"uri": target(size), "cid": "bafyreiaxf7tgbfydx3465sckitq6v564thxe2wwydbi7cwxbxvgssje3em"}});
+        // A twentieth more records than the size, of which every 20th is deleted again.
+        let records = size + size / 19;
+        for n in 0..records {
+            let create = RecordOp { record_ref: like(size, n), record: subject.clone() };
+            index.apply(&Operation::Create(create), None).unwrap();
+            if n % 20 == 19 {
+                index.apply(&Operation::Delete(like(size, n)), None).unwrap();
+            }
+            if index.wants_flush() {
+                index.flush().unwrap();
+                now_ms += 1;
+                while index.compact_once(runtime.handle(), now_ms).unwrap() {}
+            }
+        }
+    }
+    index.flush().unwrap();
+    while index.compact_once(runtime.handle(), now_ms + 1).unwrap() {}
+    while index.settle_once(runtime.handle(), now_ms + 2).unwrap() {}
+    index
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+fn measure(index: &Index, runtime: &tokio::runtime::Runtime, label: &str) {
+    for size in SIZES {
+        let params = ListParams::new(target(size));
+        let count = || runtime.block_on(count_backlinks(index, &params, CountOptions::default())).unwrap();
+        // Warm: a first count asks for a promotion, which the next flush makes.
+        count();
+        index.flush().unwrap();
+        let first = count();
+        let mut times: Vec<Duration> = (0..REQUESTS)
+            .map(|_| {
+                let started = Instant::now();
+                std::hint::black_box(count());
+                started.elapsed()
+            })
+            .collect();
+        times.sort_unstable();
+        println!(
+            "{label:>12} {size:>9} backlinks: total {:>9} {}  p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
+            first.total,
+            if first.approximate { "estimate" } else { "exact   " },
+            percentile(&times, 0.5),
+            percentile(&times, 0.99),
+            percentile(&times, 1.0),
+        );
+    }
+}
+
+fn main() {
+    // `cargo test --benches` runs this with `--bench` absent: nothing to measure then.
+    if !std::env::args().any(|arg| arg == "--bench") {
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for (label, hot_target_entries) in
+        [("tallies", backlinks::index::DEFAULT_HOT_TARGET_ENTRIES), ("no tallies", u64::MAX)]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let started = Instant::now();
+        let index = build(dir.path(), hot_target_entries, &runtime);
+        eprintln!("{label}: built in {:.1} s", started.elapsed().as_secs_f64());
+        measure(&index, &runtime, label);
+    }
+}

@@ -1,0 +1,399 @@
+//! Tallies: exact counts of hot targets, kept by every flush.
+//!
+//! A count that reads a target's entries is bounded (`exact_scan_limit`); a target with more
+//! needs its counts kept. A target is *hot* once it has tallies (`Tally`: its live backlinks per
+//! source collection and location, hidden accounts' left out). A flush *promotes* a target with
+//! at least `hot_target_entries` entries (one of which it holds at least 1/64 of, or one a count
+//! asked for), and from then on rewrites the tallies its operations change. A deletion names
+//! only its record, so the links to hot targets are also kept by account (`HotLink`, the hot
+//! tree): a record's deletion finds its hot links there by key; an account's deletion, snapshot
+//! or change of visibility, by the account's key range.
+//!
+//! Invariants:
+//! - The hot tree holds the freshest copy of every identity (target, source, location) of a hot
+//!   target that no revocation kills: its promotion writes those of the target's backlinks,
+//!   every later flush those of its own (minus what its revocations kill, as the links tree),
+//!   and merges drop and settle them by the backlinks' rule.
+//! - Once the flush covering clock `c` has committed, the freshest tally of each hot target and
+//!   (collection, location) is the number of its identities from there that are live at `c`:
+//!   a copy at or above its source's and repository's thresholds among the revocations stamped
+//!   up to `c`, from an account not hidden at `c`.
+//! - A flush computes differences only, identity by identity, for what it can change: the
+//!   identities of its backlinks to hot targets, and the hot links of the records it revokes
+//!   and of the accounts it revokes or shows or hides. Each is live or not before (installed
+//!   tables, revocations up to `tables_clock`, committed account states) and after (with the
+//!   flush's memtables and account changes); neither the order of its operations nor a replay of
+//!   them changes the result.
+//! - A promotion reads the target's backlinks as of the flush's clock (installed tables and the
+//!   frozen memtable; the active one holds only later stamps) and writes its hot links and
+//!   tallies from them. The differences of that flush never touch the targets it promotes.
+
+use super::{Index, IndexError};
+use crate::liveness::{KnownRevocations, Revocable};
+use crate::lsm::compaction;
+use crate::lsm::entry::Entry;
+use crate::lsm::handle::ReadError;
+use crate::lsm::lookup::{read_key_range, read_keys, read_keys_uncached};
+use crate::lsm::memtable::Memtable;
+use crate::lsm::table::PageUse;
+use crate::model::account::AccountState;
+use crate::model::ids::{Backlink, HotLink, RecordId, Revocation, Tally};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::Mutex;
+
+/// Default of `IndexOptions::hot_target_entries`: a quarter of the default exact scan limit, so
+/// that a target is promoted well before a count would have to estimate it.
+pub const DEFAULT_HOT_TARGET_ENTRIES: u64 = 1 << 14;
+/// Most promotions counts may have asked for that no flush has looked at yet.
+const MAX_REQUESTED_PROMOTIONS: usize = 4096;
+/// A flush checks a target for promotion when it holds `hot_target_entries >> BATCH_SHARE_SHIFT`
+/// of its entries: a target grows past the bound in at most 64 such flushes, and the check (its
+/// entries counted from metadata) is made for few targets.
+const BATCH_SHARE_SHIFT: u32 = 6;
+
+impl FlushedOps<'_> {
+    /// The flush's backlinks, sorted, every copy.
+    fn links(&self) -> impl Iterator<Item = Backlink> + '_ {
+        self.links.into_iter().flat_map(|memtable| memtable.iter().copied())
+    }
+}
+
+/// The hot targets, and the promotions counts asked for.
+#[derive(Debug, Default)]
+pub(super) struct HotTargets {
+    /// The targets that have tallies: `None` until a flush needs them (read from the tallies).
+    known: Mutex<Option<HashSet<RecordId>>>,
+    requested: Mutex<HashSet<RecordId>>,
+}
+
+/// A flush's operations, as its tallies see them.
+pub(super) struct FlushedOps<'a> {
+    /// The frozen backlink memtable, if any.
+    pub links: Option<&'a Memtable<Backlink>>,
+    pub revocations: &'a KnownRevocations,
+    /// Every revocation of the flush.
+    pub revoked: &'a [Revocation],
+    pub accounts: &'a [(u64, AccountState)],
+    /// The clock the flush covers, and the one the installed tables cover.
+    pub clock: u64,
+    pub installed_clock: u64,
+}
+
+/// What a flush adds to the hot tree and the tallies.
+#[derive(Debug, Default)]
+pub(super) struct HotWrites {
+    /// Sorted, unique.
+    pub links: Vec<HotLink>,
+    /// Sorted, one per identity.
+    pub tallies: Vec<Tally>,
+    pub promoted: Vec<RecordId>,
+}
+
+/// (target, source, location): what copies of one link share.
+type Identity = (RecordId, RecordId, u64);
+/// (target, source collection, location): what one tally counts.
+type TallyKey = (RecordId, u64, u64);
+
+/// The freshest stamps of one identity: among the installed hot links, and in the flush.
+#[derive(Debug, Default, Clone, Copy)]
+struct Copies {
+    installed: Option<u64>,
+    flushed: Option<u64>,
+}
+
+/// The revocation stamps of some sources, to take their thresholds as of a clock.
+struct Revocations(HashMap<RecordId, Vec<u64>>);
+
+impl Revocations {
+    fn of(revocations: Vec<Revocation>) -> Self {
+        let mut by_source: HashMap<RecordId, Vec<u64>> = HashMap::new();
+        for revocation in revocations {
+            by_source.entry(revocation.source).or_default().push(revocation.rev);
+        }
+        Revocations(by_source)
+    }
+
+    /// The newest revocation of `source` stamped at or below `clock` (0 if none).
+    fn threshold(&self, source: &RecordId, clock: u64) -> u64 {
+        self.0.get(source).map_or(0, |revs| revs.iter().copied().filter(|&rev| rev <= clock).max().unwrap_or(0))
+    }
+
+    /// Whether a copy stamped `stamp` of a link from `source` is unrevoked at `clock`.
+    fn survives(&self, source: RecordId, stamp: u64, clock: u64) -> bool {
+        let link = Backlink { source, source_rev: stamp, ..Backlink::default() };
+        link.survives(|key| self.threshold(key, clock))
+    }
+}
+
+/// Account visibility before a flush (committed) and after it (with its account changes).
+struct Visibility {
+    committed: HashMap<u64, AccountState>,
+    flushed: HashMap<u64, AccountState>,
+}
+
+impl Visibility {
+    fn hidden_before(&self, did: u64) -> bool {
+        self.committed.get(&did).is_some_and(|state| state.is_hidden())
+    }
+
+    fn hidden_after(&self, did: u64) -> bool {
+        self.flushed.get(&did).map_or_else(|| self.hidden_before(did), |state| state.is_hidden())
+    }
+}
+
+impl Index {
+    /// Asks the next flush to promote `target`: a count found it past the exact scan limit
+    /// without tallies. Ignored past `MAX_REQUESTED_PROMOTIONS` waiting, and by a read-only index.
+    pub fn request_promotion(&self, target: RecordId) {
+        if self.options.read_only {
+            return;
+        }
+        let mut requested = self.hot_targets.requested.lock().expect("promotions lock poisoned");
+        if requested.len() < MAX_REQUESTED_PROMOTIONS {
+            requested.insert(target);
+        }
+    }
+
+    /// The tallies of `target`, freshest of each (collection, location); `None` when it is not hot.
+    pub async fn tallies_of(&self, target: RecordId) -> Result<Option<Vec<Tally>>, ReadError> {
+        let found = read_keys(&self.tallies, self.store.as_ref(), &[target]).await?;
+        Ok((!found.is_empty()).then(|| freshest_tallies(found)))
+    }
+
+    /// The hot links and tallies a flush of `ops` writes (module invariants).
+    pub(super) fn hot_writes(&self, ops: &FlushedOps<'_>) -> Result<HotWrites, IndexError> {
+        let mut known = self.hot_targets.known.lock().expect("hot targets lock poisoned");
+        if known.is_none() {
+            *known = Some(self.reads.block_on(self.read_hot_targets())?);
+        }
+        let hot = known.as_ref().expect("loaded");
+        self.reads.block_on(self.hot_writes_of(ops, hot))
+    }
+
+    /// After the flush's commit: its promoted targets are hot.
+    pub(super) fn promoted(&self, targets: &[RecordId]) {
+        let mut known = self.hot_targets.known.lock().expect("hot targets lock poisoned");
+        if let Some(known) = known.as_mut() {
+            known.extend(targets.iter().copied());
+        }
+    }
+
+    /// Every target with a tally (the tallies tree is small: a few entries per hot target).
+    async fn read_hot_targets(&self) -> Result<HashSet<RecordId>, IndexError> {
+        let mut targets = HashSet::new();
+        for table in self.tallies.tables() {
+            let entries = table.read_frames_with(self.store.as_ref(), 0..table.frame_count(), PageUse::Scan).await?;
+            targets.extend(entries.iter().map(|tally| tally.target));
+        }
+        Ok(targets)
+    }
+
+    async fn hot_writes_of(&self, ops: &FlushedOps<'_>, hot: &HashSet<RecordId>) -> Result<HotWrites, IndexError> {
+        let promoted = self.promotions(ops, hot).await?;
+        let flushed: Vec<Backlink> =
+            compaction::freshest(ops.links().filter(|link| hot.contains(&link.target))).collect();
+        let mut identities: HashMap<Identity, Copies> = HashMap::new();
+        for link in &flushed {
+            identities.entry(identity_of(link)).or_default().flushed = Some(link.source_rev);
+        }
+        let mut visibility = self.visibility(ops, ops.accounts.iter().map(|(did, _)| *did))?;
+        for link in self.installed_hot_links(ops, &identities, &visibility).await? {
+            let copies = identities.entry(identity_of(&link.backlink())).or_default();
+            copies.installed = copies.installed.max(Some(link.source_rev));
+        }
+        // Only an installed copy needs the installed revocations: they are all older than the
+        // flush's stamps, so the flush's own revocations alone decide a copy it writes.
+        let installed = identities.iter().filter(|(_, copies)| copies.installed.is_some());
+        let revocations = self.revocations_of(installed.map(|((_, source, _), _)| *source)).await?;
+        let dids = identities.keys().map(|(_, source, _)| source.did);
+        visibility.committed.extend(self.catalog.account_states(self.maybe_not_active(dids))?);
+        let mut differences: BTreeMap<TallyKey, i64> = BTreeMap::new();
+        for (&(target, source, location), copies) in &identities {
+            let survives = |stamp: u64, clock: u64| match copies.flushed {
+                Some(flushed) if stamp == flushed => {
+                    ops.revocations.settle(Backlink { target, source, location, source_rev: stamp }).is_some()
+                }
+                _ => revocations.survives(source, stamp, clock),
+            };
+            let live = |stamp: Option<u64>, clock: u64, hidden: bool| {
+                stamp.is_some_and(|stamp| !hidden && survives(stamp, clock))
+            };
+            let before = live(copies.installed, ops.installed_clock, visibility.hidden_before(source.did));
+            let freshest = copies.installed.max(copies.flushed);
+            let after = live(freshest, ops.clock, visibility.hidden_after(source.did));
+            if before != after {
+                *differences.entry((target, source.collection, location)).or_default() +=
+                    i64::from(after) - i64::from(before);
+            }
+        }
+        let mut writes = HotWrites {
+            links: flushed.into_iter().filter_map(|link| link.settle_by(ops.revocations)).map(HotLink::of).collect(),
+            tallies: self.tallies_after(differences, ops.clock).await?,
+            promoted: Vec::new(),
+        };
+        for target in promoted {
+            if self.promote(target, ops, &mut writes).await? {
+                writes.promoted.push(target);
+            }
+        }
+        writes.links.sort_unstable();
+        writes.links.dedup();
+        writes.tallies.sort_unstable();
+        Ok(writes)
+    }
+
+    /// The committed account states of `dids`, and the flush's last change of each account.
+    fn visibility(&self, ops: &FlushedOps<'_>, dids: impl Iterator<Item = u64>) -> Result<Visibility, IndexError> {
+        let committed = self.catalog.account_states(dids)?;
+        let flushed = ops.accounts.iter().copied().collect();
+        Ok(Visibility { committed, flushed })
+    }
+
+    /// Those of `dids` whose committed state may not be active: not active now, or changed since
+    /// the flush froze (the flush's own changes are in `ops.accounts`). Every other one was
+    /// active when the last flush committed and is now: the catalog need not be asked.
+    fn maybe_not_active(&self, dids: impl Iterator<Item = u64>) -> Vec<u64> {
+        let writer = self.writer.lock().expect("writer lock poisoned");
+        let changed: HashSet<u64> = writer.pending_accounts.iter().map(|(did, _)| *did).collect();
+        let not_active = self.hidden.read().expect("hidden lock poisoned");
+        let mut dids: Vec<u64> = dids.filter(|did| not_active.contains_key(did) || changed.contains(did)).collect();
+        dids.sort_unstable();
+        dids.dedup();
+        dids
+    }
+
+    /// The installed hot links of the flush's identities' sources, of the records it revokes,
+    /// and of every account it revokes whole or shows or hides.
+    async fn installed_hot_links(
+        &self,
+        ops: &FlushedOps<'_>,
+        identities: &HashMap<Identity, Copies>,
+        visibility: &Visibility,
+    ) -> Result<Vec<HotLink>, IndexError> {
+        let store = self.store.as_ref();
+        let (repos, records): (Vec<&Revocation>, Vec<&Revocation>) =
+            ops.revoked.iter().partition(|revocation| revocation.source.is_repo());
+        let mut keys: Vec<RecordId> = identities.keys().map(|(_, source, _)| HotLink::key_of(*source)).collect();
+        keys.extend(records.iter().map(|revocation| HotLink::key_of(revocation.source)));
+        keys.sort_unstable();
+        keys.dedup();
+        let mut accounts: BTreeSet<u64> = repos.iter().map(|revocation| revocation.source.did).collect();
+        let changed = |did: &u64| visibility.hidden_before(*did) != visibility.hidden_after(*did);
+        accounts.extend(visibility.flushed.keys().copied().filter(changed));
+        let mut found = read_keys_uncached(&self.hot, store, &keys).await?;
+        for did in accounts {
+            found.extend(read_key_range(&self.hot, store, HotLink::account_keys(did)).await?);
+        }
+        Ok(found)
+    }
+
+    /// Every revocation of `sources` and of their repositories, from memtables and tables.
+    async fn revocations_of(&self, sources: impl Iterator<Item = RecordId>) -> Result<Revocations, IndexError> {
+        let mut keys: Vec<RecordId> = sources.flat_map(|source| [source, RecordId::repo(source.did)]).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        Ok(Revocations::of(read_keys_uncached(&self.thresholds, self.store.as_ref(), &keys).await?))
+    }
+
+    /// The tallies `differences` make of the current ones.
+    async fn tallies_after(&self, differences: BTreeMap<TallyKey, i64>, clock: u64) -> Result<Vec<Tally>, IndexError> {
+        let mut targets: Vec<RecordId> = differences.keys().map(|(target, _, _)| *target).collect();
+        targets.dedup();
+        let current: HashMap<TallyKey, u64> =
+            freshest_tallies(read_keys_uncached(&self.tallies, self.store.as_ref(), &targets).await?)
+                .into_iter()
+                .map(|tally| ((tally.target, tally.collection, tally.location), tally.records))
+                .collect();
+        let mut tallies = Vec::new();
+        for (key, difference) in differences {
+            let (target, collection, location) = key;
+            let records = current.get(&key).copied().unwrap_or(0) as i64 + difference;
+            if records < 0 {
+                return Err(IndexError::Background(format!(
+                    "a tally of target {target:?} would fall to {records}: the hot tree is missing links"
+                )));
+            }
+            tallies.push(Tally { target, collection, location, stamp: clock, records: records as u64 });
+        }
+        Ok(tallies)
+    }
+
+    /// The targets this flush promotes: those a count asked for or of which it holds a good
+    /// share, that are not hot yet and have at least `hot_target_entries` entries.
+    async fn promotions(&self, ops: &FlushedOps<'_>, hot: &HashSet<RecordId>) -> Result<Vec<RecordId>, IndexError> {
+        let bound = self.options.hot_target_entries.max(1);
+        let share = (bound >> BATCH_SHARE_SHIFT).max(1) as usize;
+        let mut candidates: BTreeSet<RecordId> =
+            std::mem::take(&mut *self.hot_targets.requested.lock().expect("promotions lock poisoned"))
+                .into_iter()
+                .collect();
+        let mut links = ops.links().peekable();
+        while let Some(first) = links.next() {
+            let mut entries = 1;
+            while links.next_if(|link| link.target == first.target).is_some() {
+                entries += 1;
+            }
+            if entries >= share {
+                candidates.insert(first.target);
+            }
+        }
+        let mut promoted = Vec::new();
+        for target in candidates.into_iter().filter(|target| !hot.contains(target)) {
+            let snapshot = self.links.snapshot(&[(Backlink::min_for_key(target), Backlink::max_for_key(target))]);
+            if snapshot.entries_bound(&target)? >= bound {
+                promoted.push(target);
+            }
+        }
+        Ok(promoted)
+    }
+
+    /// Writes the hot links and tallies of `target` as of the flush's clock; false when it has no
+    /// live backlink (then it is not promoted: its count is exact and cheap).
+    async fn promote(
+        &self,
+        target: RecordId,
+        ops: &FlushedOps<'_>,
+        writes: &mut HotWrites,
+    ) -> Result<bool, IndexError> {
+        let mut copies = read_keys_uncached(&self.links, self.store.as_ref(), &[target]).await?;
+        copies.retain(|link| link.source_rev <= ops.clock);
+        copies.sort_unstable();
+        let freshest: Vec<Backlink> = compaction::freshest(copies.into_iter()).collect();
+        let revocations = self.revocations_of(freshest.iter().map(|link| link.source)).await?;
+        let live: Vec<Backlink> =
+            freshest.into_iter().filter(|link| revocations.survives(link.source, link.source_rev, ops.clock)).collect();
+        if live.is_empty() {
+            return Ok(false);
+        }
+        let visibility =
+            self.visibility(ops, self.maybe_not_active(live.iter().map(|link| link.source.did)).into_iter())?;
+        let mut counts: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+        for link in live.iter().filter(|link| !visibility.hidden_after(link.source.did)) {
+            *counts.entry((link.source.collection, link.location)).or_default() += 1;
+        }
+        if counts.is_empty() {
+            // Every live link is hidden: a zero tally still marks the target hot.
+            let link = live[0];
+            counts.insert((link.source.collection, link.location), 0);
+        }
+        writes.links.extend(live.into_iter().map(HotLink::of));
+        writes.tallies.extend(counts.into_iter().map(|((collection, location), records)| Tally {
+            target,
+            collection,
+            location,
+            stamp: ops.clock,
+            records,
+        }));
+        Ok(true)
+    }
+}
+
+fn identity_of(link: &Backlink) -> Identity {
+    (link.target, link.source, link.location)
+}
+
+/// The freshest tally of each identity among `found` (any order).
+fn freshest_tallies(mut found: Vec<Tally>) -> Vec<Tally> {
+    found.sort_unstable();
+    compaction::freshest(found.into_iter()).collect()
+}
