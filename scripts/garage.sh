@@ -124,12 +124,12 @@ wait_for_node_id() {
     done
 }
 
-# Waits until the S3 endpoint accepts TCP connections.
-wait_for_s3_port() {
-    local port=$1 deadline=$((SECONDS + START_TIMEOUT_SECS))
+# Waits until an endpoint of the server (named `$2`: "S3 API", "RPC") accepts TCP connections.
+wait_for_port() {
+    local port=$1 name=$2 deadline=$((SECONDS + START_TIMEOUT_SECS))
     until (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do
-        server_alive || die "the garage server exited before its S3 API came up"
-        ((SECONDS < deadline)) || die "the S3 API on port $port did not come up within ${START_TIMEOUT_SECS}s"
+        server_alive || die "the garage server exited before its $name came up"
+        ((SECONDS < deadline)) || die "the $name on port $port did not come up within ${START_TIMEOUT_SECS}s"
         sleep 0.2
     done
 }
@@ -151,6 +151,9 @@ start() {
     wait_for_node_id
     node_id=${NODE%%@*}
     [[ -n "$node_id" ]] || die "'garage node id -q' printed no node id: $NODE"
+    # `node id` reads the node's key file; the layout commands need the RPC listener, which may
+    # come up after it.
+    wait_for_port "$rpc_port" RPC
 
     run "layout assign" "$GARAGE" -c "$CONF" layout assign -z dc1 -c 1G "$node_id" >/dev/null
     run "layout apply" "$GARAGE" -c "$CONF" layout apply --version 1 >/dev/null
@@ -161,7 +164,7 @@ start() {
     [[ "$secret_key" =~ ^[0-9a-f]+$ ]] || die "unexpected secret key from 'garage key info'"
     run "bucket create" "$GARAGE" -c "$CONF" bucket create "$NAME" >/dev/null
     run "bucket allow" "$GARAGE" -c "$CONF" bucket allow --read --write --owner "$NAME" --key "$NAME" >/dev/null
-    wait_for_s3_port "$s3_port"
+    wait_for_port "$s3_port" "S3 API"
 
     (
         umask 077
