@@ -180,7 +180,7 @@ fn main() {
         let mut merges = 0;
         flag.store(true, Ordering::Relaxed);
         while worker_index
-            .compact_once_with(&handle, 1, &CompactionOptions { fan_in: 8, ..CompactionOptions::default() })
+            .compact_once_with(&handle, &|| 1, &CompactionOptions { fan_in: 8, ..CompactionOptions::default() })
             .unwrap()
         {
             merges += 1;

@@ -61,7 +61,9 @@ impl Picker {
 /// What every merge of one compaction shares, those between the passes of another too.
 struct Compaction<'a> {
     runtime: &'a tokio::runtime::Handle,
-    now_ms: u64,
+    /// Read when each merge retires its inputs: a merge between the passes of a long one ends
+    /// minutes after the compaction began, and GC's grace counts from the retirement.
+    now_ms: &'a dyn Fn() -> u64,
     options: &'a CompactionOptions,
 }
 
@@ -79,17 +81,35 @@ impl Index {
     /// sharded run and retires them at `now_ms`. Blocking (it reads through `runtime` when a table
     /// is not local): call it from a blocking thread. Returns whether it merged anything.
     pub fn compact_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {
-        self.compact_once_with(runtime, now_ms, &self.options.compaction)
+        self.compact_once_with(runtime, &|| now_ms, &self.options.compaction)
     }
 
-    /// `compact_once` with other options (a benchmark or an operator's one-off).
+    /// `compact_once`, each merge retiring its inputs at the time `clock` gives when it ends.
+    pub fn compact_once_clocked(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        clock: &dyn Fn() -> u64,
+    ) -> Result<bool, IndexError> {
+        self.compact_once_with(runtime, clock, &self.options.compaction)
+    }
+
+    /// `settle_once`, each merge retiring its inputs at the time `clock` gives when it ends.
+    pub fn settle_once_clocked(
+        &self,
+        runtime: &tokio::runtime::Handle,
+        clock: &dyn Fn() -> u64,
+    ) -> Result<bool, IndexError> {
+        self.merge_picked(&Compaction { runtime, now_ms: clock, options: &self.options.compaction }, Picker::Settle)
+    }
+
+    /// `compact_once_clocked` with other options (a benchmark or an operator's one-off).
     pub fn compact_once_with(
         &self,
         runtime: &tokio::runtime::Handle,
-        now_ms: u64,
+        clock: &dyn Fn() -> u64,
         options: &CompactionOptions,
     ) -> Result<bool, IndexError> {
-        self.merge_picked(&Compaction { runtime, now_ms, options }, Picker::FullTier)
+        self.merge_picked(&Compaction { runtime, now_ms: clock, options }, Picker::FullTier)
     }
 
     /// Compressed bytes below which a run is in tier 0 (`compaction::tier_zero_bound`).
@@ -102,7 +122,10 @@ impl Index {
     /// leaves in tier 0 is otherwise up to `fan_in - 1` runs every query visits. Blocking, as
     /// `compact_once`; returns whether it merged anything.
     pub fn settle_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {
-        self.merge_picked(&Compaction { runtime, now_ms, options: &self.options.compaction }, Picker::Settle)
+        self.merge_picked(
+            &Compaction { runtime, now_ms: &|| now_ms, options: &self.options.compaction },
+            Picker::Settle,
+        )
     }
 
     fn merge_picked(&self, compaction: &Compaction, picker: Picker) -> Result<bool, IndexError> {
@@ -245,7 +268,7 @@ impl Index {
         keep: &mut dyn FnMut(E) -> Option<E>,
         between_passes: &mut dyn FnMut(),
     ) -> Result<String, IndexError> {
-        let (runtime, now_ms, options) = (compaction.runtime, compaction.now_ms, compaction.options);
+        let (runtime, options) = (compaction.runtime, compaction.options);
         let started = std::time::Instant::now();
         let bytes_in: u64 = inputs.iter().map(|r| r.data_bytes()).sum();
         let shard_count = compaction::shard_count_for(bytes_in, options);
@@ -269,7 +292,7 @@ impl Index {
             .collect();
         let removed: Vec<String> = inputs.iter().map(|r| r.id.clone()).collect();
         let removed_refs: Vec<&str> = removed.iter().map(String::as_str).collect();
-        self.catalog.replace_runs(&removed_refs, &records, now_ms)?;
+        self.catalog.replace_runs(&removed_refs, &records, (compaction.now_ms)())?;
         let tables = records.into_iter().map(|r| tree.open_table(r).map(Arc::new)).collect::<Result<Vec<_>, _>>()?;
         let run = Run::from_tables(tables).expect("a compaction writes every shard of its run");
         tree.replace_runs(&removed, run);
@@ -298,6 +321,7 @@ impl Index {
 mod tests {
     use super::*;
     use crate::index::{IndexOptions, open_in_dir};
+    use crate::model::ids::TreeKind;
     use crate::model::operation::{Operation, RecordOp, RecordRef};
     use crate::query::{Cursor, ListParams, list_backlinks};
     use std::collections::{BTreeMap, BTreeSet};
@@ -385,7 +409,7 @@ mod tests {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let mut live = BTreeMap::new();
         let everything_in_tier_zero = CompactionOptions { min_run_bytes: u64::MAX >> 8, ..tier_one_from(0) };
-        let compact = |options: &CompactionOptions| index.compact_once_with(runtime.handle(), 1, options).unwrap();
+        let compact = |options: &CompactionOptions| index.compact_once_with(runtime.handle(), &|| 1, options).unwrap();
         // Two runs of each tree, merged (split into shards): links L12, forward F12.
         flushed(&index, 0..3_000, &[], &mut live);
         flushed(&index, 3_000..6_000, &[], &mut live);
@@ -405,8 +429,21 @@ mod tests {
         assert_eq!(tiers(&index.forward.runs(), &options)[1..], [0, 0], "the premise: F3 and F4");
         assert_eq!(index.thresholds.runs().len(), 2, "the premise: R3 and R4");
         let compactions = index.counters.compactions.load(Ordering::Relaxed);
-        assert!(compact(&options));
+        let ticks = std::cell::Cell::new(100);
+        let clock = || {
+            ticks.set(ticks.get() + 1);
+            ticks.get()
+        };
+        assert!(index.compact_once_with(runtime.handle(), &clock, &options).unwrap());
         assert_eq!(index.counters.compactions.load(Ordering::Relaxed), compactions + 3);
+        // Each merge retires its inputs when it ends (GC's grace counts from then): the two
+        // between the passes first, the long one last.
+        let retired = index.catalog.obsolete_tables(u64::MAX).unwrap();
+        let mut times: Vec<u64> = retired.iter().map(|(_, at)| *at).filter(|at| *at > 100).collect();
+        times.dedup();
+        assert_eq!(times, [101, 102, 103]);
+        let links_retired_at = retired.iter().filter(|(t, _)| t.tree == TreeKind::Links).map(|(_, at)| *at).max();
+        assert_eq!(links_retired_at, Some(103));
         assert_eq!(index.links.runs().len(), 1);
         assert_eq!(index.forward.runs().len(), 2, "F12, and F34 merged between the passes");
         assert_eq!(index.thresholds.runs().len(), 1, "merged between the passes");
