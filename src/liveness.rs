@@ -105,11 +105,19 @@ impl KnownRevocations {
         let mut newest = NewestRevocations::new(options.max_thresholds, expected);
         newest.resume(std::mem::take(&mut read.newest), read.floor);
         read.floor = 0;
-        for table in unread.iter().flat_map(|r| r.tables.iter()) {
+        // What earlier merges read is now only in `newest`: a scan that fails must not leave
+        // `read` naming runs whose revocations it no longer holds (the next load would think
+        // itself complete without them). It forgets them all, and the next load reads them again.
+        let scanned = unread.iter().flat_map(|r| r.tables.iter()).try_for_each(|table| {
             let mut scan = TableScan::new(table.clone(), options.frames_per_read)?;
             while let Some(revocation) = scan.next(store, runtime)? {
                 newest.push(revocation);
             }
+            Ok(())
+        });
+        if let Err(error) = scanned {
+            *read = RevocationsRead::default();
+            return Err(error);
         }
         read.runs.extend(unread.iter().map(|run| run.id.clone()));
         let (revocations, complete_from) = newest.finish();
@@ -375,6 +383,46 @@ pub async fn read_thresholds(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A load whose scan fails forgets every run earlier loads read (their revocations were
+    /// handed to it): the next load reads them again and knows their revocations.
+    #[test]
+    fn a_load_that_fails_forgets_what_earlier_loads_read() {
+        use crate::lsm::record::{RunKind, TableRecord};
+        use crate::lsm::table::TableOptions;
+        use crate::lsm::tree::TreeCaches;
+        use crate::model::ids::TreeKind;
+        let dir = tempfile::tempdir().unwrap();
+        let tree: Tree<Revocation> =
+            Tree::new(dir.path().join("thresholds"), TableOptions::default(), TreeCaches::of_bytes(0, 0)).unwrap();
+        let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let run = |id: &str, revocation: Revocation| {
+            let summary = tree.write_sorted(id, || std::iter::once(revocation)).unwrap();
+            let record =
+                TableRecord::written(TreeKind::Thresholds, id.into(), (id.into(), RunKind::Delta), (0, 1), &summary);
+            Arc::new(Run::from_tables(vec![Arc::new(tree.open_table(record).unwrap())]).unwrap())
+        };
+        let (first, second) =
+            (RecordId { rkey: 1, collection: 1, did: 1 }, RecordId { rkey: 2, collection: 1, did: 2 });
+        let older = run("0000000000000001aaaaaaaa", Revocation { source: first, rev: 5 });
+        let options = CompactionOptions::default();
+        let mut read = RevocationsRead::default();
+        let load = |runs: &[Arc<Run<Revocation>>], read: &mut RevocationsRead| {
+            KnownRevocations::load(runs, 7, &store, runtime.handle(), &options, read)
+        };
+        let known = load(std::slice::from_ref(&older), &mut read).unwrap();
+        read.keep(known);
+        let newer = run("0000000000000002bbbbbbbb", Revocation { source: second, rev: 7 });
+        let data = tree.local_path("0000000000000002bbbbbbbb", "data");
+        let bytes = std::fs::read(&data).unwrap();
+        std::fs::OpenOptions::new().write(true).open(&data).unwrap().set_len(0).unwrap();
+        let runs = [older, newer];
+        assert!(load(&runs, &mut read).is_err(), "the newer run cannot be read");
+        std::fs::write(&data, &bytes).unwrap();
+        let known = load(&runs, &mut read).unwrap();
+        assert_eq!((known.threshold(&first), known.threshold(&second)), (5, 7), "both runs' revocations");
+    }
 
     fn revocation(did: u64, rev: u64) -> Revocation {
         Revocation { source: RecordId::repo(did), rev }
