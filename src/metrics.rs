@@ -267,34 +267,12 @@ fn index_registry(index: &Index) -> Registry {
     let meta_hits: Family<TreeLabel, Counter> = Family::default();
     let meta_misses: Family<TreeLabel, Counter> = Family::default();
     let meta_bytes: Family<TreeLabel, Gauge> = Family::default();
-    // (hits, misses, bytes) of each tree's frame cache and meta cache.
-    let figures = |(hits, misses): (u64, u64), bytes: usize| (hits, misses, bytes as i64);
     let trees = [
-        (
-            Backlink::TREE.name(),
-            figures(index.links.frame_cache.hits_and_misses(), index.links.frame_cache.bytes()),
-            figures(index.links.meta_cache.hits_and_misses(), index.links.meta_cache.bytes()),
-        ),
-        (
-            Revocation::TREE.name(),
-            figures(index.thresholds.frame_cache.hits_and_misses(), index.thresholds.frame_cache.bytes()),
-            figures(index.thresholds.meta_cache.hits_and_misses(), index.thresholds.meta_cache.bytes()),
-        ),
-        (
-            ForwardLink::TREE.name(),
-            figures(index.forward.frame_cache.hits_and_misses(), index.forward.frame_cache.bytes()),
-            figures(index.forward.meta_cache.hits_and_misses(), index.forward.meta_cache.bytes()),
-        ),
-        (
-            HotLink::TREE.name(),
-            figures(index.hot.frame_cache.hits_and_misses(), index.hot.frame_cache.bytes()),
-            figures(index.hot.meta_cache.hits_and_misses(), index.hot.meta_cache.bytes()),
-        ),
-        (
-            Tally::TREE.name(),
-            figures(index.tallies.frame_cache.hits_and_misses(), index.tallies.frame_cache.bytes()),
-            figures(index.tallies.meta_cache.hits_and_misses(), index.tallies.meta_cache.bytes()),
-        ),
+        cache_figures(&index.links),
+        cache_figures(&index.thresholds),
+        cache_figures(&index.forward),
+        cache_figures(&index.hot),
+        cache_figures(&index.tallies),
     ];
     for (tree, frames, metas) in trees {
         let label = TreeLabel { tree };
@@ -578,6 +556,18 @@ impl Store for MeteredStore {
     }
 }
 
+/// (hits, misses, bytes) of a cache.
+type CacheFigures = (u64, u64, i64);
+
+/// A tree's name and the figures of its frame cache and its meta cache.
+fn cache_figures<E: Entry>(tree: &Tree<E>) -> (&'static str, CacheFigures, CacheFigures) {
+    let figures = |(hits, misses): (u64, u64), bytes: usize| (hits, misses, bytes as i64);
+    (
+        E::TREE.name(),
+        figures(tree.frame_cache.hits_and_misses(), tree.frame_cache.bytes()),
+        figures(tree.meta_cache.hits_and_misses(), tree.meta_cache.bytes()),
+    )
+}
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -160,21 +160,19 @@ impl Index {
             return Ok(true);
         }
         if let Some(inputs) = picker.pick(&self.thresholds.runs(), compaction.options) {
-            let mut failed = None;
-            let output = self.compact_tree(&self.thresholds, &inputs, compaction, &mut Some, &mut || {
-                self.merge_between_passes(compaction, (picker, &inputs), read, held, &mut failed)
-            })?;
+            let (output, failed) = self.compact_freshest(&self.thresholds, &inputs, compaction, picker, read, held)?;
             read.replaced(&inputs.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), &output);
             return failed.map_or(Ok(true), Err);
         }
         if let Some(inputs) = picker.pick(&self.tallies.runs(), compaction.options) {
-            self.compact_freshest(&self.tallies, &inputs, compaction, picker, read, held)?;
-            return Ok(true);
+            let (_, failed) = self.compact_freshest(&self.tallies, &inputs, compaction, picker, read, held)?;
+            return failed.map_or(Ok(true), Err);
         }
         Ok(false)
     }
 
-    /// Merges runs of a tree whose entries only fresher copies replace (the tallies).
+    /// Merges runs of a tree whose entries only fresher copies replace (revocations, tallies).
+    /// Returns the output's run id, and the first error of the merges between its passes.
     fn compact_freshest<E: Entry>(
         &self,
         tree: &Tree<E>,
@@ -183,12 +181,12 @@ impl Index {
         picker: Picker,
         read: &mut RevocationsRead,
         held: Option<&KnownRevocations>,
-    ) -> Result<(), IndexError> {
+    ) -> Result<(String, Option<IndexError>), IndexError> {
         let mut failed = None;
-        self.compact_tree(tree, inputs, compaction, &mut Some, &mut || {
+        let output = self.compact_tree(tree, inputs, compaction, &mut Some, &mut || {
             self.merge_between_passes(compaction, (picker, inputs), read, held, &mut failed)
         })?;
-        failed.map_or(Ok(()), Err)
+        Ok((output, failed))
     }
 
     /// Merges runs of a tree whose entries revocations kill (backlinks, forward links), with the

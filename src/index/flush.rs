@@ -54,13 +54,12 @@ impl FlushJob<'_> {
     pub fn finish(mut self) -> Result<usize, IndexError> {
         let index = self.index;
         index.outlines.persist()?;
-        let revoked: Vec<Revocation> =
-            self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
-        let flushed = KnownRevocations::of_flush(revoked.clone());
+        let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
+        let flushed = KnownRevocations::of_flush(revocations);
         let hot = index.hot_writes(&FlushedOps {
             links: self.links.as_ref().map(|(memtable, _)| memtable.as_ref()),
             revocations: &flushed,
-            revoked: &revoked,
+            revoked: self.thresholds.as_ref().map(|(memtable, _)| memtable.as_ref()),
             accounts: &self.accounts,
             clock: self.position.clock,
             installed_clock: index.tables_clock.load(Ordering::Acquire),

@@ -71,8 +71,8 @@ pub(super) struct FlushedOps<'a> {
     /// The frozen backlink memtable, if any.
     pub links: Option<&'a Memtable<Backlink>>,
     pub revocations: &'a KnownRevocations,
-    /// Every revocation of the flush.
-    pub revoked: &'a [Revocation],
+    /// The frozen revocation memtable, if any.
+    pub revoked: Option<&'a Memtable<Revocation>>,
     pub accounts: &'a [(u64, AccountState)],
     /// The clock the flush covers, and the one the installed tables cover.
     pub clock: u64,
@@ -272,7 +272,7 @@ impl Index {
     ) -> Result<Vec<HotLink>, IndexError> {
         let store = self.store.as_ref();
         let (repos, records): (Vec<&Revocation>, Vec<&Revocation>) =
-            ops.revoked.iter().partition(|revocation| revocation.source.is_repo());
+            ops.revoked.iter().flat_map(|memtable| memtable.iter()).partition(|revocation| revocation.source.is_repo());
         let mut keys: Vec<RecordId> = identities.keys().map(|(_, source, _)| HotLink::key_of(*source)).collect();
         keys.extend(records.iter().map(|revocation| HotLink::key_of(revocation.source)));
         keys.sort_unstable();

@@ -214,12 +214,12 @@ impl Entry for HotLink {
     }
 
     fn min_for_key(key: RecordId) -> Self {
-        let source = RecordId { rkey: key.did, collection: key.collection, did: key.rkey };
+        let source = HotLink::source_of_key(key);
         HotLink::of(Backlink { target: RecordId::MIN, source, location: 0, source_rev: 0 })
     }
 
     fn max_for_key(key: RecordId) -> Self {
-        let source = RecordId { rkey: key.did, collection: key.collection, did: key.rkey };
+        let source = HotLink::source_of_key(key);
         HotLink::of(Backlink { target: RecordId::MAX, source, location: u64::MAX, source_rev: u64::MAX })
     }
 
@@ -339,6 +339,7 @@ mod tests {
             check_laws(HotLink::of(a), HotLink::of(b));
             check_laws(HotLink::of(a), HotLink::of(Backlink { source_rev: b.source_rev, ..a }));
             assert_eq!(HotLink::of(a).backlink(), a);
+            assert_eq!(HotLink::source_of_key(HotLink::key_of(a.source)), a.source);
             let (first, last) = HotLink::account_keys(a.source.did);
             assert!(first <= HotLink::of(a).key() && HotLink::of(a).key() <= last);
         }

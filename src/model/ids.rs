@@ -171,6 +171,11 @@ impl HotLink {
         RecordId { rkey: source.did, collection: source.collection, did: source.rkey }
     }
 
+    /// The source whose key (`key_of`) is `key`.
+    pub fn source_of_key(key: RecordId) -> RecordId {
+        RecordId { rkey: key.did, collection: key.collection, did: key.rkey }
+    }
+
     /// The smallest and largest keys of an account's hot links (`key_of` of its sources).
     pub fn account_keys(did: u64) -> (RecordId, RecordId) {
         (RecordId { rkey: did, collection: 0, did: 0 }, RecordId { rkey: did, collection: u64::MAX, did: u64::MAX })
