@@ -33,7 +33,7 @@ use crate::liveness::{KnownRevocations, Revocable};
 use crate::lsm::compaction;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
-use crate::lsm::lookup::{read_key_range, read_keys, read_keys_uncached};
+use crate::lsm::lookup::{read_key_ranges, read_keys, read_keys_uncached};
 use crate::lsm::memtable::Memtable;
 use crate::lsm::table::PageUse;
 use crate::model::account::AccountState;
@@ -281,9 +281,8 @@ impl Index {
         let changed = |did: &u64| visibility.hidden_before(*did) != visibility.hidden_after(*did);
         accounts.extend(visibility.flushed.keys().copied().filter(changed));
         let mut found = read_keys_uncached(&self.hot, store, &keys).await?;
-        for did in accounts {
-            found.extend(read_key_range(&self.hot, store, HotLink::account_keys(did)).await?);
-        }
+        let ranges: Vec<(RecordId, RecordId)> = accounts.into_iter().map(HotLink::account_keys).collect();
+        found.extend(read_key_ranges(&self.hot, store, &ranges).await?);
         Ok(found)
     }
 

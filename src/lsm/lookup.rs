@@ -15,6 +15,7 @@ use crate::lsm::tree::Tree;
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
 use futures::StreamExt;
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -56,17 +57,7 @@ pub async fn read_keys_uncached<E: Entry>(
 ) -> Result<Vec<E>, ReadError> {
     let unbounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|key| (*key, None)).collect();
     let (mut found, reads) = plan_reads(tree, store, &unbounded).await?;
-    let pieces = reads.iter().flat_map(|(table, frames, keys)| {
-        frames.clone().step_by(UNCACHED_FRAMES_PER_READ).map(move |start| {
-            let end = (start + UNCACHED_FRAMES_PER_READ).min(frames.end);
-            async move { table.read_frames_with(store, start..end, PageUse::Scan).await.map(|entries| (entries, keys)) }
-        })
-    });
-    let mut fetched = futures::stream::iter(pieces).buffer_unordered(UNCACHED_READS_IN_FLIGHT);
-    while let Some(read) = fetched.next().await {
-        let (entries, keys) = read?;
-        extend_with_keys(&mut found, &entries, keys);
-    }
+    read_uncached(store, &reads, |entries, keys| extend_with_keys(&mut found, entries, keys)).await?;
     Ok(found)
 }
 
@@ -77,8 +68,32 @@ pub async fn read_keys_uncached<E: Entry>(
 const UNCACHED_FRAMES_PER_READ: usize = 8;
 const UNCACHED_READS_IN_FLIGHT: usize = 4;
 
-/// One table's frames to read for some keys.
-type Read<E> = (Arc<TableHandle<E>>, Range<usize>, Vec<RecordId>);
+/// Reads the frames of `reads` in pieces of at most `UNCACHED_FRAMES_PER_READ`, at most
+/// `UNCACHED_READS_IN_FLIGHT` at once, bypassing the caches, and hands each piece's entries
+/// (sorted) with what its read was made for to `take`.
+async fn read_uncached<E: Entry, T>(
+    store: &dyn Store,
+    reads: &[Read<E, T>],
+    mut take: impl FnMut(&[E], &T),
+) -> Result<(), ReadError> {
+    let pieces = reads.iter().flat_map(|(table, frames, wanted)| {
+        frames.clone().step_by(UNCACHED_FRAMES_PER_READ).map(move |start| {
+                let end = (start + UNCACHED_FRAMES_PER_READ).min(frames.end);
+                async move {
+                    table.read_frames_with(store, start..end, PageUse::Scan).await.map(|entries| (entries, wanted))
+                }
+            })
+    });
+    let mut fetched = futures::stream::iter(pieces).buffer_unordered(UNCACHED_READS_IN_FLIGHT);
+    while let Some(read) = fetched.next().await {
+        let (entries, wanted) = read?;
+        take(&entries, wanted);
+    }
+    Ok(())
+}
+
+/// One table's frames to read for some keys (or for what else `T` names).
+type Read<E, T = Vec<RecordId>> = (Arc<TableHandle<E>>, Range<usize>, T);
 
 /// The memtables' entries of `keys`, and the ranged reads that find theirs in tables.
 async fn plan_reads<E: Entry>(
@@ -107,44 +122,57 @@ fn extend_with_keys<E: Entry>(found: &mut Vec<E>, entries: &[E], keys: &[RecordI
     }
 }
 
-/// Every entry whose key is in `first..=last`, from memtables and tables, in no particular order.
-/// The keys must agree in their first `E::SHARD_WIDTH` bytes (an account's hot links), so that
-/// one table of each compacted run holds them all. Tables have no filter of key ranges: each run
-/// is asked its frame index. For a writer: the frames read go to no cache.
-pub async fn read_key_range<E: Entry>(
+/// Every entry whose key is in one of `ranges` (each `first..=last`), from memtables and tables,
+/// in no particular order. The keys of a range must agree in their first `E::SHARD_WIDTH` bytes
+/// (an account's hot links), so that one table of each compacted run holds them all. Tables have
+/// no filter of key ranges: each run is asked its frame index, and the frames of all ranges in
+/// one table are read together. For a writer: the frames read go to no cache.
+pub async fn read_key_ranges<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
-    (first, last): (RecordId, RecordId),
+    ranges: &[(RecordId, RecordId)],
 ) -> Result<Vec<E>, ReadError> {
-    assert!(first <= last, "an empty key range");
-    assert_eq!(first.to_bytes()[..E::SHARD_WIDTH], last.to_bytes()[..E::SHARD_WIDTH], "keys of two shards");
-    let (lo, hi) = (E::min_for_key(first), E::max_for_key(last));
-    let snapshot = tree.snapshot(&[(lo, hi)]);
+    let bounds: Vec<(E, E)> = ranges.iter().map(|(first, last)| key_range_bounds(*first, *last)).collect();
+    let snapshot = tree.snapshot(&bounds);
     let mut reads = Vec::new();
     for run in snapshot.runs.iter() {
-        let table = run.table_for(&first);
-        let frames = table.frames_overlapping(&lo, &hi)?;
-        if !frames.is_empty() {
-            reads.push((table.clone(), frames));
+        let mut by_shard: BTreeMap<usize, Vec<(Range<usize>, usize)>> = BTreeMap::new();
+        for (at, ((first, _), (lo, hi))) in ranges.iter().zip(&bounds).enumerate() {
+            let shard = run.shard_for(first);
+            let frames = run.tables[shard].frames_overlapping(lo, hi)?;
+            by_shard.entry(shard).or_default().push((frames, at));
+        }
+        for (shard, wanted) in by_shard {
+            for (frames, ats) in coalesce(wanted) {
+                reads.push((run.tables[shard].clone(), frames, ats));
+            }
         }
     }
-    let fetched = futures::future::try_join_all(
-        reads.iter().map(|(table, frames)| table.read_frames_with(store, frames.clone(), PageUse::Scan)),
-    )
-    .await?;
     let mut found = snapshot.memtable_entries;
-    for entries in &fetched {
-        found.extend_from_slice(within(entries, &lo, &hi));
-    }
+    read_uncached(store, &reads, |entries, ats: &Vec<usize>| {
+        for at in ats {
+            let (lo, hi) = &bounds[*at];
+            found.extend_from_slice(within(entries, lo, hi));
+        }
+    })
+    .await?;
     Ok(found)
+}
+
+/// The smallest and largest entries of the keys `first..=last`, which must agree in their first
+/// `E::SHARD_WIDTH` bytes.
+fn key_range_bounds<E: Entry>(first: RecordId, last: RecordId) -> (E, E) {
+    assert!(first <= last, "an empty key range");
+    assert_eq!(first.to_bytes()[..E::SHARD_WIDTH], last.to_bytes()[..E::SHARD_WIDTH], "keys of two shards");
+    (E::min_for_key(first), E::max_for_key(last))
 }
 
 /// Merges overlapping or adjacent frame ranges of keys into maximal runs (one ranged read each),
 /// each with the keys whose frames it holds (a key whose range is empty needs no read).
-fn coalesce(mut ranges: Vec<(Range<usize>, RecordId)>) -> Vec<(Range<usize>, Vec<RecordId>)> {
+fn coalesce<T>(mut ranges: Vec<(Range<usize>, T)>) -> Vec<(Range<usize>, Vec<T>)> {
     ranges.retain(|(r, _)| !r.is_empty());
     ranges.sort_by_key(|(r, _)| r.start);
-    let mut runs: Vec<(Range<usize>, Vec<RecordId>)> = Vec::new();
+    let mut runs: Vec<(Range<usize>, Vec<T>)> = Vec::new();
     for (range, key) in ranges {
         match runs.last_mut() {
             Some((last, keys)) if range.start <= last.end => {

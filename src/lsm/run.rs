@@ -68,7 +68,12 @@ impl<E: Entry> Run<E> {
 
     /// The one table that may hold `key`.
     pub fn table_for(&self, key: &RecordId) -> &Arc<TableHandle<E>> {
-        self.table_for_hash(shard_hash::<E>(key))
+        &self.tables[self.shard_for(key)]
+    }
+
+    /// The shard (index in `tables`) that may hold `key`.
+    pub fn shard_for(&self, key: &RecordId) -> usize {
+        shard_of_hash(shard_hash::<E>(key), self.shard_count()) as usize
     }
 
     /// The one table that may hold the key whose `shard_hash` is `hash`.
