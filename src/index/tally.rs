@@ -95,7 +95,7 @@ type Identity = (RecordId, RecordId, u64);
 type TallyKey = (RecordId, u64, u64);
 
 /// The freshest stamps of one identity: among the installed hot links, and in the flush.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 struct Copies {
     installed: Option<u64>,
     flushed: Option<u64>,
@@ -192,23 +192,15 @@ impl Index {
         let promoted = self.promotions(ops, hot).await?;
         let flushed: Vec<Backlink> =
             compaction::freshest(ops.links().filter(|link| hot.contains(&link.target))).collect();
-        let mut identities: HashMap<Identity, Copies> = HashMap::new();
-        for link in &flushed {
-            identities.entry(identity_of(link)).or_default().flushed = Some(link.source_rev);
-        }
         let mut visibility = self.visibility(ops, ops.accounts.iter().map(|(did, _)| *did))?;
-        for link in self.installed_hot_links(ops, &identities, &visibility).await? {
-            let copies = identities.entry(identity_of(&link.backlink())).or_default();
-            copies.installed = copies.installed.max(Some(link.source_rev));
-        }
+        let installed = self.installed_hot_links(ops, &flushed, &visibility).await?;
         // Only an installed copy needs the installed revocations: they are all older than the
         // flush's stamps, so the flush's own revocations alone decide a copy it writes.
-        let installed = identities.iter().filter(|(_, copies)| copies.installed.is_some());
-        let revocations = self.revocations_of(installed.map(|((_, source, _), _)| *source)).await?;
-        let dids = identities.keys().map(|(_, source, _)| source.did);
+        let revocations = self.revocations_of(installed.iter().map(|link| link.source)).await?;
+        let dids = flushed.iter().chain(&installed).map(|link| link.source.did);
         visibility.committed.extend(self.catalog.account_states(self.maybe_not_active(dids))?);
         let mut differences: BTreeMap<TallyKey, i64> = BTreeMap::new();
-        for (&(target, source, location), copies) in &identities {
+        for ((target, source, location), copies) in identities(&flushed, &installed) {
             let survives = |stamp: u64, clock: u64| match copies.flushed {
                 Some(flushed) if stamp == flushed => {
                     ops.revocations.settle(Backlink { target, source, location, source_rev: stamp }).is_some()
@@ -226,6 +218,7 @@ impl Index {
                     i64::from(after) - i64::from(before);
             }
         }
+        drop(installed);
         let mut writes = HotWrites {
             links: flushed.into_iter().filter_map(|link| link.settle_by(ops.revocations)).map(HotLink::of).collect(),
             tallies: self.tallies_after(differences, ops.clock).await?,
@@ -262,18 +255,19 @@ impl Index {
         dids
     }
 
-    /// The installed hot links of the flush's identities' sources, of the records it revokes,
-    /// and of every account it revokes whole or shows or hides.
+    /// The installed hot links of the flushed links' sources, of the records the flush revokes,
+    /// and of every account it revokes whole or shows or hides: as backlinks, the freshest copy of
+    /// each identity, sorted.
     async fn installed_hot_links(
         &self,
         ops: &FlushedOps<'_>,
-        identities: &HashMap<Identity, Copies>,
+        flushed: &[Backlink],
         visibility: &Visibility,
-    ) -> Result<Vec<HotLink>, IndexError> {
+    ) -> Result<Vec<Backlink>, IndexError> {
         let store = self.store.as_ref();
         let (repos, records): (Vec<&Revocation>, Vec<&Revocation>) =
             ops.revoked.iter().flat_map(|memtable| memtable.iter()).partition(|revocation| revocation.source.is_repo());
-        let mut keys: Vec<RecordId> = identities.keys().map(|(_, source, _)| HotLink::key_of(*source)).collect();
+        let mut keys: Vec<RecordId> = flushed.iter().map(|link| HotLink::key_of(link.source)).collect();
         keys.extend(records.iter().map(|revocation| HotLink::key_of(revocation.source)));
         keys.sort_unstable();
         keys.dedup();
@@ -283,7 +277,9 @@ impl Index {
         let mut found = read_keys_uncached(&self.hot, store, &keys).await?;
         let ranges: Vec<(RecordId, RecordId)> = accounts.into_iter().map(HotLink::account_keys).collect();
         found.extend(read_key_ranges(&self.hot, store, &ranges).await?);
-        Ok(found)
+        let mut installed: Vec<Backlink> = found.into_iter().map(HotLink::backlink).collect();
+        installed.sort_unstable();
+        Ok(compaction::freshest(installed.into_iter()).collect())
     }
 
     /// Every revocation of `sources` and of their repositories, from memtables and tables.
@@ -391,8 +387,54 @@ fn identity_of(link: &Backlink) -> Identity {
     (link.target, link.source, link.location)
 }
 
+/// Every identity of `flushed` and `installed` (each sorted, one copy an identity) with the
+/// stamps of its copies in each, in order.
+fn identities<'a>(flushed: &'a [Backlink], installed: &'a [Backlink]) -> impl Iterator<Item = (Identity, Copies)> + 'a {
+    let mut flushed = flushed.iter().peekable();
+    let mut installed = installed.iter().peekable();
+    std::iter::from_fn(move || {
+        let next = match (flushed.peek(), installed.peek()) {
+            (None, None) => return None,
+            (Some(f), Some(i)) => identity_of(f).min(identity_of(i)),
+            (Some(f), None) => identity_of(f),
+            (None, Some(i)) => identity_of(i),
+        };
+        let stamp_of = |link: &Backlink| link.source_rev;
+        let flushed = flushed.next_if(|link| identity_of(link) == next).map(stamp_of);
+        let installed = installed.next_if(|link| identity_of(link) == next).map(stamp_of);
+        Some((next, Copies { installed, flushed }))
+    })
+}
+
 /// The freshest tally of each identity among `found` (any order).
 fn freshest_tallies(mut found: Vec<Tally>) -> Vec<Tally> {
     found.sort_unstable();
     compaction::freshest(found.into_iter()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn link(target: u64, rkey: u64, source_rev: u64) -> Backlink {
+        let target = RecordId { did: target, collection: 1, rkey: 1 };
+        Backlink { target, source: RecordId { did: 7, collection: 2, rkey }, location: 3, source_rev }
+    }
+
+    #[test]
+    fn identities_pair_the_copies_of_each_identity_in_order() {
+        let flushed = [link(1, 1, 50), link(1, 3, 51), link(2, 1, 52)];
+        let installed = [link(1, 1, 10), link(1, 2, 11), link(2, 1, 12), link(3, 1, 13)];
+        let paired: Vec<(Identity, Option<u64>, Option<u64>)> = identities(&flushed, &installed)
+            .map(|(identity, copies)| (identity, copies.flushed, copies.installed))
+            .collect();
+        let expected = vec![
+            (identity_of(&link(1, 1, 0)), Some(50), Some(10)),
+            (identity_of(&link(1, 2, 0)), None, Some(11)),
+            (identity_of(&link(1, 3, 0)), Some(51), None),
+            (identity_of(&link(2, 1, 0)), Some(52), Some(12)),
+            (identity_of(&link(3, 1, 0)), None, Some(13)),
+        ];
+        assert_eq!(paired, expected);
+    }
 }
