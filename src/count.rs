@@ -289,7 +289,7 @@ struct Sample {
 impl TargetScope {
     async fn of(index: &Index, target: RecordId) -> Result<Self, ReadError> {
         let (lo, hi) = (Backlink::min_for_key(target), Backlink::max_for_key(target));
-        let snapshot = index.links.snapshot(&[(lo, hi)]);
+        let snapshot = index.links.snapshot([(lo, hi)]);
         snapshot.fetch_metas_for_keys(index.store.as_ref(), &[(target, None)]).await?;
         let mut spans = Vec::new();
         for table in snapshot.tables_for_key(&target) {

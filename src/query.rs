@@ -414,7 +414,7 @@ async fn read_candidates(
     want: usize,
 ) -> Result<(Vec<Backlink>, Option<Horizon>), QueryError> {
     let (lo, hi) = pass.bounds();
-    let snapshot = index.links.snapshot(&[(lo, hi)]);
+    let snapshot = index.links.snapshot([(lo, hi)]);
     let store = index.store.as_ref();
     snapshot.fetch_metas_for_keys(store, &[(pass.target, None)]).await?;
     let tables = snapshot.tables_for_key(&pass.target);

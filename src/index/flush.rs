@@ -315,7 +315,7 @@ mod tests {
         let tables = |index: &Index| (index.links.tables().len(), index.thresholds.tables().len());
         assert_eq!(tables(&index), (0, 1));
         let everything = (Backlink::min_for_key(RecordId::MIN), Backlink::max_for_key(RecordId::MAX));
-        assert_eq!(index.links.snapshot(&[everything]).memtable_entries, vec![], "no frozen memtable left");
+        assert_eq!(index.links.snapshot([everything]).memtable_entries, vec![], "no frozen memtable left");
         let files = std::fs::read_dir(index.links.dir()).unwrap().count();
         assert_eq!(files, 0, "the empty table's files are gone");
         drop(index);

@@ -334,7 +334,7 @@ impl Index {
         }
         let mut promoted = Vec::new();
         for target in candidates.into_iter().filter(|target| !hot.contains(target)) {
-            let snapshot = self.links.snapshot(&[(Backlink::min_for_key(target), Backlink::max_for_key(target))]);
+            let snapshot = self.links.snapshot([(Backlink::min_for_key(target), Backlink::max_for_key(target))]);
             if snapshot.entries_bound(&target)? >= bound {
                 promoted.push(target);
             }

@@ -101,8 +101,7 @@ async fn plan_reads<E: Entry>(
     store: &dyn Store,
     keys: &[(RecordId, Option<u64>)],
 ) -> Result<(Vec<E>, Vec<Read<E>>), ReadError> {
-    let ranges: Vec<_> = keys.iter().map(|(k, _)| (E::min_for_key(*k), E::max_for_key(*k))).collect();
-    let snapshot = tree.snapshot(&ranges);
+    let snapshot = tree.snapshot(keys.iter().map(|(key, _)| (E::min_for_key(*key), E::max_for_key(*key))));
     snapshot.fetch_metas_for_keys(store, keys).await?;
     let mut reads = Vec::new();
     for (table, keys) in snapshot.tables_for_keys(keys) {
@@ -133,7 +132,7 @@ pub async fn read_key_ranges<E: Entry>(
     ranges: &[(RecordId, RecordId)],
 ) -> Result<Vec<E>, ReadError> {
     let bounds: Vec<(E, E)> = ranges.iter().map(|(first, last)| key_range_bounds(*first, *last)).collect();
-    let snapshot = tree.snapshot(&bounds);
+    let snapshot = tree.snapshot(bounds.iter().copied());
     let mut reads = Vec::new();
     for run in snapshot.runs.iter() {
         let mut by_shard: BTreeMap<usize, Vec<(Range<usize>, usize)>> = BTreeMap::new();

@@ -190,13 +190,20 @@ impl<E: Entry> Tree<E> {
         state.active.memory_bytes() + state.frozen.iter().map(|m| m.memory_bytes()).sum::<usize>()
     }
 
-    /// Entries `e` with `lo <= e <= hi` from every memtable, plus the run list, taken atomically.
-    pub fn snapshot(&self, ranges: &[(E, E)]) -> Snapshot<E> {
+    /// Entries `e` with `lo <= e <= hi` of each of `ranges` from every memtable, plus the run
+    /// list, taken atomically. The ranges are an iterator (walked once a memtable) so that a
+    /// lookup of many keys need not hold them all as entries.
+    pub fn snapshot<I>(&self, ranges: I) -> Snapshot<E>
+    where
+        I: IntoIterator<Item = (E, E)>,
+        I::IntoIter: Clone,
+    {
+        let ranges = ranges.into_iter();
         let state = self.state.read().expect("tree lock poisoned");
         let mut memtable_entries = Vec::new();
         for memtable in std::iter::once(&state.active).chain(state.frozen.iter().map(|m| m.as_ref())) {
-            for (lo, hi) in ranges {
-                memtable_entries.extend(memtable.range(*lo, *hi).copied());
+            for (lo, hi) in ranges.clone() {
+                memtable_entries.extend(memtable.range(lo, hi).copied());
             }
         }
         Snapshot { memtable_entries, runs: state.runs.clone() }
