@@ -153,6 +153,18 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
+    /// `may_contain` of each of `hashes`; a paged filter reads each page they need once, and for a
+    /// scan caches none.
+    pub fn may_contain_many(&self, hashes: &[KeyHash], with: PageUse) -> Vec<bool> {
+        match &self.meta {
+            MetaView::Resident(meta) => hashes.iter().map(|h| meta.may_contain(*h)).collect(),
+            MetaView::Paged(meta) => meta.may_contain_many(hashes, with).unwrap_or_else(|source| {
+                let _ = meta_error(&self.meta_name(), source);
+                vec![true; hashes.len()]
+            }),
+        }
+    }
+
     /// Starts loading what `may_contain(h)` will read, for a resident filter (a paged one reads
     /// its page when asked).
     pub fn prefetch(&self, h: KeyHash) {

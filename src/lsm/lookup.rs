@@ -33,7 +33,7 @@ pub async fn read_keys_newer<E: Entry>(
     store: &dyn Store,
     keys: &[(RecordId, Option<u64>)],
 ) -> Result<Vec<E>, ReadError> {
-    let (mut found, reads) = plan_reads(tree, store, keys).await?;
+    let (mut found, reads) = plan_reads(tree, store, keys, PageUse::Lookup).await?;
     let fetched = futures::future::try_join_all(reads.iter().map(|(table, frames, keys)| {
         let span = keys.iter().fold((RecordId::MAX, RecordId::MIN), |(lo, hi), k| (lo.min(*k), hi.max(*k)));
         table.read_frame_slices(store, frames.clone(), span)
@@ -56,7 +56,7 @@ pub async fn read_keys_uncached<E: Entry>(
     keys: &[RecordId],
 ) -> Result<Vec<E>, ReadError> {
     let unbounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|key| (*key, None)).collect();
-    let (mut found, reads) = plan_reads(tree, store, &unbounded).await?;
+    let (mut found, reads) = plan_reads(tree, store, &unbounded, PageUse::Scan).await?;
     read_uncached(store, &reads, |entries, keys| extend_with_keys(&mut found, entries, keys)).await?;
     Ok(found)
 }
@@ -95,16 +95,22 @@ async fn read_uncached<E: Entry, T>(
 /// One table's frames to read for some keys (or for what else `T` names).
 type Read<E, T = Vec<RecordId>> = (Arc<TableHandle<E>>, Range<usize>, T);
 
-/// The memtables' entries of `keys`, and the ranged reads that find theirs in tables.
+/// The memtables' entries of `keys`, and the ranged reads that find theirs in tables. A scan's
+/// filter pages go to no cache.
 async fn plan_reads<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
     keys: &[(RecordId, Option<u64>)],
+    with: PageUse,
 ) -> Result<(Vec<E>, Vec<Read<E>>), ReadError> {
     let snapshot = tree.snapshot(keys.iter().map(|(key, _)| (E::min_for_key(*key), E::max_for_key(*key))));
     snapshot.fetch_metas_for_keys(store, keys).await?;
     let mut reads = Vec::new();
-    for (table, keys) in snapshot.tables_for_keys(keys) {
+    let tables = match with {
+        PageUse::Lookup => snapshot.tables_for_keys(keys),
+        PageUse::Scan => snapshot.tables_for_keys_uncached(keys),
+    };
+    for (table, keys) in tables {
         let frames =
             keys.iter().map(|key| table.frames_for_key(*key).map(|r| (r, *key))).collect::<Result<Vec<_>, _>>()?;
         for (frames, keys) in coalesce(frames) {

@@ -20,9 +20,12 @@ use crate::lsm::handle::{ReadError, TableHandle, fetch_meta_start, fetch_whole_m
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::TableRecord;
 use crate::lsm::run::{Run, shard_hash};
-use crate::lsm::table::{FormatError, MetaCache, Spills, TableBuilder, TableOptions, TableSummary, learn_models};
+use crate::lsm::table::{
+    FormatError, MetaCache, PageUse, Spills, TableBuilder, TableOptions, TableSummary, learn_models,
+};
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -97,6 +100,40 @@ impl<E: Entry> Snapshot<E> {
         let hashes: Vec<(KeyHash, u64)> =
             keys.iter().map(|(k, _)| (KeyHash::of_record(k), shard_hash::<E>(k))).collect();
         self.runs.iter().flat_map(|run| keys_by_table(run, keys, &hashes)).collect()
+    }
+
+    /// `tables_for_keys` for a writer's many keys: each table's filter pages are read once for
+    /// all of its keys and go to no cache, so a flush probing keys all over a tree neither fills
+    /// the meta cache nor evicts what queries keep there.
+    pub fn tables_for_keys_uncached(
+        &self,
+        keys: &[(RecordId, Option<u64>)],
+    ) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
+        let mut found = Vec::new();
+        for run in self.runs.iter() {
+            let mut by_shard: BTreeMap<usize, Vec<(RecordId, KeyHash)>> = BTreeMap::new();
+            for (key, bound) in keys {
+                let shard = run.shard_for(key);
+                if run.tables[shard].record.has_stamps_above(*bound) {
+                    by_shard.entry(shard).or_default().push((*key, KeyHash::of_record(key)));
+                }
+            }
+            for (shard, candidates) in by_shard {
+                let table = &run.tables[shard];
+                let hashes: Vec<KeyHash> = candidates.iter().map(|(_, hash)| *hash).collect();
+                let admitted = table.may_contain_many(&hashes, PageUse::Scan);
+                let members: Vec<RecordId> = candidates
+                    .iter()
+                    .zip(admitted)
+                    .filter(|(_, admitted)| *admitted)
+                    .map(|((key, _), _)| *key)
+                    .collect();
+                if !members.is_empty() {
+                    found.push((table.clone(), members));
+                }
+            }
+        }
+        found
     }
 }
 

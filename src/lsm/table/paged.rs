@@ -501,13 +501,53 @@ impl<E: Entry> PagedMeta<E> {
         }
     }
 
+    /// `may_contain` of each of `hashes`, reading each filter page they need once; a scan's
+    /// pages (a writer probing many keys at once) go to no cache.
+    pub fn may_contain_many(&self, hashes: &[KeyHash], with: PageUse) -> Result<Vec<bool>, FormatError> {
+        let place = |h: &KeyHash| {
+            let block = h.block_index(self.header.shape.blocks);
+            (block / PAGE_BLOCKS, (block % PAGE_BLOCKS) * BLOCK_BYTES)
+        };
+        let mut order: Vec<usize> = (0..hashes.len()).collect();
+        order.sort_unstable_by_key(|&i| place(&hashes[i]).0);
+        let mut answers = vec![true; hashes.len()];
+        let mut page_bytes: Option<(usize, Arc<[u8]>)> = None;
+        for i in order {
+            let (page, at) = place(&hashes[i]);
+            if page_bytes.as_ref().is_none_or(|(held, _)| *held != page) {
+                page_bytes = Some((page, self.filter_page_with(page, with)?));
+            }
+            let bytes = &page_bytes.as_ref().expect("read above").1;
+            answers[i] = encoded_block_may_contain(self.header.shape.k, &bytes[at..at + BLOCK_BYTES], hashes[i]);
+        }
+        Ok(answers)
+    }
+
+    /// Filter page `page`, from the cache or read and checked (and cached for a lookup).
+    fn filter_page_with(&self, page: usize, with: PageUse) -> Result<Arc<[u8]>, FormatError> {
+        let cached = self.cache.with(self.serial, page as u32, |cached| match cached {
+            MetaPage::Filter(bytes) => Some(bytes.clone()),
+            _ => None,
+        });
+        match (cached.flatten(), with) {
+            (Some(bytes), _) => Ok(bytes),
+            (None, PageUse::Lookup) => self.filter_page(page),
+            (None, PageUse::Scan) => self.read_filter_page(page),
+        }
+    }
+
     /// Filter page `page`, read, checked and cached (its callers looked in the cache already).
     fn filter_page(&self, page: usize) -> Result<Arc<[u8]>, FormatError> {
-        let (offset, len) = self.filter_page_place(page);
-        let bytes = self.source.read(offset, len)?;
-        let bytes: Arc<[u8]> = checked("filter page", &bytes)?.into();
+        let bytes = self.read_filter_page(page)?;
         self.cache.insert(self.serial, page as u32, MetaPage::Filter(bytes.clone()));
         Ok(bytes)
+    }
+
+    /// Filter page `page`, read and checked.
+    fn read_filter_page(&self, page: usize) -> Result<Arc<[u8]>, FormatError> {
+        let (offset, len) = self.filter_page_place(page);
+        let bytes = self.source.read(offset, len)?;
+        Ok(checked("filter page", &bytes)?.into())
     }
 
     /// Where filter page `page` lies in the file (its checksum included).

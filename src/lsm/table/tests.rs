@@ -931,6 +931,13 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
         }
         let mut keys: Vec<RecordId> = entries.iter().step_by(97).map(|e| e.key()).collect();
         keys.extend((0..500).map(|i| record(i * 7919 + 3, 9, i)));
+        let hashes: Vec<KeyHash> = keys.iter().map(KeyHash::of_record).collect();
+        let expected: Vec<bool> = hashes.iter().map(|h| whole.may_contain(*h)).collect();
+        assert!(expected.iter().any(|admitted| !admitted), "some keys are refused");
+        let cached_before = cache.bytes();
+        assert_eq!(paged.may_contain_many(&hashes, PageUse::Scan).unwrap(), expected);
+        assert_eq!(cache.bytes(), cached_before, "a scan's filter pages are not cached");
+        assert_eq!(paged.may_contain_many(&hashes, PageUse::Lookup).unwrap(), expected);
         for key in keys {
             let h = KeyHash::of_record(&key);
             assert_eq!(paged.may_contain(h).unwrap(), whole.may_contain(h), "{key:?}");
