@@ -1,6 +1,7 @@
 //! Table meta files, decoded from arbitrary bytes and round-tripped through whole tables.
 //!
-//! The first byte picks the entry type (bit 0: backlinks or revocations) and the mode (bit 2):
+//! The first byte picks the entry type (bits 0 and 5: backlinks, revocations, hot links or tallies)
+//! and the mode (bit 2):
 //! - decode: the rest is a meta file, its checksum fixed up first when bit 1 is set;
 //! - build: the rest is entries (sorted and deduplicated) and, in its first byte, the frame size;
 //!   they are written as a table (with column models when bit 3 is set) and read back.
@@ -19,18 +20,26 @@ mod common;
 use backlinks::lsm::entry::Entry;
 use backlinks::lsm::filter::KeyHash;
 use backlinks::lsm::table::{FormatError, TableMeta, decode_frames, verify_data_file};
-use backlinks::model::ids::{Backlink, Revocation};
+use backlinks::model::ids::{Backlink, HotLink, Revocation, Tally};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
-    match (mode & 4 == 0, mode & 1 == 0) {
-        (true, true) => check_decode::<Backlink>(rest, mode & 2 != 0),
-        (true, false) => check_decode::<Revocation>(rest, mode & 2 != 0),
-        (false, true) => check_build::<Backlink>(rest, mode & 8 != 0),
-        (false, false) => check_build::<Revocation>(rest, mode & 8 != 0),
+    match (mode & 1) | (mode >> 4 & 2) {
+        0 => check::<Backlink>(mode, rest),
+        1 => check::<Revocation>(mode, rest),
+        2 => check::<HotLink>(mode, rest),
+        _ => check::<Tally>(mode, rest),
     }
 });
+
+fn check<E: Entry>(mode: u8, rest: &[u8]) {
+    if mode & 4 == 0 {
+        check_decode::<E>(rest, mode & 2 != 0)
+    } else {
+        check_build::<E>(rest, mode & 8 != 0)
+    }
+}
 
 fn check_decode<E: Entry>(bytes: &[u8], fix_checksum: bool) {
     let bytes = if fix_checksum { common::with_checksum(bytes) } else { bytes.to_vec() };
