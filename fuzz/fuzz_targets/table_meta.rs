@@ -34,11 +34,7 @@ fuzz_target!(|data: &[u8]| {
 });
 
 fn check<E: Entry>(mode: u8, rest: &[u8]) {
-    if mode & 4 == 0 {
-        check_decode::<E>(rest, mode & 2 != 0)
-    } else {
-        check_build::<E>(rest, mode & 8 != 0)
-    }
+    if mode & 4 == 0 { check_decode::<E>(rest, mode & 2 != 0) } else { check_build::<E>(rest, mode & 8 != 0) }
 }
 
 fn check_decode<E: Entry>(bytes: &[u8], fix_checksum: bool) {
