@@ -51,13 +51,13 @@ fn build(dir: &std::path::Path, hot_target_entries: u64, runtime: &tokio::runtim
             if index.wants_flush() {
                 index.flush().unwrap();
                 now_ms += 1;
-                while index.compact_once(runtime.handle(), now_ms).unwrap() {}
+                while index.compact_once(runtime.handle(), &|| now_ms).unwrap() {}
             }
         }
     }
     index.flush().unwrap();
-    while index.compact_once(runtime.handle(), now_ms + 1).unwrap() {}
-    while index.settle_once(runtime.handle(), now_ms + 2).unwrap() {}
+    while index.compact_once(runtime.handle(), &|| now_ms + 1).unwrap() {}
+    while index.settle_once(runtime.handle(), &|| now_ms + 2).unwrap() {}
     index
 }
 

@@ -568,6 +568,7 @@ fn cache_figures<E: Entry>(tree: &Tree<E>) -> (&'static str, CacheFigures, Cache
         figures(tree.meta_cache.hits_and_misses(), tree.meta_cache.bytes()),
     )
 }
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -169,7 +169,7 @@ fn build(dir: &Path, store: Arc<dyn Store>, runtime: &tokio::runtime::Handle) ->
     let (writer, handle) = (index.clone(), runtime.clone());
     std::thread::spawn(move || {
         import_lines(&writer, text.as_bytes()).unwrap();
-        while writer.compact_once(&handle, 1).unwrap() {}
+        while writer.compact_once(&handle, &|| 1).unwrap() {}
     })
     .join()
     .unwrap();
@@ -396,7 +396,7 @@ async fn a_merge_during_a_publish_does_not_fail_it() {
     let publish = tokio::spawn(async move { publisher.publish_manifest().await });
     tokio::time::sleep(Duration::from_millis(100)).await;
     let (compactor, handle) = (index.clone(), tokio::runtime::Handle::current());
-    tokio::task::spawn_blocking(move || while compactor.compact_once(&handle, 1).unwrap() {}).await.unwrap();
+    tokio::task::spawn_blocking(move || while compactor.compact_once(&handle, &|| 1).unwrap() {}).await.unwrap();
     let after = ids(&index);
     assert!(before.iter().any(|id| !after.contains(id)), "the merges retired tables: {before:?} {after:?}");
     let name = publish.await.unwrap().expect("the publish survives the merge");

@@ -75,7 +75,7 @@ impl World {
         if self.index.wants_flush() {
             self.index.flush().unwrap();
             self.now_ms += 1;
-            while self.index.compact_once(self.runtime.handle(), self.now_ms).unwrap() {}
+            while self.index.compact_once(self.runtime.handle(), &|| self.now_ms).unwrap() {}
         }
     }
 

@@ -288,11 +288,11 @@ impl Harness {
             }
             Op::Compact => {
                 self.time_us += 1;
-                while self.index.compact_once(self.runtime.handle(), self.time_us as u64).unwrap() {}
+                while self.index.compact_once(self.runtime.handle(), &|| self.time_us as u64).unwrap() {}
             }
             Op::Settle => {
                 self.time_us += 1;
-                while self.index.settle_once(self.runtime.handle(), self.time_us as u64).unwrap() {}
+                while self.index.settle_once(self.runtime.handle(), &|| self.time_us as u64).unwrap() {}
             }
             Op::Publish => {
                 self.time_us += 1;
@@ -574,7 +574,7 @@ fn settling_merges_tier_zero_into_one_run() {
     assert_eq!(harness.index.thresholds.runs().len(), 1);
     assert!(harness.index.forward.runs().len() <= 1);
     let merges = harness.index.counters.compactions.load(std::sync::atomic::Ordering::Relaxed);
-    assert!(!harness.index.settle_once(harness.runtime.handle(), 1).unwrap(), "nothing left to settle");
+    assert!(!harness.index.settle_once(harness.runtime.handle(), &|| 1).unwrap(), "nothing left to settle");
     assert_eq!(harness.index.counters.compactions.load(std::sync::atomic::Ordering::Relaxed), merges);
     for t in 0..TARGETS {
         harness.check(&target(t), 2, false);

@@ -121,7 +121,7 @@ fn open(dir: &Path, store: Arc<dyn Store>) -> Index {
 
 fn ingest(index: &Index, text: &str, runtime: &tokio::runtime::Handle) {
     import_lines(index, text.as_bytes()).unwrap();
-    while index.compact_once(runtime, 1).unwrap() {}
+    while index.compact_once(runtime, &|| 1).unwrap() {}
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -205,7 +205,7 @@ fn is_store_crash(error: &dyn std::fmt::Display) -> bool {
 }
 
 /// One merge step of the index: `compact_once` or `settle_once`.
-type MergeStep = fn(&Index, &tokio::runtime::Handle, u64) -> Result<bool, IndexError>;
+type MergeStep = fn(&Index, &tokio::runtime::Handle, &dyn Fn() -> u64) -> Result<bool, IndexError>;
 
 /// What happened in a run, for the report and the replay check.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -468,7 +468,8 @@ impl World {
         let handle = self.runtime.handle().clone();
         let mut merged = 0;
         loop {
-            match merge(self.index(), &handle, self.now_ms) {
+            let now_ms = self.now_ms;
+            match merge(self.index(), &handle, &|| now_ms) {
                 Ok(true) => {
                     merged += 1;
                     self.note("compacted");

@@ -78,31 +78,13 @@ enum Revocations<'a> {
 
 impl Index {
     /// One compaction, if a tier of any tree is full: merges its oldest `fan_in` runs into one
-    /// sharded run and retires them at `now_ms`. Blocking (it reads through `runtime` when a table
+    /// sharded run; each merge retires its inputs at the time `clock` gives when it ends. Blocking (it reads through `runtime` when a table
     /// is not local): call it from a blocking thread. Returns whether it merged anything.
-    pub fn compact_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {
-        self.compact_once_with(runtime, &|| now_ms, &self.options.compaction)
-    }
-
-    /// `compact_once`, each merge retiring its inputs at the time `clock` gives when it ends.
-    pub fn compact_once_clocked(
-        &self,
-        runtime: &tokio::runtime::Handle,
-        clock: &dyn Fn() -> u64,
-    ) -> Result<bool, IndexError> {
+    pub fn compact_once(&self, runtime: &tokio::runtime::Handle, clock: &dyn Fn() -> u64) -> Result<bool, IndexError> {
         self.compact_once_with(runtime, clock, &self.options.compaction)
     }
 
-    /// `settle_once`, each merge retiring its inputs at the time `clock` gives when it ends.
-    pub fn settle_once_clocked(
-        &self,
-        runtime: &tokio::runtime::Handle,
-        clock: &dyn Fn() -> u64,
-    ) -> Result<bool, IndexError> {
-        self.merge_picked(&Compaction { runtime, now_ms: clock, options: &self.options.compaction }, Picker::Settle)
-    }
-
-    /// `compact_once_clocked` with other options (a benchmark or an operator's one-off).
+    /// `compact_once` with other options (a benchmark or an operator's one-off).
     pub fn compact_once_with(
         &self,
         runtime: &tokio::runtime::Handle,
@@ -121,11 +103,8 @@ impl Index {
     /// (`compaction::pick_settle`). For a quiet tree and a writer about to stop: what an import
     /// leaves in tier 0 is otherwise up to `fan_in - 1` runs every query visits. Blocking, as
     /// `compact_once`; returns whether it merged anything.
-    pub fn settle_once(&self, runtime: &tokio::runtime::Handle, now_ms: u64) -> Result<bool, IndexError> {
-        self.merge_picked(
-            &Compaction { runtime, now_ms: &|| now_ms, options: &self.options.compaction },
-            Picker::Settle,
-        )
+    pub fn settle_once(&self, runtime: &tokio::runtime::Handle, clock: &dyn Fn() -> u64) -> Result<bool, IndexError> {
+        self.merge_picked(&Compaction { runtime, now_ms: clock, options: &self.options.compaction }, Picker::Settle)
     }
 
     fn merge_picked(&self, compaction: &Compaction, picker: Picker) -> Result<bool, IndexError> {

@@ -86,7 +86,7 @@ fn work(
 /// Settles tree after tree, draining after each (a settled run may fill the tier above).
 fn settle(index: &Index, runtime: &tokio::runtime::Handle, clock: &Clock) -> Result<usize, IndexError> {
     let mut merges = 0;
-    while index.settle_once_clocked(runtime, &|| clock())? {
+    while index.settle_once(runtime, &|| clock())? {
         merges += 1 + drain(index, runtime, clock)?;
     }
     Ok(merges)
@@ -94,7 +94,7 @@ fn settle(index: &Index, runtime: &tokio::runtime::Handle, clock: &Clock) -> Res
 
 fn drain(index: &Index, runtime: &tokio::runtime::Handle, clock: &Clock) -> Result<usize, IndexError> {
     let mut merges = 0;
-    while index.compact_once_clocked(runtime, &|| clock())? {
+    while index.compact_once(runtime, &|| clock())? {
         merges += 1;
     }
     Ok(merges)
