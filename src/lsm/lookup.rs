@@ -10,12 +10,12 @@
 
 use crate::lsm::entry::{Entry, within};
 use crate::lsm::handle::{ReadError, TableHandle};
+use crate::lsm::run::{group_by_shard, shard_hash};
 use crate::lsm::table::PageUse;
 use crate::lsm::tree::Tree;
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
 use futures::StreamExt;
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -106,11 +106,7 @@ async fn plan_reads<E: Entry>(
     let snapshot = tree.snapshot(keys.iter().map(|(key, _)| (E::min_for_key(*key), E::max_for_key(*key))));
     snapshot.fetch_metas_for_keys(store, keys).await?;
     let mut reads = Vec::new();
-    let tables = match with {
-        PageUse::Lookup => snapshot.tables_for_keys(keys),
-        PageUse::Scan => snapshot.tables_for_keys_uncached(keys),
-    };
-    for (table, keys) in tables {
+    for (table, keys) in snapshot.tables_for_keys(keys, with) {
         let frames =
             keys.iter().map(|key| table.frames_for_key(*key).map(|r| (r, *key))).collect::<Result<Vec<_>, _>>()?;
         for (frames, keys) in coalesce(frames) {
@@ -141,13 +137,12 @@ pub async fn read_key_ranges<E: Entry>(
     let snapshot = tree.snapshot(bounds.iter().copied());
     let mut reads = Vec::new();
     for run in snapshot.runs.iter() {
-        let mut by_shard: BTreeMap<usize, Vec<(Range<usize>, usize)>> = BTreeMap::new();
+        let mut wanted = Vec::with_capacity(ranges.len());
         for (at, ((first, _), (lo, hi))) in ranges.iter().zip(&bounds).enumerate() {
-            let shard = run.shard_for(first);
-            let frames = run.tables[shard].frames_overlapping(lo, hi)?;
-            by_shard.entry(shard).or_default().push((frames, at));
+            let shard = run.shard_for_hash(shard_hash::<E>(first));
+            wanted.push((shard, (run.tables[shard].frames_overlapping(lo, hi)?, at)));
         }
-        for (shard, wanted) in by_shard {
+        for (shard, wanted) in group_by_shard(wanted) {
             for (frames, ats) in coalesce(wanted) {
                 reads.push((run.tables[shard].clone(), frames, ats));
             }

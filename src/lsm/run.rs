@@ -68,17 +68,17 @@ impl<E: Entry> Run<E> {
 
     /// The one table that may hold `key`.
     pub fn table_for(&self, key: &RecordId) -> &Arc<TableHandle<E>> {
-        &self.tables[self.shard_for(key)]
-    }
-
-    /// The shard (index in `tables`) that may hold `key`.
-    pub fn shard_for(&self, key: &RecordId) -> usize {
-        shard_of_hash(shard_hash::<E>(key), self.shard_count()) as usize
+        self.table_for_hash(shard_hash::<E>(key))
     }
 
     /// The one table that may hold the key whose `shard_hash` is `hash`.
     pub fn table_for_hash(&self, hash: u64) -> &Arc<TableHandle<E>> {
-        &self.tables[shard_of_hash(hash, self.shard_count()) as usize]
+        &self.tables[self.shard_for_hash(hash)]
+    }
+
+    /// The shard (index in `tables`) that may hold the key whose `shard_hash` is `hash`.
+    pub fn shard_for_hash(&self, hash: u64) -> usize {
+        shard_of_hash(hash, self.shard_count()) as usize
     }
 
     /// Compressed bytes of the run's data files (what size-tiering compares).
@@ -91,10 +91,32 @@ impl<E: Entry> Run<E> {
     }
 }
 
+/// `items`, each with the shard it belongs to, grouped by shard: shards in order, each group's
+/// items in their order (what one table of a run is asked for at once).
+pub fn group_by_shard<T>(items: impl IntoIterator<Item = (usize, T)>) -> Vec<(usize, Vec<T>)> {
+    let mut items: Vec<(usize, T)> = items.into_iter().collect();
+    items.sort_by_key(|(shard, _)| *shard);
+    let mut groups: Vec<(usize, Vec<T>)> = Vec::new();
+    for (shard, item) in items {
+        match groups.last_mut() {
+            Some((last, group)) if *last == shard => group.push(item),
+            _ => groups.push((shard, vec![item])),
+        }
+    }
+    groups
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::model::ids::{Backlink, HotLink};
+
+    #[test]
+    fn groups_by_shard_keep_shards_in_order_and_items_in_theirs() {
+        let groups = group_by_shard([(3, 'a'), (1, 'b'), (3, 'c'), (0, 'd'), (1, 'e')]);
+        assert_eq!(groups, vec![(0, vec!['d']), (1, vec!['b', 'e']), (3, vec!['a', 'c'])]);
+        assert_eq!(group_by_shard(Vec::<(usize, u8)>::new()), vec![]);
+    }
 
     #[test]
     fn shards_are_in_range_and_spread() {

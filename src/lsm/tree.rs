@@ -19,13 +19,12 @@ use crate::lsm::filter::KeyHash;
 use crate::lsm::handle::{ReadError, TableHandle, fetch_meta_start, fetch_whole_meta};
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::TableRecord;
-use crate::lsm::run::{Run, shard_hash};
+use crate::lsm::run::{Run, group_by_shard, shard_hash};
 use crate::lsm::table::{
     FormatError, MetaCache, PageUse, Spills, TableBuilder, TableOptions, TableSummary, learn_models,
 };
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
-use std::collections::BTreeMap;
 use std::fs::File;
 use std::io::BufWriter;
 use std::path::{Path, PathBuf};
@@ -96,44 +95,17 @@ impl<E: Entry> Snapshot<E> {
     /// `tables_for_key` for many keys at once: every table that may hold any of them, with those
     /// keys (in `keys` order), oldest run first. A key with a bound (`Some(stamp)`) is not looked
     /// for in tables whose entries are all stamped at or below it (`TableRecord::max_stamp`).
-    pub fn tables_for_keys(&self, keys: &[(RecordId, Option<u64>)]) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
-        let hashes: Vec<(KeyHash, u64)> =
-            keys.iter().map(|(k, _)| (KeyHash::of_record(k), shard_hash::<E>(k))).collect();
-        self.runs.iter().flat_map(|run| keys_by_table(run, keys, &hashes)).collect()
-    }
-
-    /// `tables_for_keys` for a writer's many keys: each table's filter pages are read once for
-    /// all of its keys and go to no cache, so a flush probing keys all over a tree neither fills
-    /// the meta cache nor evicts what queries keep there.
-    pub fn tables_for_keys_uncached(
+    /// For a scan (a writer's many keys), each table's filter pages are read once for all of its
+    /// keys and go to no cache, so a flush probing keys all over a tree neither fills the meta
+    /// cache nor evicts what queries keep there.
+    pub fn tables_for_keys(
         &self,
         keys: &[(RecordId, Option<u64>)],
+        with: PageUse,
     ) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
-        let mut found = Vec::new();
-        for run in self.runs.iter() {
-            let mut by_shard: BTreeMap<usize, Vec<(RecordId, KeyHash)>> = BTreeMap::new();
-            for (key, bound) in keys {
-                let shard = run.shard_for(key);
-                if run.tables[shard].record.has_stamps_above(*bound) {
-                    by_shard.entry(shard).or_default().push((*key, KeyHash::of_record(key)));
-                }
-            }
-            for (shard, candidates) in by_shard {
-                let table = &run.tables[shard];
-                let hashes: Vec<KeyHash> = candidates.iter().map(|(_, hash)| *hash).collect();
-                let admitted = table.may_contain_many(&hashes, PageUse::Scan);
-                let members: Vec<RecordId> = candidates
-                    .iter()
-                    .zip(admitted)
-                    .filter(|(_, admitted)| *admitted)
-                    .map(|((key, _), _)| *key)
-                    .collect();
-                if !members.is_empty() {
-                    found.push((table.clone(), members));
-                }
-            }
-        }
-        found
+        let hashes: Vec<(KeyHash, u64)> =
+            keys.iter().map(|(k, _)| (KeyHash::of_record(k), shard_hash::<E>(k))).collect();
+        self.runs.iter().flat_map(|run| keys_by_table(run, keys, &hashes, with)).collect()
     }
 }
 
@@ -143,29 +115,27 @@ fn keys_by_table<E: Entry>(
     run: &Run<E>,
     keys: &[(RecordId, Option<u64>)],
     hashes: &[(KeyHash, u64)],
+    with: PageUse,
 ) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
-    let mut by_table: Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> = Vec::new();
     // A table whose entries are all at or below a key's bound has nothing of it that is wanted.
-    let wanted: Vec<(usize, &Arc<TableHandle<E>>)> = (0..keys.len())
-        .map(|i| (i, run.table_for_hash(hashes[i].1)))
-        .filter(|&(i, table)| table.record.has_stamps_above(keys[i].1))
-        .collect();
+    let wanted = (0..keys.len())
+        .map(|i| (run.shard_for_hash(hashes[i].1), i))
+        .filter(|&(shard, i)| run.tables[shard].record.has_stamps_above(keys[i].1));
+    let groups = group_by_shard(wanted);
     // Every key's filter line is requested before any is tested, so the cache misses overlap
     // (this probe loop was 6 % of a warm server's CPU, by profile).
-    for &(i, table) in &wanted {
-        table.prefetch(hashes[i].0);
+    for (shard, members) in &groups {
+        members.iter().for_each(|&i| run.tables[*shard].prefetch(hashes[i].0));
     }
-    for (i, table) in wanted {
-        let (key, hash) = (&keys[i].0, &hashes[i].0);
-        if !table.may_contain(*hash) {
-            continue;
-        }
-        match by_table.iter_mut().find(|(t, _)| Arc::ptr_eq(t, table)) {
-            Some((_, members)) => members.push(*key),
-            None => by_table.push((table.clone(), vec![*key])),
-        }
-    }
-    by_table
+    let admitted_of = |(shard, members): (usize, Vec<usize>)| {
+        let table = &run.tables[shard];
+        let probes: Vec<KeyHash> = members.iter().map(|&i| hashes[i].0).collect();
+        let admitted = table.may_contain_many(&probes, with);
+        let found: Vec<RecordId> =
+            members.iter().zip(admitted).filter_map(|(&i, admitted)| admitted.then_some(keys[i].0)).collect();
+        (!found.is_empty()).then(|| (table.clone(), found))
+    };
+    groups.into_iter().filter_map(admitted_of).collect()
 }
 
 /// The memory a tree's readers may keep: decoded frames and meta pages, each within a budget

@@ -488,51 +488,60 @@ impl<E: Entry> PagedMeta<E> {
     /// True unless the filter proves no entry has the hashed key (and when its page cannot be
     /// read: see the module header).
     pub fn may_contain(&self, h: KeyHash) -> Result<bool, FormatError> {
-        let block = h.block_index(self.header.shape.blocks);
-        let (page, at) = (block / PAGE_BLOCKS, (block % PAGE_BLOCKS) * BLOCK_BYTES);
-        let test = |bytes: &[u8]| encoded_block_may_contain(self.header.shape.k, &bytes[at..at + BLOCK_BYTES], h);
+        let (page, at) = self.filter_place(h);
         let cached = self.cache.with(self.serial, page as u32, |cached| match cached {
-            MetaPage::Filter(bytes) => Some(test(bytes)),
+            MetaPage::Filter(bytes) => Some(self.block_may_contain(bytes, at, h)),
             _ => None,
         });
         match cached.flatten() {
             Some(answer) => Ok(answer),
-            None => Ok(test(&self.filter_page(page)?)),
+            None => Ok(self.block_may_contain(&self.filter_page(page)?, at, h)),
         }
     }
 
-    /// `may_contain` of each of `hashes`, reading each filter page they need once; a scan's
-    /// pages (a writer probing many keys at once) go to no cache.
+    /// `may_contain` of each of `hashes`. A lookup's pages are cached by the first key that needs
+    /// each; a scan (a writer probing many keys at once) reads each page it needs once, in page
+    /// order, and caches none.
     pub fn may_contain_many(&self, hashes: &[KeyHash], with: PageUse) -> Result<Vec<bool>, FormatError> {
-        let place = |h: &KeyHash| {
-            let block = h.block_index(self.header.shape.blocks);
-            (block / PAGE_BLOCKS, (block % PAGE_BLOCKS) * BLOCK_BYTES)
-        };
+        if with == PageUse::Lookup {
+            return hashes.iter().map(|h| self.may_contain(*h)).collect();
+        }
         let mut order: Vec<usize> = (0..hashes.len()).collect();
-        order.sort_unstable_by_key(|&i| place(&hashes[i]).0);
+        order.sort_unstable_by_key(|&i| self.filter_place(hashes[i]).0);
         let mut answers = vec![true; hashes.len()];
-        let mut page_bytes: Option<(usize, Arc<[u8]>)> = None;
+        let mut held: Option<(usize, Arc<[u8]>)> = None;
         for i in order {
-            let (page, at) = place(&hashes[i]);
-            if page_bytes.as_ref().is_none_or(|(held, _)| *held != page) {
-                page_bytes = Some((page, self.filter_page_with(page, with)?));
-            }
-            let bytes = &page_bytes.as_ref().expect("read above").1;
-            answers[i] = encoded_block_may_contain(self.header.shape.k, &bytes[at..at + BLOCK_BYTES], hashes[i]);
+            let (page, at) = self.filter_place(hashes[i]);
+            let bytes = match held.take() {
+                Some((held_page, bytes)) if held_page == page => bytes,
+                _ => self.scanned_filter_page(page)?,
+            };
+            answers[i] = self.block_may_contain(&bytes, at, hashes[i]);
+            held = Some((page, bytes));
         }
         Ok(answers)
     }
 
-    /// Filter page `page`, from the cache or read and checked (and cached for a lookup).
-    fn filter_page_with(&self, page: usize, with: PageUse) -> Result<Arc<[u8]>, FormatError> {
+    /// The filter page holding `h`'s block, and the block's offset in that page.
+    fn filter_place(&self, h: KeyHash) -> (usize, usize) {
+        let block = h.block_index(self.header.shape.blocks);
+        (block / PAGE_BLOCKS, (block % PAGE_BLOCKS) * BLOCK_BYTES)
+    }
+
+    /// Whether the block at `at` of a filter page admits `h`.
+    fn block_may_contain(&self, page: &[u8], at: usize, h: KeyHash) -> bool {
+        encoded_block_may_contain(self.header.shape.k, &page[at..at + BLOCK_BYTES], h)
+    }
+
+    /// Filter page `page` for a scan: the cached copy, or read and checked without caching it.
+    fn scanned_filter_page(&self, page: usize) -> Result<Arc<[u8]>, FormatError> {
         let cached = self.cache.with(self.serial, page as u32, |cached| match cached {
             MetaPage::Filter(bytes) => Some(bytes.clone()),
             _ => None,
         });
-        match (cached.flatten(), with) {
-            (Some(bytes), _) => Ok(bytes),
-            (None, PageUse::Lookup) => self.filter_page(page),
-            (None, PageUse::Scan) => self.read_filter_page(page),
+        match cached.flatten() {
+            Some(bytes) => Ok(bytes),
+            None => self.read_filter_page(page),
         }
     }
 
