@@ -353,6 +353,19 @@ impl SourceThresholds {
     }
 }
 
+/// The revocation keys that decide `links` (their sources and repositories), each bounded by the
+/// oldest stamp of the links it decides: only a revocation stamped above that can kill one.
+pub fn revocation_keys(links: impl IntoIterator<Item = Backlink>) -> Vec<(RecordId, Option<u64>)> {
+    let mut keys: Vec<(RecordId, Option<u64>)> = links
+        .into_iter()
+        .flat_map(|link| [link.source, RecordId::repo(link.source.did)].map(|key| (key, Some(link.source_rev))))
+        .collect();
+    // Sorted by key, then stamp: the first of each key has its oldest stamp.
+    keys.sort_unstable();
+    keys.dedup_by_key(|(key, _)| *key);
+    keys
+}
+
 /// A query's second round: the thresholds of the sources of `links` (record-level and repo-level),
 /// from the memtables and one concurrent round of ranged reads of the tables. Only revocations
 /// stamped above the oldest stamp of the links a key is asked for can kill one of them, so the
@@ -366,13 +379,7 @@ pub async fn read_thresholds(
     store: &dyn Store,
     links: impl IntoIterator<Item = Backlink>,
 ) -> Result<SourceThresholds, ReadError> {
-    let mut keys: Vec<(RecordId, Option<u64>)> = links
-        .into_iter()
-        .flat_map(|link| [link.source, RecordId::repo(link.source.did)].map(|key| (key, Some(link.source_rev))))
-        .collect();
-    // Sorted by key, then stamp: the first of each key has its oldest stamp.
-    keys.sort_unstable();
-    keys.dedup_by_key(|(key, _)| *key);
+    let keys = revocation_keys(links);
     let mut found = SourceThresholds::new(keys.iter().map(|(key, _)| *key));
     for revocation in read_keys_newer(thresholds, store, &keys).await? {
         found.raise(&revocation.source, revocation.rev);

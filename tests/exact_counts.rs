@@ -180,6 +180,10 @@ fn a_target_with_a_million_live_backlinks_counts_exactly_under_every_change() {
     for account in (11..ACCOUNTS).step_by(200) {
         world.account(account, false, Some("deactivated"));
     }
+    // Accounts whose records were deleted and updated: their hiding must not count those again.
+    for account in (0..ACCOUNTS).step_by(350) {
+        world.account(account, false, Some("deactivated"));
+    }
     for account in (13..ACCOUNTS).step_by(300) {
         world.account(account, false, Some("takendown"));
         world.account(account, false, Some("takendown")); // Hidden twice: hidden once.

@@ -29,11 +29,11 @@
 //!   tallies from them. The differences of that flush never touch the targets it promotes.
 
 use super::{Index, IndexError};
-use crate::liveness::{KnownRevocations, Revocable};
+use crate::liveness::{KnownRevocations, Revocable, revocation_keys};
 use crate::lsm::compaction;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
-use crate::lsm::lookup::{read_key_ranges, read_keys, read_keys_uncached};
+use crate::lsm::lookup::{read_key_ranges, read_keys, read_keys_newer_uncached, read_keys_uncached};
 use crate::lsm::memtable::Memtable;
 use crate::lsm::table::PageUse;
 use crate::model::account::AccountState;
@@ -101,7 +101,8 @@ struct Copies {
     flushed: Option<u64>,
 }
 
-/// The revocation stamps of some sources, to take their thresholds as of a clock.
+/// The revocation stamps of some sources, to take their thresholds as of a clock: those that may
+/// kill a copy at or above the stamp each source was read for (`revocations_of`).
 struct Revocations(HashMap<RecordId, Vec<u64>>);
 
 impl Revocations {
@@ -196,7 +197,7 @@ impl Index {
         let installed = self.installed_hot_links(ops, &flushed, &visibility).await?;
         // Only an installed copy needs the installed revocations: they are all older than the
         // flush's stamps, so the flush's own revocations alone decide a copy it writes.
-        let revocations = self.revocations_of(installed.iter().map(|link| link.source)).await?;
+        let revocations = self.revocations_of(installed.iter().copied()).await?;
         let dids = flushed.iter().chain(&installed).map(|link| link.source.did);
         visibility.committed.extend(self.catalog.account_states(self.maybe_not_active(dids))?);
         let mut differences: BTreeMap<TallyKey, i64> = BTreeMap::new();
@@ -282,12 +283,13 @@ impl Index {
         Ok(compaction::freshest(installed.into_iter()).collect())
     }
 
-    /// Every revocation of `sources` and of their repositories, from memtables and tables.
-    async fn revocations_of(&self, sources: impl Iterator<Item = RecordId>) -> Result<Revocations, IndexError> {
-        let mut keys: Vec<RecordId> = sources.flat_map(|source| [source, RecordId::repo(source.did)]).collect();
-        keys.sort_unstable();
-        keys.dedup();
-        Ok(Revocations::of(read_keys_uncached(&self.thresholds, self.store.as_ref(), &keys).await?))
+    /// The revocations of the sources of `links` and of their repositories that may kill one of
+    /// them, from memtables and tables. Tables whose revocations are all at or below the oldest
+    /// stamp of a key's links are not read for it: those kill none of them (merges settle
+    /// stamps, so a merged link's key skips nearly every table, as in queries).
+    async fn revocations_of(&self, links: impl Iterator<Item = Backlink>) -> Result<Revocations, IndexError> {
+        let keys = revocation_keys(links);
+        Ok(Revocations::of(read_keys_newer_uncached(&self.thresholds, self.store.as_ref(), &keys).await?))
     }
 
     /// The tallies `differences` make of the current ones.
@@ -354,7 +356,7 @@ impl Index {
         copies.retain(|link| link.source_rev <= ops.clock);
         copies.sort_unstable();
         let freshest: Vec<Backlink> = compaction::freshest(copies.into_iter()).collect();
-        let revocations = self.revocations_of(freshest.iter().map(|link| link.source)).await?;
+        let revocations = self.revocations_of(freshest.iter().copied()).await?;
         let live: Vec<Backlink> =
             freshest.into_iter().filter(|link| revocations.survives(link.source, link.source_rev, ops.clock)).collect();
         if live.is_empty() {

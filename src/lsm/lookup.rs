@@ -8,6 +8,7 @@
 //!   particular order): choosing among copies is the caller's. With a bound on a key, every copy
 //!   stamped above it.
 
+use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::{Entry, within};
 use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::run::{group_by_shard, shard_hash};
@@ -56,7 +57,16 @@ pub async fn read_keys_uncached<E: Entry>(
     keys: &[RecordId],
 ) -> Result<Vec<E>, ReadError> {
     let unbounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|key| (*key, None)).collect();
-    let (mut found, reads) = plan_reads(tree, store, &unbounded, PageUse::Scan).await?;
+    read_keys_newer_uncached(tree, store, &unbounded).await
+}
+
+/// `read_keys_newer` for a writer: `read_keys_uncached` with a bound on each key.
+pub async fn read_keys_newer_uncached<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    keys: &[(RecordId, Option<u64>)],
+) -> Result<Vec<E>, ReadError> {
+    let (mut found, reads) = plan_reads(tree, store, keys, PageUse::Scan).await?;
     read_uncached(store, &reads, |entries, keys| extend_with_keys(&mut found, entries, keys)).await?;
     Ok(found)
 }
@@ -70,19 +80,30 @@ const UNCACHED_READS_IN_FLIGHT: usize = 4;
 
 /// Reads the frames of `reads` in pieces of at most `UNCACHED_FRAMES_PER_READ`, at most
 /// `UNCACHED_READS_IN_FLIGHT` at once, bypassing the caches, and hands each piece's entries
-/// (sorted) with what its read was made for to `take`.
+/// (sorted) with what its read was made for to `take`. A table's reads come one after another:
+/// its pieces hold its column models, which are decoded once for them all (a scan caches no
+/// models, and decoding them for each piece was two fifths of a flush's tallies, by profile).
 async fn read_uncached<E: Entry, T>(
     store: &dyn Store,
     reads: &[Read<E, T>],
     mut take: impl FnMut(&[E], &T),
 ) -> Result<(), ReadError> {
-    let pieces = reads.iter().flat_map(|(table, frames, wanted)| {
+    let mut holder: Option<&Arc<TableHandle<E>>> = None;
+    let mut held: Option<Arc<ColumnModels>> = None;
+    let pieces = reads.iter().flat_map(move |(table, frames, wanted)| {
+        if !holder.is_some_and(|holder| Arc::ptr_eq(holder, table)) {
+            // A failure here is the read's to report: it asks for the models again.
+            (holder, held) = (Some(table), table.paged_models(PageUse::Scan).ok().flatten());
+        }
+        let models = held.clone();
         frames.clone().step_by(UNCACHED_FRAMES_PER_READ).map(move |start| {
-                let end = (start + UNCACHED_FRAMES_PER_READ).min(frames.end);
-                async move {
-                    table.read_frames_with(store, start..end, PageUse::Scan).await.map(|entries| (entries, wanted))
-                }
-            })
+            let end = (start + UNCACHED_FRAMES_PER_READ).min(frames.end);
+            let models = models.clone();
+            async move {
+                let _held = models;
+                table.read_frames_with(store, start..end, PageUse::Scan).await.map(|entries| (entries, wanted))
+            }
+        })
     });
     let mut fetched = futures::stream::iter(pieces).buffer_unordered(UNCACHED_READS_IN_FLIGHT);
     while let Some(read) = fetched.next().await {
