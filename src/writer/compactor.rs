@@ -73,29 +73,28 @@ fn work(
     clock: &Clock,
     (wake, settle_wanted): (Receiver<()>, &AtomicBool),
 ) -> Result<usize, IndexError> {
-    let mut merges = 0;
+    let merged_before = index.counters.compactions.load(Ordering::Relaxed);
     while wake.recv().is_ok() {
-        merges += drain(index, runtime, clock)?;
+        drain(index, runtime, clock)?;
         if settle_wanted.swap(false, Ordering::AcqRel) {
-            merges += settle(index, runtime, clock)?;
+            settle(index, runtime, clock)?;
         }
     }
-    Ok(merges + drain(index, runtime, clock)? + settle(index, runtime, clock)?)
+    drain(index, runtime, clock)?;
+    settle(index, runtime, clock)?;
+    // Every merge, those made between the passes of another too (the only merges of the index).
+    Ok((index.counters.compactions.load(Ordering::Relaxed) - merged_before) as usize)
 }
 
 /// Settles tree after tree, draining after each (a settled run may fill the tier above).
-fn settle(index: &Index, runtime: &tokio::runtime::Handle, clock: &Clock) -> Result<usize, IndexError> {
-    let mut merges = 0;
+fn settle(index: &Index, runtime: &tokio::runtime::Handle, clock: &Clock) -> Result<(), IndexError> {
     while index.settle_once(runtime, &|| clock())? {
-        merges += 1 + drain(index, runtime, clock)?;
+        drain(index, runtime, clock)?;
     }
-    Ok(merges)
+    Ok(())
 }
 
-fn drain(index: &Index, runtime: &tokio::runtime::Handle, clock: &Clock) -> Result<usize, IndexError> {
-    let mut merges = 0;
-    while index.compact_once(runtime, &|| clock())? {
-        merges += 1;
-    }
-    Ok(merges)
+fn drain(index: &Index, runtime: &tokio::runtime::Handle, clock: &Clock) -> Result<(), IndexError> {
+    while index.compact_once(runtime, &|| clock())? {}
+    Ok(())
 }
