@@ -44,6 +44,11 @@ use std::sync::Mutex;
 /// Default of `IndexOptions::hot_target_entries`: a quarter of the default exact scan limit, so
 /// that a target is promoted well before a count would have to estimate it.
 pub const DEFAULT_HOT_TARGET_ENTRIES: u64 = 1 << 14;
+/// Target false-positive rate of the hot tree's filters (a tenth of the default): every flush
+/// looks up the source of each of its links to a hot target there, nearly all of them new
+/// records, and each false positive reads frames (at 1 % they were most of what a flush decoded
+/// at 100 M links, by profile). It costs about half as many filter bytes again, on a small tree.
+pub const HOT_FILTER_FPR: f64 = 0.001;
 /// Most promotions counts may have asked for that no flush has looked at yet.
 const MAX_REQUESTED_PROMOTIONS: usize = 4096;
 /// A flush checks a target for promotion when it holds `hot_target_entries >> BATCH_SHARE_SHIFT`
