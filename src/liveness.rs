@@ -41,7 +41,7 @@ use crate::lsm::scan::TableScan;
 use crate::lsm::tree::Tree;
 use crate::model::ids::{Backlink, ForwardLink, HotLink, RecordId, Revocation};
 use crate::store::object::Store;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -356,10 +356,18 @@ impl SourceThresholds {
 /// The revocation keys that decide `links` (their sources and repositories), each bounded by the
 /// oldest stamp of the links it decides: only a revocation stamped above that can kill one.
 pub fn revocation_keys(links: impl IntoIterator<Item = Backlink>) -> Vec<(RecordId, Option<u64>)> {
+    // A flush asks for hundreds of thousands of links of a few thousand accounts: one repository
+    // key an account, not one a link.
+    let mut oldest_of_repo: HashMap<u64, u64> = HashMap::new();
     let mut keys: Vec<(RecordId, Option<u64>)> = links
         .into_iter()
-        .flat_map(|link| [link.source, RecordId::repo(link.source.did)].map(|key| (key, Some(link.source_rev))))
+        .map(|link| {
+            let oldest = oldest_of_repo.entry(link.source.did).or_insert(link.source_rev);
+            *oldest = (*oldest).min(link.source_rev);
+            (link.source, Some(link.source_rev))
+        })
         .collect();
+    keys.extend(oldest_of_repo.into_iter().map(|(did, stamp)| (RecordId::repo(did), Some(stamp))));
     // Sorted by key, then stamp: the first of each key has its oldest stamp.
     keys.sort_unstable();
     keys.dedup_by_key(|(key, _)| *key);
@@ -390,6 +398,23 @@ pub async fn read_thresholds(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn revocation_keys_are_each_source_and_repository_once_with_its_oldest_stamp() {
+        let source = |did: u64, rkey: u64| RecordId { rkey, collection: 3, did };
+        let link =
+            |source: RecordId, source_rev: u64| Backlink { target: RecordId::repo(9), source, location: 1, source_rev };
+        let links = [link(source(1, 5), 40), link(source(2, 6), 30), link(source(1, 5), 20), link(source(1, 7), 50)];
+        let mut expected = vec![
+            (source(1, 5), Some(20)),
+            (source(1, 7), Some(50)),
+            (source(2, 6), Some(30)),
+            (RecordId::repo(1), Some(20)),
+            (RecordId::repo(2), Some(30)),
+        ];
+        expected.sort_unstable();
+        assert_eq!(revocation_keys(links), expected);
+    }
 
     /// A load whose scan fails forgets every run earlier loads read (their revocations were
     /// handed to it): the next load reads them again and knows their revocations.

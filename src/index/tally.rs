@@ -285,7 +285,8 @@ impl Index {
         found.extend(read_key_ranges(&self.hot, store, &ranges).await?);
         let mut installed: Vec<Backlink> = found.into_iter().map(HotLink::backlink).collect();
         installed.sort_unstable();
-        Ok(compaction::freshest(installed.into_iter()).collect())
+        compaction::keep_freshest(&mut installed);
+        Ok(installed)
     }
 
     /// The revocations of the sources of `links` and of their repositories that may kill one of
@@ -360,10 +361,10 @@ impl Index {
         let mut copies = read_keys_uncached(&self.links, self.store.as_ref(), &[target]).await?;
         copies.retain(|link| link.source_rev <= ops.clock);
         copies.sort_unstable();
-        let freshest: Vec<Backlink> = compaction::freshest(copies.into_iter()).collect();
-        let revocations = self.revocations_of(freshest.iter().copied()).await?;
-        let live: Vec<Backlink> =
-            freshest.into_iter().filter(|link| revocations.survives(link.source, link.source_rev, ops.clock)).collect();
+        compaction::keep_freshest(&mut copies);
+        let revocations = self.revocations_of(copies.iter().copied()).await?;
+        copies.retain(|link| revocations.survives(link.source, link.source_rev, ops.clock));
+        let live = copies;
         if live.is_empty() {
             return Ok(false);
         }
@@ -416,7 +417,8 @@ fn identities<'a>(flushed: &'a [Backlink], installed: &'a [Backlink]) -> impl It
 /// The freshest tally of each identity among `found` (any order).
 fn freshest_tallies(mut found: Vec<Tally>) -> Vec<Tally> {
     found.sort_unstable();
-    compaction::freshest(found.into_iter()).collect()
+    compaction::keep_freshest(&mut found);
+    found
 }
 
 #[cfg(test)]

@@ -123,6 +123,18 @@ pub fn shard_count_for(bytes: u64, options: &CompactionOptions) -> u32 {
     (wanted as u32).next_power_of_two().min(MAX_SHARDS)
 }
 
+/// `freshest` of a sorted vector, in place: no second copy of what may be a flush's largest list.
+pub fn keep_freshest<E: Entry>(entries: &mut Vec<E>) {
+    // `dedup_by` keeps the first of equal neighbours: the kept slot takes each newer copy.
+    entries.dedup_by(|newer, kept| {
+        let same = newer.same_identity(kept);
+        if same {
+            *kept = *newer;
+        }
+        same
+    });
+}
+
 /// The freshest of each identity in sorted `entries` (copies of one identity sort next to each
 /// other, oldest first), as a merge keeps them.
 pub fn freshest<E: Entry>(entries: impl Iterator<Item = E>) -> impl Iterator<Item = E> {
@@ -602,6 +614,9 @@ mod tests {
         let sorted = [link(1, 2), link(1, 5), link(1, 9), link(2, 1), link(3, 4), link(3, 6)];
         let kept: Vec<Backlink> = freshest(sorted.into_iter()).collect();
         assert_eq!(kept, vec![link(1, 9), link(2, 1), link(3, 6)]);
+        let mut in_place = sorted.to_vec();
+        keep_freshest(&mut in_place);
+        assert_eq!(in_place, kept);
         assert_eq!(freshest(std::iter::empty::<Backlink>()).count(), 0);
     }
 
