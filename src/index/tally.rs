@@ -23,7 +23,8 @@
 //!   and of the accounts it revokes or shows or hides. Each is live or not before (installed
 //!   tables, revocations up to `tables_clock`, committed account states) and after (with the
 //!   flush's memtables and account changes); neither the order of its operations nor a replay of
-//!   them changes the result.
+//!   them changes the result. Identities of different accounts never meet, so it works through
+//!   them a batch of accounts at a time (`batches`), holding one batch's installed hot links.
 //! - A promotion reads the target's backlinks as of the flush's clock (installed tables and the
 //!   frozen memtable; the active one holds only later stamps) and writes its hot links and
 //!   tallies from them. The differences of that flush never touch the targets it promotes.
@@ -39,6 +40,7 @@ use crate::lsm::table::PageUse;
 use crate::model::account::AccountState;
 use crate::model::ids::{Backlink, HotLink, RecordId, Revocation, Tally};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::ops::RangeInclusive;
 use std::sync::Mutex;
 
 /// Default of `IndexOptions::hot_target_entries`: a quarter of the default exact scan limit, so
@@ -49,6 +51,11 @@ pub const DEFAULT_HOT_TARGET_ENTRIES: u64 = 1 << 14;
 /// records, and each false positive reads frames (at 1 % they were most of what a flush decoded
 /// at 100 M links, by profile). It costs about half as many filter bytes again, on a small tree.
 pub const HOT_FILTER_FPR: f64 = 0.001;
+/// Most accounts a flush reads the hot links of whole (deleted, snapshotted, hidden or shown) at
+/// a time: what it holds at once is their hot links (and the revocation keys of those), bounded
+/// by this and not by how many hot targets an account links to. A smaller batch reads the same
+/// frames but some filter pages more often.
+const ACCOUNTS_PER_BATCH: usize = 256;
 /// Most promotions counts may have asked for that no flush has looked at yet.
 const MAX_REQUESTED_PROMOTIONS: usize = 4096;
 /// A flush checks a target for promotion when it holds `hot_target_entries >> BATCH_SHARE_SHIFT`
@@ -199,14 +206,45 @@ impl Index {
         let flushed: Vec<Backlink> =
             compaction::freshest(ops.links().filter(|link| hot.contains(&link.target))).collect();
         let mut visibility = self.visibility(ops, ops.accounts.iter().map(|(did, _)| *did))?;
-        let installed = self.installed_hot_links(ops, &flushed, &visibility).await?;
+        let (keys, accounts) = hot_reads(ops, &flushed, &visibility);
+        let mut differences: BTreeMap<TallyKey, i64> = BTreeMap::new();
+        for batch in batches(&keys, &accounts) {
+            let flushed: Vec<Backlink> =
+                flushed.iter().filter(|link| batch.dids.contains(&link.source.did)).copied().collect();
+            let installed = self.installed_hot_links(batch.keys, batch.accounts).await?;
+            self.add_differences(ops, (&flushed, &installed), &mut visibility, &mut differences).await?;
+        }
+        let mut writes = HotWrites {
+            links: flushed.into_iter().filter_map(|link| link.settle_by(ops.revocations)).map(HotLink::of).collect(),
+            tallies: self.tallies_after(differences, ops.clock).await?,
+            promoted: Vec::new(),
+        };
+        for target in promoted {
+            if self.promote(target, ops, &mut writes).await? {
+                writes.promoted.push(target);
+            }
+        }
+        writes.links.sort_unstable();
+        writes.links.dedup();
+        writes.tallies.sort_unstable();
+        Ok(writes)
+    }
+
+    /// Adds to `differences` what the flush changes of the identities of `flushed` (its links to
+    /// hot targets) and `installed` (the hot links it read), both of the same accounts.
+    async fn add_differences(
+        &self,
+        ops: &FlushedOps<'_>,
+        (flushed, installed): (&[Backlink], &[Backlink]),
+        visibility: &mut Visibility,
+        differences: &mut BTreeMap<TallyKey, i64>,
+    ) -> Result<(), IndexError> {
         // Only an installed copy needs the installed revocations: they are all older than the
         // flush's stamps, so the flush's own revocations alone decide a copy it writes.
         let revocations = self.revocations_of(installed.iter().copied()).await?;
-        let dids = flushed.iter().chain(&installed).map(|link| link.source.did);
+        let dids = flushed.iter().chain(installed).map(|link| link.source.did);
         visibility.committed.extend(self.catalog.account_states(self.maybe_not_active(dids))?);
-        let mut differences: BTreeMap<TallyKey, i64> = BTreeMap::new();
-        for ((target, source, location), copies) in identities(&flushed, &installed) {
+        for ((target, source, location), copies) in identities(flushed, installed) {
             let survives = |stamp: u64, clock: u64| match copies.flushed {
                 Some(flushed) if stamp == flushed => {
                     ops.revocations.settle(Backlink { target, source, location, source_rev: stamp }).is_some()
@@ -224,21 +262,7 @@ impl Index {
                     i64::from(after) - i64::from(before);
             }
         }
-        drop(installed);
-        let mut writes = HotWrites {
-            links: flushed.into_iter().filter_map(|link| link.settle_by(ops.revocations)).map(HotLink::of).collect(),
-            tallies: self.tallies_after(differences, ops.clock).await?,
-            promoted: Vec::new(),
-        };
-        for target in promoted {
-            if self.promote(target, ops, &mut writes).await? {
-                writes.promoted.push(target);
-            }
-        }
-        writes.links.sort_unstable();
-        writes.links.dedup();
-        writes.tallies.sort_unstable();
-        Ok(writes)
+        Ok(())
     }
 
     /// The committed account states of `dids`, and the flush's last change of each account.
@@ -261,27 +285,12 @@ impl Index {
         dids
     }
 
-    /// The installed hot links of the flushed links' sources, of the records the flush revokes,
-    /// and of every account it revokes whole or shows or hides: as backlinks, the freshest copy of
-    /// each identity, sorted.
-    async fn installed_hot_links(
-        &self,
-        ops: &FlushedOps<'_>,
-        flushed: &[Backlink],
-        visibility: &Visibility,
-    ) -> Result<Vec<Backlink>, IndexError> {
+    /// The installed hot links of `keys` (sources) and of `accounts` (whole): as backlinks, the
+    /// freshest copy of each identity, sorted.
+    async fn installed_hot_links(&self, keys: &[RecordId], accounts: &[u64]) -> Result<Vec<Backlink>, IndexError> {
         let store = self.store.as_ref();
-        let (repos, records): (Vec<&Revocation>, Vec<&Revocation>) =
-            ops.revoked.iter().flat_map(|memtable| memtable.iter()).partition(|revocation| revocation.source.is_repo());
-        let mut keys: Vec<RecordId> = flushed.iter().map(|link| HotLink::key_of(link.source)).collect();
-        keys.extend(records.iter().map(|revocation| HotLink::key_of(revocation.source)));
-        keys.sort_unstable();
-        keys.dedup();
-        let mut accounts: BTreeSet<u64> = repos.iter().map(|revocation| revocation.source.did).collect();
-        let changed = |did: &u64| visibility.hidden_before(*did) != visibility.hidden_after(*did);
-        accounts.extend(visibility.flushed.keys().copied().filter(changed));
-        let mut found = read_keys_uncached(&self.hot, store, &keys).await?;
-        let ranges: Vec<(RecordId, RecordId)> = accounts.into_iter().map(HotLink::account_keys).collect();
+        let mut found = read_keys_uncached(&self.hot, store, keys).await?;
+        let ranges: Vec<(RecordId, RecordId)> = accounts.iter().map(|did| HotLink::account_keys(*did)).collect();
         found.extend(read_key_ranges(&self.hot, store, &ranges).await?);
         let mut installed: Vec<Backlink> = found.into_iter().map(HotLink::backlink).collect();
         installed.sort_unstable();
@@ -391,6 +400,49 @@ impl Index {
     }
 }
 
+/// What a flush reads of the hot tree: the keys of the flushed links' sources and of the records
+/// it revokes (sorted, unique, so by account: `HotLink::key_of` puts the DID first), and the
+/// accounts it revokes whole or shows or hides (sorted, unique), whose hot links it reads whole.
+fn hot_reads(ops: &FlushedOps<'_>, flushed: &[Backlink], visibility: &Visibility) -> (Vec<RecordId>, Vec<u64>) {
+    let (repos, records): (Vec<&Revocation>, Vec<&Revocation>) =
+        ops.revoked.iter().flat_map(|memtable| memtable.iter()).partition(|revocation| revocation.source.is_repo());
+    let mut keys: Vec<RecordId> = flushed.iter().map(|link| HotLink::key_of(link.source)).collect();
+    keys.extend(records.iter().map(|revocation| HotLink::key_of(revocation.source)));
+    keys.sort_unstable();
+    keys.dedup();
+    let mut accounts: BTreeSet<u64> = repos.iter().map(|revocation| revocation.source.did).collect();
+    let changed = |did: &u64| visibility.hidden_before(*did) != visibility.hidden_after(*did);
+    accounts.extend(visibility.flushed.keys().copied().filter(changed));
+    (keys, accounts.into_iter().collect())
+}
+
+/// One part of a flush's hot-tree reads: the keys and whole accounts of the DIDs in `dids`.
+#[derive(Debug, PartialEq)]
+struct Batch<'a> {
+    dids: RangeInclusive<u64>,
+    keys: &'a [RecordId],
+    accounts: &'a [u64],
+}
+
+/// `keys` and `accounts` (as `hot_reads` gives them) cut into parts by DID, each with at most
+/// `ACCOUNTS_PER_BATCH` whole accounts, covering every DID once, in order.
+fn batches<'a>(keys: &'a [RecordId], accounts: &'a [u64]) -> Vec<Batch<'a>> {
+    let mut batches = Vec::new();
+    let (mut keys, mut from) = (keys, 0);
+    let mut parts = accounts.chunks(ACCOUNTS_PER_BATCH).peekable();
+    while let Some(part) = parts.next() {
+        let last = if parts.peek().is_some() { *part.last().expect("chunks are not empty") } else { u64::MAX };
+        let split = keys.partition_point(|key| HotLink::source_of_key(*key).did <= last);
+        batches.push(Batch { dids: from..=last, keys: &keys[..split], accounts: part });
+        keys = &keys[split..];
+        from = last.saturating_add(1);
+    }
+    if batches.is_empty() {
+        batches.push(Batch { dids: 0..=u64::MAX, keys, accounts: &[] });
+    }
+    batches
+}
+
 fn identity_of(link: &Backlink) -> Identity {
     (link.target, link.source, link.location)
 }
@@ -428,6 +480,30 @@ mod tests {
     fn link(target: u64, rkey: u64, source_rev: u64) -> Backlink {
         let target = RecordId { did: target, collection: 1, rkey: 1 };
         Backlink { target, source: RecordId { did: 7, collection: 2, rkey }, location: 3, source_rev }
+    }
+
+    #[test]
+    fn batches_cover_every_did_once_with_a_bounded_number_of_accounts() {
+        let accounts: Vec<u64> = (1..=2 * ACCOUNTS_PER_BATCH as u64 + 5).map(|i| i * 10).collect();
+        let key = |did: u64, rkey: u64| HotLink::key_of(RecordId { rkey, collection: 4, did });
+        let mut keys = vec![key(3, 1), key(10, 1), key(10, 2), key(2_565, 9), key(2_570, 1), key(u64::MAX, 1)];
+        keys.sort_unstable();
+        let cut = batches(&keys, &accounts);
+        assert_eq!(cut.len(), 3);
+        assert_eq!(*cut[0].dids.start(), 0);
+        assert_eq!(*cut[2].dids.end(), u64::MAX);
+        for pair in cut.windows(2) {
+            assert_eq!(*pair[0].dids.end() + 1, *pair[1].dids.start(), "contiguous");
+        }
+        for batch in &cut {
+            assert!(batch.accounts.len() <= ACCOUNTS_PER_BATCH);
+            assert!(batch.accounts.iter().all(|did| batch.dids.contains(did)));
+            assert!(batch.keys.iter().all(|key| batch.dids.contains(&HotLink::source_of_key(*key).did)));
+        }
+        assert_eq!(cut.iter().flat_map(|batch| batch.keys.iter().copied()).collect::<Vec<_>>(), keys);
+        assert_eq!(cut.iter().flat_map(|batch| batch.accounts.iter().copied()).collect::<Vec<_>>(), accounts);
+        let alone = batches(&keys, &[]);
+        assert_eq!(alone, vec![Batch { dids: 0..=u64::MAX, keys: &keys, accounts: &[] }]);
     }
 
     #[test]
