@@ -46,7 +46,7 @@ mod tally;
 mod write;
 
 pub use flush::FlushJob;
-pub use tally::{DEFAULT_HOT_TARGET_ENTRIES, HOT_FILTER_FPR};
+pub use tally::DEFAULT_HOT_TARGET_ENTRIES;
 pub use write::{Change, FoundLinks, NoLinks};
 
 use crate::base::rng::splitmix64;
@@ -286,7 +286,7 @@ impl Index {
         let forward = Tree::new(tables_dir.join(TreeKind::Forward.name()), options.table.clone(), caches.clone())
             .map_err(io_err(&tables_dir))?;
         let hot_table =
-            TableOptions { filter_fpr: options.table.filter_fpr.min(HOT_FILTER_FPR), ..options.table.clone() };
+            TableOptions { filter_fpr: options.table.filter_fpr.min(tally::HOT_FILTER_FPR), ..options.table.clone() };
         let hot =
             Tree::new(tables_dir.join(TreeKind::Hot.name()), hot_table, caches.clone()).map_err(io_err(&tables_dir))?;
         let tallies = Tree::new(tables_dir.join(TreeKind::Tallies.name()), options.table.clone(), caches.clone())

@@ -50,7 +50,7 @@ pub const DEFAULT_HOT_TARGET_ENTRIES: u64 = 1 << 14;
 /// looks up the source of each of its links to a hot target there, nearly all of them new
 /// records, and each false positive reads frames (at 1 % they were most of what a flush decoded
 /// at 100 M links, by profile). It costs about half as many filter bytes again, on a small tree.
-pub const HOT_FILTER_FPR: f64 = 0.001;
+pub(super) const HOT_FILTER_FPR: f64 = 0.001;
 /// Most accounts a flush reads the hot links of whole (deleted, snapshotted, hidden or shown) at
 /// a time: what it holds at once is their hot links (and the revocation keys of those), bounded
 /// by this and not by how many hot targets an account links to. A smaller batch reads the same

@@ -22,8 +22,12 @@ use std::sync::Arc;
 
 /// Every entry of `keys` in `tree` (memtables and tables), in no particular order.
 pub async fn read_keys<E: Entry>(tree: &Tree<E>, store: &dyn Store, keys: &[RecordId]) -> Result<Vec<E>, ReadError> {
-    let unbounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|key| (*key, None)).collect();
-    read_keys_newer(tree, store, &unbounded).await
+    read_keys_newer(tree, store, &unbounded(keys)).await
+}
+
+/// `keys`, each with no bound: every copy wanted.
+fn unbounded(keys: &[RecordId]) -> Vec<(RecordId, Option<u64>)> {
+    keys.iter().map(|key| (*key, None)).collect()
 }
 
 /// `read_keys`, where only the entries of each key stamped above its bound (`Some(stamp)`) are
@@ -56,8 +60,7 @@ pub async fn read_keys_uncached<E: Entry>(
     store: &dyn Store,
     keys: &[RecordId],
 ) -> Result<Vec<E>, ReadError> {
-    let unbounded: Vec<(RecordId, Option<u64>)> = keys.iter().map(|key| (*key, None)).collect();
-    read_keys_newer_uncached(tree, store, &unbounded).await
+    read_keys_newer_uncached(tree, store, &unbounded(keys)).await
 }
 
 /// `read_keys_newer` for a writer: `read_keys_uncached` with a bound on each key.
