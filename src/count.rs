@@ -27,6 +27,7 @@
 use crate::index::{Index, IndexError};
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::{ReadError, TableHandle};
+use crate::lsm::table::PageUse;
 use crate::model::ids::{Backlink, RecordId, Tally};
 use crate::model::syntax::parse_target;
 use crate::outline::OutlineKind;
@@ -244,7 +245,7 @@ struct TableSpan {
 impl TableSpan {
     fn of(table: Arc<TableHandle<Backlink>>, target: RecordId) -> Result<Self, ReadError> {
         let frames = table.frames_for_key(target)?;
-        let frame_entries = table.frame_infos(frames.clone())?.iter().map(|f| f.entries).collect();
+        let frame_entries = table.frame_infos(frames.clone(), PageUse::Lookup)?.iter().map(|f| f.entries).collect();
         Ok(TableSpan { table, frames, frame_entries })
     }
 

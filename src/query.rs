@@ -24,7 +24,7 @@ use crate::index::{Index, IndexError};
 use crate::liveness::read_thresholds;
 use crate::lsm::entry::{Entry, within};
 use crate::lsm::handle::{ReadError, TableHandle};
-use crate::lsm::table::FrameInfo;
+use crate::lsm::table::{FrameInfo, PageUse};
 use crate::model::ids::{Backlink, RecordId};
 use crate::model::syntax::{parse_target, validate_nsid};
 use crate::outline::OutlineKind;
@@ -355,8 +355,10 @@ fn plan_table(table: &Arc<TableHandle<Backlink>>, pass: &Pass, want: usize) -> R
         return Ok(None);
     }
     // The index records of the frames overlapping the pass, and of the one after them.
-    let window =
-        FrameWindow { base: all.start, infos: table.frame_infos(all.start..(all.end + 1).min(table.frame_count()))? };
+    let window = FrameWindow {
+        base: all.start,
+        infos: table.frame_infos(all.start..(all.end + 1).min(table.frame_count()), PageUse::Lookup)?,
+    };
     let frames = &window;
     let mut taken = 0usize;
     let mut range = if pass.reverse { all.start..all.start } else { all.end..all.end };

@@ -214,8 +214,17 @@ impl Harness {
         let event = parse_event(&line).unwrap();
         self.index.apply(&event.operation, Some(event.time_us)).unwrap();
         if self.index.wants_flush() {
-            self.index.flush().unwrap();
+            self.flush();
         }
+    }
+
+    /// Flushes, and checks that the flush's own reads (tallies: hot links, revocations, tallies,
+    /// targets it may promote) left the caches as queries left them.
+    fn flush(&mut self) {
+        let before = self.index.memory_use();
+        self.index.flush().unwrap();
+        let after = self.index.memory_use();
+        assert_eq!((after.meta_cache, after.frame_cache), (before.meta_cache, before.frame_cache), "a flush cached");
     }
 
     fn commit(
@@ -283,9 +292,7 @@ impl Harness {
                 self.account(did, true, None);
                 self.model.hidden.remove(&did);
             }
-            Op::Flush => {
-                self.index.flush().unwrap();
-            }
+            Op::Flush => self.flush(),
             Op::Compact => {
                 self.time_us += 1;
                 while self.index.compact_once(self.runtime.handle(), &|| self.time_us as u64).unwrap() {}
@@ -307,7 +314,7 @@ impl Harness {
                 self.check_forward();
             }
             Op::CheckCounts { target: t } => {
-                self.index.flush().unwrap();
+                self.flush();
                 self.check_counts(&target(t));
             }
         }

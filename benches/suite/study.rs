@@ -99,7 +99,7 @@ pub fn run(data_dir: &Path, max_entries: usize) -> anyhow::Result<serde_json::Va
     let take = frames.min(max_entries.div_ceil(1024).max(1));
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let entries = runtime.block_on(table.read_frames_with(store.as_ref(), 0..take, PageUse::Scan))?;
-    let stored: u64 = table.frame_infos(0..take)?.iter().map(|f| u64::from(f.len)).sum();
+    let stored: u64 = table.frame_infos(0..take, PageUse::Scan)?.iter().map(|f| u64::from(f.len)).sum();
     let xor = [Delta::Xor; WORDS];
     // Target words XORed (a new target shares only a prefix), the rest subtracted.
     let mixed = [Delta::Xor, Delta::Xor, Delta::Xor, Delta::Sub, Delta::Sub, Delta::Sub, Delta::Sub, Delta::Sub];

@@ -186,13 +186,30 @@ impl<E: Entry> TableHandle<E> {
         self.frames_overlapping(&E::min_for_key(key), &E::max_for_key(key))
     }
 
-    /// The index records of frames `r`.
-    pub fn frame_infos(&self, r: Range<usize>) -> Result<Vec<FrameInfo<E>>, ReadError> {
+    /// `frames_overlapping` of each of `bounds`, for many at once: a paged meta decodes each
+    /// index chunk they need once (they should come sorted) and, for a scan, caches none.
+    pub fn frames_overlapping_each(
+        &self,
+        bounds: impl IntoIterator<Item = (E, E)>,
+        with: PageUse,
+    ) -> Result<Vec<Range<usize>>, ReadError> {
+        match &self.meta {
+            MetaView::Resident(meta) => {
+                Ok(bounds.into_iter().map(|(lo, hi)| meta.frames_overlapping(&lo, &hi)).collect())
+            }
+            MetaView::Paged(meta) => {
+                meta.frames_overlapping_each(bounds, with).map_err(|e| meta_error(&self.meta_name(), e))
+            }
+        }
+    }
+
+    /// The index records of frames `r` (a paged meta's chunks cached for a lookup).
+    pub fn frame_infos(&self, r: Range<usize>, with: PageUse) -> Result<Vec<FrameInfo<E>>, ReadError> {
         match &self.meta {
             MetaView::Resident(meta) => meta.frames.get(r.clone()).map(<[FrameInfo<E>]>::to_vec).ok_or_else(|| {
                 meta_error(&self.meta_name(), FormatError::Invalid { what: "meta", detail: format!("no frames {r:?}") })
             }),
-            MetaView::Paged(meta) => meta.frame_infos(r, PageUse::Lookup).map_err(|e| meta_error(&self.meta_name(), e)),
+            MetaView::Paged(meta) => meta.frame_infos(r, with).map_err(|e| meta_error(&self.meta_name(), e)),
         }
     }
 
@@ -831,7 +848,7 @@ mod tests {
                 let found: Vec<Backlink> = if whole {
                     let read = runtime.block_on(table.read_frames(&store, frames.clone())).unwrap();
                     let (start, end) = (frames.start, frames.end);
-                    let expected: usize = (start..end).map(|i| table.frame_infos(i..i + 1).unwrap()[0].entries as usize).sum();
+                    let expected: usize = (start..end).map(|i| table.frame_infos(i..i + 1, PageUse::Lookup).unwrap()[0].entries as usize).sum();
                     prop_assert_eq!(read.len(), expected, "a whole read gives whole frames");
                     read.into_iter().filter(|e| min <= *e && *e <= max).collect()
                 } else {

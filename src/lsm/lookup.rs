@@ -53,8 +53,9 @@ pub async fn read_keys_newer<E: Entry>(
     Ok(found)
 }
 
-/// `read_keys` for a writer (a flush's tallies): the frames it reads go to no cache, so that
-/// what queries keep there stays, and a writer that never queries holds none.
+/// `read_keys` for a writer (a flush's tallies): the frames, filter pages and index chunks it
+/// reads go to no cache, so that what queries keep there stays, and a writer that never queries
+/// holds none.
 pub async fn read_keys_uncached<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
@@ -120,7 +121,7 @@ async fn read_uncached<E: Entry, T>(
 type Read<E, T = Vec<RecordId>> = (Arc<TableHandle<E>>, Range<usize>, T);
 
 /// The memtables' entries of `keys`, and the ranged reads that find theirs in tables. A scan's
-/// filter pages go to no cache.
+/// filter pages and index chunks go to no cache.
 async fn plan_reads<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
@@ -131,9 +132,9 @@ async fn plan_reads<E: Entry>(
     snapshot.fetch_metas_for_keys(store, keys).await?;
     let mut reads = Vec::new();
     for (table, keys) in snapshot.tables_for_keys(keys, with) {
-        let frames =
-            keys.iter().map(|key| table.frames_for_key(*key).map(|r| (r, *key))).collect::<Result<Vec<_>, _>>()?;
-        for (frames, keys) in coalesce(frames) {
+        let bounds = keys.iter().map(|key| (E::min_for_key(*key), E::max_for_key(*key)));
+        let frames = table.frames_overlapping_each(bounds, with)?;
+        for (frames, keys) in coalesce(frames.into_iter().zip(keys).collect()) {
             reads.push((table.clone(), frames, keys));
         }
     }
@@ -151,7 +152,7 @@ fn extend_with_keys<E: Entry>(found: &mut Vec<E>, entries: &[E], keys: &[RecordI
 /// in no particular order. The keys of a range must agree in their first `E::SHARD_WIDTH` bytes
 /// (an account's hot links), so that one table of each compacted run holds them all. Tables have
 /// no filter of key ranges: each run is asked its frame index, and the frames of all ranges in
-/// one table are read together. For a writer: the frames read go to no cache.
+/// one table are read together. For a writer: the frames and index chunks read go to no cache.
 pub async fn read_key_ranges<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
@@ -161,14 +162,12 @@ pub async fn read_key_ranges<E: Entry>(
     let snapshot = tree.snapshot(bounds.iter().copied());
     let mut reads = Vec::new();
     for run in snapshot.runs.iter() {
-        let mut wanted = Vec::with_capacity(ranges.len());
-        for (at, ((first, _), (lo, hi))) in ranges.iter().zip(&bounds).enumerate() {
-            let shard = run.shard_for_hash(shard_hash::<E>(first));
-            wanted.push((shard, (run.tables[shard].frames_overlapping(lo, hi)?, at)));
-        }
-        for (shard, wanted) in group_by_shard(wanted) {
-            for (frames, ats) in coalesce(wanted) {
-                reads.push((run.tables[shard].clone(), frames, ats));
+        let shards = ranges.iter().enumerate().map(|(at, (first, _))| (run.shard_for_hash(shard_hash::<E>(first)), at));
+        for (shard, ats) in group_by_shard(shards) {
+            let table = &run.tables[shard];
+            let frames = table.frames_overlapping_each(ats.iter().map(|at| bounds[*at]), PageUse::Scan)?;
+            for (frames, ats) in coalesce(frames.into_iter().zip(ats).collect()) {
+                reads.push((table.clone(), frames, ats));
             }
         }
     }

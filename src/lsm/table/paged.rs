@@ -634,18 +634,22 @@ impl<E: Entry> PagedMeta<E> {
         partial.fill(piece.offset, bytes).map_err(unreadable)
     }
 
-    /// `f` of chunk `c`'s frames: in the cache, or read, checked and (for a lookup) cached.
-    fn with_chunk<T>(&self, c: usize, with: PageUse, f: impl FnOnce(&[FrameInfo<E>]) -> T) -> Result<T, FormatError> {
-        let mut f = Some(f);
+    /// Chunk `c`'s frames: held by `reader`, in the cache, or read, checked and (for a lookup)
+    /// cached; `reader` holds them for its next question.
+    fn chunk_in(&self, c: usize, reader: &mut ChunkReader<E>) -> Result<Arc<[FrameInfo<E>]>, FormatError> {
+        if let Some(frames) = reader.held(c) {
+            return Ok(frames);
+        }
         let cached = self.cache.with(self.serial, INDEX_KEY_BIT | c as u32, |cached| match cached {
-            MetaPage::Index(frames) => f.take().map(|f| f(frames)),
+            MetaPage::Index(frames) => Some(frames.clone()),
             _ => None,
         });
-        match (cached.flatten(), f) {
-            (Some(answer), _) => Ok(answer),
-            (None, Some(f)) => Ok(f(&self.chunk(c, with)?)),
-            (None, None) => unreachable!("f is taken only when it answers"),
-        }
+        let frames = match cached.flatten() {
+            Some(frames) => frames,
+            None => self.chunk(c, reader.with)?,
+        };
+        reader.hold(c, frames.clone());
+        Ok(frames)
     }
 
     /// The frames of chunk `c`, read, checked and (for a lookup) cached (its caller looked in the
@@ -667,10 +671,14 @@ impl<E: Entry> PagedMeta<E> {
 
     /// Frame `i`'s index record.
     pub fn frame(&self, i: usize, with: PageUse) -> Result<FrameInfo<E>, FormatError> {
+        self.frame_in(i, &mut ChunkReader::new(with))
+    }
+
+    fn frame_in(&self, i: usize, reader: &mut ChunkReader<E>) -> Result<FrameInfo<E>, FormatError> {
         if i >= self.header.frames {
             return Err(invalid(WHAT, format!("frame {i} of a table with {}", self.header.frames)));
         }
-        self.with_chunk(i / CHUNK_FRAMES, with, |frames| frames[i % CHUNK_FRAMES])
+        Ok(self.chunk_in(i / CHUNK_FRAMES, reader)?[i % CHUNK_FRAMES])
     }
 
     /// The index records of `r`.
@@ -678,41 +686,56 @@ impl<E: Entry> PagedMeta<E> {
         if r.start > r.end || r.end > self.header.frames {
             return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", self.header.frames)));
         }
+        let mut reader = ChunkReader::new(with);
         let mut out = Vec::with_capacity(r.len());
         let mut i = r.start;
         while i < r.end {
             let base = i - i % CHUNK_FRAMES;
-            i += self.with_chunk(i / CHUNK_FRAMES, with, |chunk| {
-                let within = i - base..(r.end - base).min(chunk.len());
-                out.extend_from_slice(&chunk[within.clone()]);
-                within.len()
-            })?;
+            let chunk = self.chunk_in(i / CHUNK_FRAMES, &mut reader)?;
+            let within = i - base..(r.end - base).min(chunk.len());
+            out.extend_from_slice(&chunk[within.clone()]);
+            i += within.len();
         }
         Ok(out)
     }
 
     /// How many frames start at or before `bound` (see `TableMeta`): through the directory, then
     /// one chunk.
-    fn frames_starting_at_or_before(&self, bound: &E) -> Result<usize, FormatError> {
+    fn frames_starting_at_or_before(&self, bound: &E, reader: &mut ChunkReader<E>) -> Result<usize, FormatError> {
         let c = self.chunks.partition_point(|chunk| chunk.first <= *bound);
         if c == 0 {
             return Ok(0);
         }
-        let within =
-            self.with_chunk(c - 1, PageUse::Lookup, |frames| frames.partition_point(|frame| frame.first <= *bound))?;
+        let within = self.chunk_in(c - 1, reader)?.partition_point(|frame| frame.first <= *bound);
         Ok((c - 1) * CHUNK_FRAMES + within)
     }
 
-    /// `TableMeta::frames_overlapping`, paged.
+    /// `TableMeta::frames_overlapping`, paged: a lookup's, whose chunks go to the cache.
     pub fn frames_overlapping(&self, lo: &E, hi: &E) -> Result<Range<usize>, FormatError> {
+        self.frames_overlapping_in(lo, hi, &mut ChunkReader::new(PageUse::Lookup))
+    }
+
+    /// `frames_overlapping` of each of `bounds` (`(lo, hi)`) in one reader, which keeps the chunks
+    /// it read for the next (a writer's lookup of many sorted keys asks for the same chunks key
+    /// after key: for a scan, each is decoded once, not once a key, and none is cached).
+    pub fn frames_overlapping_each(
+        &self,
+        bounds: impl IntoIterator<Item = (E, E)>,
+        with: PageUse,
+    ) -> Result<Vec<Range<usize>>, FormatError> {
+        let mut reader = ChunkReader::new(with);
+        bounds.into_iter().map(|(lo, hi)| self.frames_overlapping_in(&lo, &hi, &mut reader)).collect()
+    }
+
+    fn frames_overlapping_in(&self, lo: &E, hi: &E, reader: &mut ChunkReader<E>) -> Result<Range<usize>, FormatError> {
         let Some(last) = self.last else { return Ok(0..0) };
         if lo > hi || *lo > last {
             return Ok(0..0);
         }
-        let end = self.frames_starting_at_or_before(hi)?;
-        let mut start = self.frames_starting_at_or_before(lo)?.saturating_sub(1);
+        let end = self.frames_starting_at_or_before(hi, reader)?;
+        let mut start = self.frames_starting_at_or_before(lo, reader)?.saturating_sub(1);
         if start + 1 < self.header.frames {
-            let next = self.frame(start + 1, PageUse::Lookup)?;
+            let next = self.frame_in(start + 1, reader)?;
             if next.first.key() == lo.key() && !next.continues {
                 start += 1;
             }
@@ -729,13 +752,48 @@ impl<E: Entry> PagedMeta<E> {
         if r.start > r.end || r.end > self.header.frames {
             return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", self.header.frames)));
         }
+        let mut reader = ChunkReader::new(with);
         if r.is_empty() {
-            let at =
-                if r.start == self.header.frames { self.header.data_len } else { self.frame(r.start, with)?.offset };
+            let at = if r.start == self.header.frames {
+                self.header.data_len
+            } else {
+                self.frame_in(r.start, &mut reader)?.offset
+            };
             return Ok((at, at));
         }
-        let last = self.frame(r.end - 1, with)?;
-        Ok((self.frame(r.start, with)?.offset, last.offset.saturating_add(u64::from(last.len))))
+        let last = self.frame_in(r.end - 1, &mut reader)?;
+        Ok((self.frame_in(r.start, &mut reader)?.offset, last.offset.saturating_add(u64::from(last.len))))
+    }
+}
+
+/// A chunk's number and its frames.
+type HeldChunk<E> = (usize, Arc<[FrameInfo<E>]>);
+
+/// The index chunks one reader of a paged meta has in hand: the last two it used. A writer's
+/// lookup caches no chunk (`PageUse::Scan`), and its keys come sorted, so the next key's frames
+/// are nearly always in a chunk it just decoded (or the one after: a range's next frame is read
+/// too); a lookup's reader saves the cache's lock.
+struct ChunkReader<E> {
+    with: PageUse,
+    held: [Option<HeldChunk<E>>; 2],
+}
+
+impl<E> ChunkReader<E> {
+    fn new(with: PageUse) -> Self {
+        ChunkReader { with, held: [None, None] }
+    }
+
+    /// Chunk `c` if held, now the one used last.
+    fn held(&mut self, c: usize) -> Option<Arc<[FrameInfo<E>]>> {
+        let at = self.held.iter().position(|held| held.as_ref().is_some_and(|(held, _)| *held == c))?;
+        self.held.swap(0, at);
+        self.held[0].as_ref().map(|(_, frames)| frames.clone())
+    }
+
+    /// Keeps chunk `c` in place of the one used longer ago.
+    fn hold(&mut self, c: usize, frames: Arc<[FrameInfo<E>]>) {
+        self.held.swap(0, 1);
+        self.held[0] = Some((c, frames));
     }
 }
 

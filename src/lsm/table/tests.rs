@@ -938,6 +938,15 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
         assert_eq!(paged.may_contain_many(&hashes, PageUse::Scan).unwrap(), expected);
         assert_eq!(cache.bytes(), cached_before, "a scan's filter pages are not cached");
         assert_eq!(paged.may_contain_many(&hashes, PageUse::Lookup).unwrap(), expected);
+        let mut sorted = keys.clone();
+        sorted.sort_unstable();
+        for order in [&keys, &sorted] {
+            let bounds = order.iter().map(|key| (Backlink::min_for_key(*key), Backlink::max_for_key(*key)));
+            let expected: Vec<_> = order.iter().map(|key| whole.frames_for_key(*key)).collect();
+            for with in [PageUse::Scan, PageUse::Lookup] {
+                assert_eq!(paged.frames_overlapping_each(bounds.clone(), with).unwrap(), expected);
+            }
+        }
         for key in keys {
             let h = KeyHash::of_record(&key);
             assert_eq!(paged.may_contain(h).unwrap(), whole.may_contain(h), "{key:?}");
@@ -1004,9 +1013,9 @@ fn paged_meta_models_are_read_again_and_checked() {
     }
 }
 
-/// A scan (a merge) reads the frame index and the models without keeping them in the meta cache,
-/// a lookup keeps what it reads: merges neither evict the pages queries use nor hold memory for
-/// their own.
+/// A scan (a merge, a writer's lookup) reads the frame index and the models without keeping them
+/// in the meta cache, a lookup keeps what it reads: merges and flushes neither evict the pages
+/// queries use nor hold memory for their own.
 #[test]
 fn scans_keep_nothing_in_the_meta_cache() {
     use super::paged::MetaCache;
@@ -1019,6 +1028,8 @@ fn scans_keep_nothing_in_the_meta_cache() {
     paged.frame_infos(0..frames, PageUse::Scan).unwrap();
     paged.byte_range(0..frames, PageUse::Scan).unwrap();
     paged.models(PageUse::Scan).unwrap();
+    let keys = entries.iter().step_by(50).map(|e| (Backlink::min_for_key(e.key()), Backlink::max_for_key(e.key())));
+    paged.frames_overlapping_each(keys, PageUse::Scan).unwrap();
     assert_eq!(cache.bytes(), 0, "a scan cached index chunks or models");
     paged.frame_infos(0..frames, PageUse::Lookup).unwrap();
     assert!(cache.bytes() > 0, "a lookup caches the chunks it read");
