@@ -196,7 +196,7 @@ impl Harness {
 
     /// Flushes, closes and reopens the index from its data directory alone.
     fn reopen(&mut self) {
-        self.index.flush().unwrap();
+        self.flush();
         let store = Arc::new(DirStore::new(self.dir.path().join("bucket")));
         // Drop the old index (and its lock) before opening again.
         let placeholder = tempfile::tempdir().unwrap();
