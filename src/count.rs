@@ -244,7 +244,7 @@ struct TableSpan {
 
 impl TableSpan {
     fn of(table: Arc<TableHandle<Backlink>>, target: RecordId) -> Result<Self, ReadError> {
-        let frames = table.frames_for_key(target)?;
+        let frames = table.frames_for_key(target, PageUse::Lookup)?;
         let frame_entries = table.frame_infos(frames.clone(), PageUse::Lookup)?.iter().map(|f| f.entries).collect();
         Ok(TableSpan { table, frames, frame_entries })
     }

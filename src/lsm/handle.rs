@@ -181,13 +181,15 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
-    /// Frames that may hold entries whose key is `key`.
-    pub fn frames_for_key(&self, key: RecordId) -> Result<Range<usize>, ReadError> {
-        self.frames_overlapping(&E::min_for_key(key), &E::max_for_key(key))
+    /// Frames that may hold entries whose key is `key` (a paged meta's chunks cached for a lookup).
+    pub fn frames_for_key(&self, key: RecordId, with: PageUse) -> Result<Range<usize>, ReadError> {
+        let bounds = (E::min_for_key(key), E::max_for_key(key));
+        Ok(self.frames_overlapping_each([bounds], with)?.pop().expect("one range for one key"))
     }
 
-    /// `frames_overlapping` of each of `bounds`, for many at once: a paged meta decodes each
-    /// index chunk they need once (they should come sorted) and, for a scan, caches none.
+    /// `frames_overlapping` of each of `bounds`, for many at once: a paged meta decodes an index
+    /// chunk again only when the bounds leave the two it last used (they should come sorted) and,
+    /// for a scan, caches none.
     pub fn frames_overlapping_each(
         &self,
         bounds: impl IntoIterator<Item = (E, E)>,

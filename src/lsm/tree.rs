@@ -58,16 +58,10 @@ impl<E: Entry> Snapshot<E> {
     /// promote): the filter pages and index chunks it reads go to no cache.
     pub fn entries_bound(&self, key: &RecordId) -> Result<u64, ReadError> {
         let mut bound = self.memtable_entries.iter().filter(|entry| entry.key() == *key).count() as u64;
-        let (hash, shard) = (KeyHash::of_record(key), shard_hash::<E>(key));
-        let key_bounds = (E::min_for_key(*key), E::max_for_key(*key));
-        for table in self.runs.iter().map(|run| run.table_for_hash(shard)) {
-            if !table.may_contain_many(&[hash], PageUse::Scan)[0] {
-                continue;
-            }
-            for frames in table.frames_overlapping_each([key_bounds], PageUse::Scan)? {
-                let infos = table.frame_infos(frames, PageUse::Scan)?;
-                bound += infos.iter().map(|frame| u64::from(frame.entries)).sum::<u64>();
-            }
+        for (table, _) in self.tables_for_keys(&[(*key, None)], PageUse::Scan) {
+            let frames = table.frames_for_key(*key, PageUse::Scan)?;
+            bound +=
+                table.frame_infos(frames, PageUse::Scan)?.iter().map(|frame| u64::from(frame.entries)).sum::<u64>();
         }
         Ok(bound)
     }

@@ -369,8 +369,8 @@ fn checked<'a>(what: &'static str, bytes: &'a [u8]) -> Result<&'a [u8], FormatEr
 /// How a read uses the filter pages, frame-index chunks and column models it reads: a lookup
 /// keeps them in the cache; a scan (a merge reads every chunk of its inputs once; a flush's
 /// lookups touch pages all over a tree) uses what the cache holds but adds nothing to it, so it
-/// neither evicts what queries use nor holds memory for pages it will not read again. A scan holds the
-/// models it decodes with for as long as it runs (`PagedMeta::models`).
+/// neither evicts what queries use nor holds memory for pages it will not read again. A scan
+/// holds the models it decodes with for as long as it runs (`PagedMeta::models`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PageUse {
     Lookup,
@@ -714,7 +714,8 @@ impl<E: Entry> PagedMeta<E> {
 
     /// `frames_overlapping` of each of `bounds` (`(lo, hi)`) in one reader, which keeps the chunks
     /// it read for the next (a writer's lookup of many sorted keys asks for the same chunks key
-    /// after key: for a scan, each is decoded about once, not once a key, and none is cached).
+    /// after key: for a scan, a chunk is decoded again only when the keys leave the two held, not
+    /// once a key, and none is cached).
     pub fn frames_overlapping_each(
         &self,
         bounds: impl IntoIterator<Item = (E, E)>,
