@@ -1,12 +1,14 @@
 //! Count latency (issue 23): countBacklinks of targets with 10, 10 k and 1 M live backlinks, warm,
-//! one request at a time, p50 / p99 / max over `REQUESTS` requests each. Every 20th record is
+//! one request at a time, p50 / p99 / max over `REQUESTS` requests each; then the same targets'
+//! distinct accounts (what `/links/count/distinct-dids` reads) and a count filtered by 10
+//! accounts (`did`). Every 20th record is
 //! deleted again, so the counts are of live links among dead ones. Run twice: with the default
 //! `hot_target_entries` (the 1 M target is hot, counted from its tallies) and with promotion off
 //! (it is estimated from a sample, as before tallies), to show what tallies change.
 //!
 //! Run: `cargo bench --bench count`.
 
-use backlinks::count::{CountOptions, count_backlinks};
+use backlinks::count::{Count, CountOptions, count_backlinks, count_backlinks_named};
 use backlinks::index::{Index, IndexOptions};
 use backlinks::model::operation::{Operation, RecordOp, RecordRef};
 use backlinks::model::tid::format_tid;
@@ -65,31 +67,49 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
 
+/// The accounts of the `did` filter measured: spread over all of them.
+fn some_dids() -> Vec<String> {
+    (0..10).map(|i| like(0, i * ACCOUNTS / 10).did.to_string()).collect()
+}
+
 fn measure(index: &Index, runtime: &tokio::runtime::Runtime, label: &str) {
     for size in SIZES {
         let params = ListParams::new(target(size));
-        let count = || runtime.block_on(count_backlinks(index, &params, CountOptions::default())).unwrap();
+        let records = || runtime.block_on(count_backlinks(index, &params, CountOptions::default())).unwrap();
         // Warm: a first count asks for a promotion, which the next flush makes.
-        count();
+        records();
         index.flush().unwrap();
-        let first = count();
-        let mut times: Vec<Duration> = (0..REQUESTS)
-            .map(|_| {
-                let started = Instant::now();
-                std::hint::black_box(count());
-                started.elapsed()
-            })
-            .collect();
-        times.sort_unstable();
-        println!(
-            "{label:>12} {size:>9} backlinks: total {:>9} {}  p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
-            first.total,
-            if first.approximate { "estimate" } else { "exact   " },
-            percentile(&times, 0.5),
-            percentile(&times, 0.99),
-            percentile(&times, 1.0),
-        );
+        let name = |location: &str| Some(location.to_string());
+        let accounts = || runtime.block_on(count_backlinks_named(index, &params, CountOptions::default(), &name));
+        let by_dids = ListParams { dids: some_dids(), ..params.clone() };
+        let of_dids = || runtime.block_on(count_backlinks(index, &by_dids, CountOptions::default())).unwrap();
+        measure_one(&records, label, size, "records");
+        measure_one(&|| accounts().unwrap(), label, size, "accounts");
+        measure_one(&of_dids, label, size, "10 dids");
     }
+}
+
+fn measure_one(count: &dyn Fn() -> Count, label: &str, size: usize, what: &str) {
+    let first = count();
+    let mut times: Vec<Duration> = (0..REQUESTS)
+        .map(|_| {
+            let started = Instant::now();
+            std::hint::black_box(count());
+            started.elapsed()
+        })
+        .collect();
+    times.sort_unstable();
+    let (figure, approximate) = match what {
+        "accounts" => (first.distinct_dids, first.distinct_approximate),
+        _ => (first.total, first.approximate),
+    };
+    println!(
+        "{label:>12} {size:>9} backlinks, {what:>8}: {figure:>9} {}  p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
+        if approximate { "estimate" } else { "exact   " },
+        percentile(&times, 0.5),
+        percentile(&times, 0.99),
+        percentile(&times, 1.0),
+    );
 }
 
 fn main() {

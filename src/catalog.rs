@@ -36,12 +36,18 @@ pub const MAX_TABLE_ID_LEN: usize = 128;
 pub const MAX_MANIFEST_NAME_LEN: usize = 256;
 
 /// Schema versions of `state.db`, oldest first. Append only: never edit a released migration.
+/// The schema's migrations, oldest first.
+fn migrations_sql() -> Vec<&'static str> {
+    vec![
+        include_str!("../migrations/state/0001_catalog.sql"),
+        include_str!("../migrations/state/0002_forward_tree.sql"),
+        include_str!("../migrations/state/0003_count_trees.sql"),
+        include_str!("../migrations/state/0004_account_tallies.sql"),
+    ]
+}
+
 fn migrations() -> Migrations<'static> {
-    Migrations::new(vec![
-        M::up(include_str!("../migrations/state/0001_catalog.sql")),
-        M::up(include_str!("../migrations/state/0002_forward_tree.sql")),
-        M::up(include_str!("../migrations/state/0003_count_trees.sql")),
-    ])
+    Migrations::new(migrations_sql().into_iter().map(M::up).collect())
 }
 
 /// What `sync_to_manifest` applies.
@@ -551,7 +557,7 @@ mod tests {
         assert!(catalog.hidden_accounts().unwrap().is_empty());
         assert_eq!(catalog.last_manifest().unwrap(), None);
         let version: i64 = catalog.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-        assert_eq!(version, 3);
+        assert_eq!(version, migrations_sql().len() as i64);
         let mode: String = catalog.lock().unwrap().pragma_query_value(None, "journal_mode", |r| r.get(0)).unwrap();
         assert_eq!(mode, "wal");
         let sync: i64 = catalog.lock().unwrap().pragma_query_value(None, "synchronous", |r| r.get(0)).unwrap();
@@ -646,7 +652,7 @@ mod tests {
         assert_eq!(catalog.next_table_seq().unwrap(), 3);
         assert_eq!(catalog.last_manifest().unwrap(), Some((3, "3-abcdef".into())));
         let version: i64 = catalog.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-        assert_eq!(version, 3, "migrations did not run twice");
+        assert_eq!(version, 4, "migrations did not run twice");
     }
 
     #[test]
@@ -655,9 +661,7 @@ mod tests {
         let path = dir.path().join("state/state.db");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let mut conn = Connection::open(&path).unwrap();
-        Migrations::new(vec![M::up(include_str!("../migrations/state/0001_catalog.sql"))])
-            .to_latest(&mut conn)
-            .unwrap();
+        Migrations::new(vec![M::up(migrations_sql()[0])]).to_latest(&mut conn).unwrap();
         for id in ["t1", "t2"] {
             conn.execute(
                 "INSERT INTO tables (id, tree, run_id, run_kind, shard, shard_count, entries, data_len, meta_len,
@@ -676,7 +680,8 @@ mod tests {
         let forward = TableRecord { tree: TreeKind::Forward, ..delta("f1", (3, 3)) };
         let hot = TableRecord { tree: TreeKind::Hot, ..delta("h1", (3, 3)) };
         let tallies = TableRecord { tree: TreeKind::Tallies, ..delta("c1", (3, 3)) };
-        catalog.commit_flush(&flush(vec![forward, hot, tallies], 1, 3)).unwrap();
+        let account_tallies = TableRecord { tree: TreeKind::AccountTallies, ..delta("a1", (3, 3)) };
+        catalog.commit_flush(&flush(vec![forward, hot, tallies, account_tallies], 1, 3)).unwrap();
         let trees: Vec<TreeKind> = catalog.tables().unwrap().iter().map(|t| t.tree).collect();
         assert_eq!(
             trees,
@@ -686,6 +691,35 @@ mod tests {
         let seq: i64 =
             catalog.lock().unwrap().query_row("SELECT seq FROM tables WHERE id = 'f1'", [], |r| r.get(0)).unwrap();
         assert_eq!(seq, 3, "the sequence goes on past the forgotten row");
+    }
+
+    #[test]
+    fn a_version_3_catalog_retires_its_hot_links_and_tallies() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state/state.db");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut conn = Connection::open(&path).unwrap();
+        let mut upto_3 = migrations_sql();
+        upto_3.truncate(3);
+        Migrations::new(upto_3.into_iter().map(M::up).collect()).to_latest(&mut conn).unwrap();
+        for (id, tree) in [("l1", "links"), ("h1", "hot"), ("c1", "tallies")] {
+            conn.execute(
+                "INSERT INTO tables (id, tree, run_id, run_kind, shard, shard_count, entries, data_len, meta_len,
+                    uploaded, min_stamp, max_stamp) VALUES (?1, ?2, ?1, 'delta', 0, 1, 3, 10, 5, 1, 1, 2)",
+                [id, tree],
+            )
+            .unwrap();
+        }
+        drop(conn);
+        let catalog = Catalog::open(&path).unwrap();
+        let live: Vec<String> = catalog.tables().unwrap().into_iter().map(|t| t.id).collect();
+        assert_eq!(live, ["l1"], "tallies of 56 bytes are not read by this version");
+        let retired: Vec<(String, u64)> =
+            catalog.obsolete_tables(0).unwrap().into_iter().map(|(t, at)| (t.id, at)).collect();
+        assert_eq!(retired, [("h1".to_string(), 0), ("c1".to_string(), 0)], "GC deletes them");
+        let account_tallies = TableRecord { tree: TreeKind::AccountTallies, ..delta("a1", (3, 3)) };
+        catalog.commit_flush(&flush(vec![account_tallies], 1, 3)).unwrap();
+        assert_eq!(catalog.tables().unwrap()[1].tree, TreeKind::AccountTallies);
     }
 
     #[test]

@@ -22,7 +22,7 @@
 //! - Totals come from countBacklinks with the same filters; an estimate adds `"approximate": true`
 //!   (exact answers have exactly constellation's fields).
 
-use crate::count::{CountOptions, Figures, count_backlinks, count_backlinks_named};
+use crate::count::{CountOptions, count_backlinks, count_backlinks_named};
 use crate::model::syntax::{parse_target, validate_did, validate_nsid};
 use crate::query::{ListPage, ListParams, QueryError, list_backlinks};
 use serde_json::{Value, json};
@@ -205,7 +205,7 @@ pub async fn get_backlinks_count(
     distinct: bool,
 ) -> Result<Value, QueryError> {
     if distinct {
-        let count = count_backlinks_named(index, params, options, Figures::WithAccounts, &|l| Some(l.into())).await?;
+        let count = count_backlinks_named(index, params, options, &|l| Some(l.into())).await?;
         return Ok(mark_estimate(json!({ "total": count.distinct_dids }), count.distinct_approximate));
     }
     let count = count_backlinks(index, params, options).await?;

@@ -10,8 +10,11 @@
 //!   collapse to the freshest, and the revocation round, hidden accounts and filters apply exactly
 //!   as in listBacklinks. The count then equals the length of listBacklinks' full enumeration.
 //! - Tallied path: a hot target past the bound (one with tallies, `index::tally`) is counted from
-//!   its tallies, exactly, by source collection and location; without a DID filter, that is. Its
-//!   distinct accounts, when asked for, are estimated from a sample as below.
+//!   its tallies, exactly, by source collection and location, with distinct accounts; with a DID
+//!   filter, from those accounts' tallies (one point read each). Distinct accounts over several
+//!   (collection, location) groups are exact for the whole target (its own tally) and under a
+//!   DID filter; other unions of groups sum their groups' accounts, marked `distinct_approximate`
+//!   when more than one group has any (an account linking from two of them counts twice).
 //! - Estimate path: otherwise, per table, the target's boundary frames plus its newest frames (as
 //!   many as the table's share of the limit) are read. The frames between the boundaries are known
 //!   from metadata to hold only the target, so the raw number of entries is exact; the live share
@@ -28,7 +31,7 @@ use crate::index::{Index, IndexError};
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::table::PageUse;
-use crate::model::ids::{Backlink, RecordId, Tally};
+use crate::model::ids::{AccountTally, Backlink, RecordId, Tally};
 use crate::model::syntax::parse_target;
 use crate::outline::OutlineKind;
 use crate::query::{Filters, ListParams, QueryError, freshest_per_position, live_only};
@@ -95,10 +98,8 @@ pub fn parse_count_query(pairs: &[(String, String)]) -> Result<ListParams, Query
 }
 
 /// countBacklinks: live backlinks to `params.target` that pass its filters (paging ignored).
-/// Figures of records only: a hot target's come from its tallies alone, and its distinct
-/// accounts are not counted (`distinct_approximate`).
 pub async fn count_backlinks(index: &Index, params: &ListParams, options: CountOptions) -> Result<Count, QueryError> {
-    let links = read_target(index, params, options, Figures::Records).await?;
+    let links = read_target(index, params, options).await?;
     count_of(index, &links, &|location| Some(location.to_string()))
 }
 
@@ -108,18 +109,9 @@ pub async fn count_backlinks_named(
     index: &Index,
     params: &ListParams,
     options: CountOptions,
-    figures: Figures,
     name: &(dyn Fn(&str) -> Option<String> + Sync),
 ) -> Result<Count, QueryError> {
-    count_of(index, &read_target(index, params, options, figures).await?, name)
-}
-
-/// Which figures a count needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Figures {
-    Records,
-    /// Distinct accounts too: a hot target's are estimated from a sample.
-    WithAccounts,
+    count_of(index, &read_target(index, params, options).await?, name)
 }
 
 /// What a count reads of one target: every live backlink that passes the filters, or for a
@@ -130,42 +122,56 @@ pub enum TargetLinks {
     /// The live ones of a sample, and the entries (dead and duplicate copies included) the sample
     /// read and stands for.
     Sampled { live: Vec<Backlink>, raw_total: u64, raw_sampled: u64 },
-    /// A hot target's tallies that pass the filters, and a sample for its distinct accounts when
-    /// they were asked for.
-    Tallied { tallies: Vec<Tally>, sample: Option<Box<TargetLinks>> },
+    /// A hot target's tallies that pass the filters, and when it is known the tally of all of
+    /// them together (its `accounts` counting each account once).
+    Tallied { tallies: Vec<Tally>, whole: Option<Tally> },
 }
 
 /// Reads the live backlinks to `params.target` that pass its filters: all of them, or when the
 /// target is hotter than `exact_scan_limit` its tallies or a sample.
-pub async fn read_target(
-    index: &Index,
-    params: &ListParams,
-    options: CountOptions,
-    figures: Figures,
-) -> Result<TargetLinks, QueryError> {
+pub async fn read_target(index: &Index, params: &ListParams, options: CountOptions) -> Result<TargetLinks, QueryError> {
     let Some((scope, filters)) = target_scope(index, params).await? else { return Ok(TargetLinks::All(Vec::new())) };
     let limit = exact_limit(options);
     if scope.upper_bound() <= limit {
         return Ok(TargetLinks::All(scope.live_all(index, &filters).await?));
     }
-    let tallies = match filters.by_account() {
-        true => None,
-        false => index.tallies_of(scope.target).await?,
-    };
-    if tallies.is_none() {
+    let Some(tallies) = index.tallies_of(scope.target).await? else {
         index.request_promotion(scope.target);
-    }
-    let sample = match (figures, &tallies) {
-        (Figures::Records, Some(_)) => None,
-        _ => Some(scope.sampled(index, limit as usize, &filters).await?),
+        return scope.sampled(index, limit as usize, &filters).await;
     };
-    Ok(match (tallies, sample) {
-        (Some(tallies), sample) => {
-            let tallies = tallies.into_iter().filter(|t| filters.admits_group(t.collection, t.location)).collect();
-            TargetLinks::Tallied { tallies, sample: sample.map(Box::new) }
-        }
-        (None, sample) => sample.expect("a sample of a target without tallies"),
-    })
+    if let Some(dids) = filters.dids() {
+        let found = index.account_tallies_of(scope.target, dids).await?;
+        return Ok(tallied_by_account(scope.target, &found, &filters));
+    }
+    let (wholes, groups): (Vec<Tally>, Vec<Tally>) = tallies.into_iter().partition(Tally::is_whole);
+    let whole = wholes.into_iter().next().filter(|_| filters.admits_every_group());
+    let tallies = groups.into_iter().filter(|t| filters.admits_group(t.collection, t.location)).collect();
+    Ok(TargetLinks::Tallied { tallies, whole })
+}
+
+/// The tallies of the groups `filters` admits, and of all of them together, from the account
+/// tallies of the accounts it admits (`found`: freshest, any target with their keys).
+fn tallied_by_account(target: RecordId, found: &[AccountTally], filters: &Filters) -> TargetLinks {
+    let admitted = found
+        .iter()
+        .filter(|t| t.target() == target && t.records > 0 && filters.admits_group(t.collection, t.location));
+    let mut groups: BTreeMap<(u64, u64), Tally> = BTreeMap::new();
+    let mut whole = Tally { target, collection: Tally::ALL, location: Tally::ALL, ..Tally::default() };
+    let mut accounts = HashSet::new();
+    for tally in admitted {
+        let group = groups.entry((tally.collection, tally.location)).or_insert(Tally {
+            target,
+            collection: tally.collection,
+            location: tally.location,
+            ..Tally::default()
+        });
+        group.records += tally.records;
+        group.accounts += 1;
+        whole.records += tally.records;
+        accounts.insert(tally.account);
+    }
+    whole.accounts = accounts.len() as u64;
+    TargetLinks::Tallied { tallies: groups.into_values().collect(), whole: Some(whole) }
 }
 
 /// The count of what `read_target` read, `by_source` keyed as in `count_backlinks_named`.
@@ -182,37 +188,41 @@ pub fn count_of(
             count.distinct_approximate = true;
             Ok(count)
         }
-        TargetLinks::Tallied { tallies, sample } => {
-            let accounts = sample.as_deref().map(|sample| count_of(index, sample, name)).transpose()?;
-            count_tallies(index, tallies, accounts.unwrap_or_default(), name)
-        }
+        TargetLinks::Tallied { tallies, whole } => count_tallies(index, tallies, whole.as_ref(), name),
     }
 }
 
-/// A hot target's count: records from its tallies, exact; distinct accounts from `accounts` (a
-/// sample's count, or nothing), capped by the records.
+/// A hot target's count from its tallies: records exact; distinct accounts exact for one group
+/// and for `whole`, otherwise the groups' accounts summed (capped by the records) and marked.
 fn count_tallies(
     index: &Index,
     tallies: &[Tally],
-    accounts: Count,
+    whole: Option<&Tally>,
     name: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Count, QueryError> {
-    let mut count = Count { distinct_approximate: true, ..Count::default() };
-    for tally in tallies.iter().filter(|tally| tally.records > 0) {
+    let mut count = Count::default();
+    let mut groups_by_source: BTreeMap<(String, String), usize> = BTreeMap::new();
+    let counted: Vec<&Tally> = tallies.iter().filter(|tally| tally.records > 0).collect();
+    for tally in &counted {
         let collection = resolve(index, OutlineKind::Collection, tally.collection)?;
         let location = resolve(index, OutlineKind::Location, tally.location)?;
         *count.by_location.entry(location.to_string()).or_default() += tally.records;
         if let Some(location_name) = name(&location) {
             let key = (collection.to_string(), location_name);
-            count.by_source.entry(key).or_default().records += tally.records;
+            let figures = count.by_source.entry(key.clone()).or_default();
+            figures.records += tally.records;
+            figures.distinct_dids += tally.accounts;
+            *groups_by_source.entry(key).or_default() += 1;
         }
     }
-    for (key, figures) in count.by_source.iter_mut() {
-        let seen = accounts.by_source.get(key).map_or(0, |sampled| sampled.distinct_dids);
-        figures.distinct_dids = seen.min(figures.records);
-    }
     count.total = count.by_location.values().sum();
-    count.distinct_dids = accounts.distinct_dids.min(count.total);
+    let summed_accounts: u64 = counted.iter().map(|tally| tally.accounts).sum();
+    count.distinct_dids = match whole {
+        Some(whole) => whole.accounts,
+        None => summed_accounts.min(count.total),
+    };
+    let summed_groups = groups_by_source.values().any(|&groups| groups > 1);
+    count.distinct_approximate = summed_groups || (whole.is_none() && counted.len() > 1);
     Ok(count)
 }
 

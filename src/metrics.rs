@@ -27,7 +27,7 @@ use crate::ingest::frames::EventKind;
 use crate::ingest::live::IngestStatus;
 use crate::lsm::entry::Entry;
 use crate::lsm::tree::Tree;
-use crate::model::ids::{Backlink, ForwardLink, HotLink, Revocation, Tally};
+use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, Revocation, Tally};
 use crate::push::PushCounters;
 use crate::store::object::{LocalFile, ObjectInfo, Store, StoreError};
 use bytes::Bytes;
@@ -273,6 +273,7 @@ fn index_registry(index: &Index) -> Registry {
         cache_figures(&index.forward),
         cache_figures(&index.hot),
         cache_figures(&index.tallies),
+        cache_figures(&index.account_tallies),
     ];
     for (tree, frames, metas) in trees {
         let label = TreeLabel { tree };
@@ -471,6 +472,7 @@ fn register_tree_figures(registry: &mut Registry, index: &Index) {
     add(ForwardLink::TREE.name(), records_of(&index.forward), index.forward.memtable_bytes());
     add(HotLink::TREE.name(), records_of(&index.hot), 0);
     add(Tally::TREE.name(), records_of(&index.tallies), 0);
+    add(AccountTally::TREE.name(), records_of(&index.account_tallies), 0);
     registry.register("tables", "Tables, by tree", tables);
     registry.register("runs", "Runs, by tree and kind", runs);
     registry.register("table_entries", "Entries in tables, by tree", entries);

@@ -275,9 +275,14 @@ impl Filters {
         admits(&self.collections, collection) && admits(&self.locations, location)
     }
 
-    /// Whether only some accounts' links pass (what no tally can say).
-    pub fn by_account(&self) -> bool {
-        self.dids.is_some()
+    /// The accounts whose links alone pass, when the filters name some.
+    pub fn dids(&self) -> Option<&[u64]> {
+        self.dids.as_deref()
+    }
+
+    /// Whether links from every (source collection, location) pass.
+    pub fn admits_every_group(&self) -> bool {
+        self.collections.is_none() && self.locations.is_none()
     }
 
     pub fn matches_nothing(&self) -> bool {

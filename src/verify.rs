@@ -22,7 +22,7 @@ use crate::lsm::handle::table_key;
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{TableMeta, decode_frames};
 use crate::manifest::{Manifest, ManifestTable};
-use crate::model::ids::{Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
+use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
 use crate::outline::OutlineKind;
 use crate::store::dir::DirStore;
 use crate::store::object::{Store, StoreError};
@@ -213,6 +213,7 @@ async fn check_table(store: &dyn Store, tree: &str, id: &str, expected: Option<&
         Some(TreeKind::Forward) => check_table_of::<ForwardLink>(store, id, expected, shown).await,
         Some(TreeKind::Hot) => check_table_of::<HotLink>(store, id, expected, shown).await,
         Some(TreeKind::Tallies) => check_table_of::<Tally>(store, id, expected, shown).await,
+        Some(TreeKind::AccountTallies) => check_table_of::<AccountTally>(store, id, expected, shown).await,
         None => {
             let other = tree;
             let mut report = Report::default();

@@ -2,9 +2,11 @@
 //! and replies of one post from 25,000 accounts, under deletes, updates (some keep the link, some
 //! move it to another post), account deletions, deactivations and reactivations, repository
 //! snapshots and merges. The count (a tally: far past the scan limit) equals a model of the live
-//! records after every phase and after a reopen, by location too, and is never an estimate.
+//! records after every phase and after a reopen, by location too, and is never an estimate; so
+//! do its distinct accounts (each account links many times from each group), for the whole
+//! target and by (collection, location), and counts filtered by account.
 
-use backlinks::count::{Count, CountOptions, count_backlinks};
+use backlinks::count::{Count, CountOptions, count_backlinks, count_backlinks_named};
 use backlinks::index::{Index, IndexOptions};
 use backlinks::model::operation::{Operation, RecordOp, RecordRef};
 use backlinks::model::tid::format_tid;
@@ -125,32 +127,68 @@ impl World {
         self.index.apply_snapshot(&did(account), refs.iter().map(|(r, json)| (r.clone(), json))).unwrap();
     }
 
-    /// The model's live links to `target`, by location.
-    fn expected(&self, target: &str) -> BTreeMap<String, u64> {
-        let mut by_location = BTreeMap::new();
-        for ((account, _), links) in &self.records {
-            if self.hidden.contains(account) {
+    /// The model's live links to `target` from `accounts` (all when `None`): the accounts of
+    /// each by (collection, location).
+    fn expected(&self, target: &str, accounts: Option<&[usize]>) -> BTreeMap<(String, String), Vec<usize>> {
+        let mut by_source: BTreeMap<(String, String), Vec<usize>> = BTreeMap::new();
+        for ((account, n), links) in &self.records {
+            if self.hidden.contains(account) || accounts.is_some_and(|wanted| !wanted.contains(account)) {
                 continue;
             }
             for (_, location) in links.iter().filter(|(t, _)| *t == target) {
-                *by_location.entry(location.to_string()).or_default() += 1;
+                let key = (COLLECTIONS[n % 3].to_string(), location.to_string());
+                by_source.entry(key).or_default().push(*account);
             }
         }
-        by_location
+        by_source
     }
 
-    fn count(&self, target: &str) -> Count {
-        self.runtime.block_on(count_backlinks(&self.index, &ListParams::new(target), CountOptions::default())).unwrap()
+    fn count(&self, params: &ListParams) -> Count {
+        let name = |location: &str| Some(location.to_string());
+        let count = count_backlinks_named(&self.index, params, CountOptions::default(), &name);
+        let count = self.runtime.block_on(count).unwrap();
+        let records = self.runtime.block_on(count_backlinks(&self.index, params, CountOptions::default())).unwrap();
+        assert_eq!((records.total, &records.by_location), (count.total, &count.by_location));
+        count
     }
 
-    /// Flushes, then the count of `target` is exact and equals the model.
+    /// Flushes, then the counts of `target` are exact and equal the model: all of it, by
+    /// collection and location with their accounts, from a few accounts, and from two groups.
     fn check(&mut self, target: &str, phase: &str) -> u64 {
         self.index.flush().unwrap();
-        let count = self.count(target);
-        let expected = self.expected(target);
-        assert!(!count.approximate, "{phase}: the count of {target} is an estimate");
-        assert_eq!(count.by_location, expected, "{phase}: {target} by location");
-        assert_eq!(count.total, expected.values().sum::<u64>(), "{phase}: {target}");
+        let total = self.check_count(&ListParams::new(target), None, phase);
+        let some: Vec<usize> = (0..ACCOUNTS).step_by(ACCOUNTS / 40).chain([7, 11, 13, 17, 19]).collect();
+        let params = ListParams { dids: some.iter().map(|account| did(*account)).collect(), ..ListParams::new(target) };
+        self.check_count(&params, Some(&some), &format!("{phase}, {} accounts", some.len()));
+        // Replies link from two locations of one collection: the accounts of both together are
+        // a union, which only the whole target's or an account filter's tally knows exactly.
+        let replies = ListParams { collections: vec![COLLECTIONS[2].into()], ..ListParams::new(target) };
+        let count = self.count(&replies);
+        let expected = self.expected(target, None);
+        let reply_groups = expected.keys().filter(|(collection, _)| collection == COLLECTIONS[2]).count();
+        assert_eq!(count.distinct_approximate, reply_groups > 1, "{phase}: replies' accounts");
+        total
+    }
+
+    fn check_count(&self, params: &ListParams, accounts: Option<&[usize]>, phase: &str) -> u64 {
+        let count = self.count(params);
+        let expected = self.expected(&params.target, accounts);
+        let target = &params.target;
+        assert!(!count.approximate && !count.distinct_approximate, "{phase}: the count of {target} is an estimate");
+        let mut by_location: BTreeMap<String, u64> = BTreeMap::new();
+        for ((_, location), links) in &expected {
+            *by_location.entry(location.clone()).or_default() += links.len() as u64;
+        }
+        assert_eq!(count.by_location, by_location, "{phase}: {target} by location");
+        assert_eq!(count.total, by_location.values().sum::<u64>(), "{phase}: {target}");
+        for (key, links) in &expected {
+            let figures = count.by_source.get(key).copied().unwrap_or_default();
+            let distinct = links.iter().collect::<HashSet<_>>().len() as u64;
+            assert_eq!((figures.records, figures.distinct_dids), (links.len() as u64, distinct), "{phase}: {key:?}");
+        }
+        assert_eq!(count.by_source.len(), expected.len(), "{phase}: {target}'s groups");
+        let accounts: HashSet<&usize> = expected.values().flatten().collect();
+        assert_eq!(count.distinct_dids, accounts.len() as u64, "{phase}: {target}'s accounts");
         count.total
     }
 }
@@ -176,6 +214,13 @@ fn a_target_with_a_million_live_backlinks_counts_exactly_under_every_change() {
         world.write((account, 4), OTHER_POST, true);
         world.delete((account, 40)); // A second delete of one record changes nothing.
         world.delete((account, 40));
+    }
+    // Accounts that stop reposting but still like and reply: the reposts' accounts fall, the
+    // whole target's do not.
+    for account in (5..ACCOUNTS).step_by(700) {
+        for n in (1..RECORDS_PER_ACCOUNT).step_by(3) {
+            world.delete((account, n));
+        }
     }
     world.check(POST, "deleted and updated");
     world.check(OTHER_POST, "updated to the other post");

@@ -14,14 +14,14 @@ use backlinks::index::{Index, IndexOptions};
 use backlinks::ingest::jetstream::parse_event;
 use backlinks::lsm::compaction::CompactionOptions;
 use backlinks::lsm::table::{PageUse, TableOptions};
-use backlinks::model::ids::{RecordId, Revocation};
+use backlinks::model::ids::{RecordId, Revocation, Tally};
 use backlinks::model::syntax::parse_target;
 use backlinks::model::tid::format_tid;
 use backlinks::outline::OutlineKind;
 use backlinks::query::{Cursor, ListParams, list_backlinks};
 use backlinks::store::dir::DirStore;
 use proptest::prelude::*;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::Arc;
 use support::model::{Model, RecordKey};
 
@@ -320,15 +320,24 @@ impl Harness {
         }
     }
 
-    /// A hot target's tallies equal the model's live links by (source collection, location), and
-    /// so does a count too hot to read (a scan limit of one entry); the first such count of a
-    /// target not yet hot asks for its promotion, which the next flush makes.
+    /// A hot target's tallies equal the model's live links by (source collection, location) and
+    /// the accounts they come from, and for the whole target; so does a count too hot to read (a
+    /// scan limit of one entry); the first such count of a target not yet hot asks for its
+    /// promotion, which the next flush makes.
     fn check_counts(&mut self, target: &str) -> bool {
-        let mut want: BTreeMap<(String, String), u64> = BTreeMap::new();
+        let mut links: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
         for (uri, location) in self.model.backlinks(target, record_uri) {
             let collection = uri.split('/').nth(3).unwrap().to_string();
-            *want.entry((collection, location)).or_default() += 1;
+            let account = uri.split('/').nth(2).unwrap().to_string();
+            links.entry((collection, location)).or_default().push(account);
         }
+        let accounts = |of: &mut dyn Iterator<Item = &String>| of.collect::<HashSet<_>>().len() as u64;
+        let want: BTreeMap<(String, String), (u64, u64)> = links
+            .iter()
+            .map(|(group, from)| (group.clone(), (from.len() as u64, accounts(&mut from.iter()))))
+            .collect();
+        let want_whole =
+            (want.values().map(|(records, _)| records).sum::<u64>(), accounts(&mut links.values().flatten()));
         let Some(id) = self.index.lookup_target(&parse_target(target).unwrap()).unwrap() else {
             assert!(want.is_empty(), "{target} has links but no id");
             return false;
@@ -337,18 +346,22 @@ impl Harness {
         let count =
             self.runtime.block_on(count_backlinks(&self.index, &ListParams::new(target), count_options)).unwrap();
         if !count.approximate {
-            assert_eq!(count.total, want.values().sum::<u64>(), "count of {target}");
+            assert_eq!(count.total, want_whole.0, "count of {target}");
         }
         let Some(tallies) = self.runtime.block_on(self.index.tallies_of(id)).unwrap() else { return false };
         let name = |kind, id| self.index.outlines.resolve(kind, id).unwrap().unwrap().to_string();
-        let got: BTreeMap<(String, String), u64> = tallies
+        let (wholes, groups): (Vec<&Tally>, Vec<&Tally>) = tallies.iter().partition(|tally| tally.is_whole());
+        let got: BTreeMap<(String, String), (u64, u64)> = groups
             .iter()
             .filter(|tally| tally.records > 0)
             .map(|t| {
-                ((name(OutlineKind::Collection, t.collection), name(OutlineKind::Location, t.location)), t.records)
+                let group = (name(OutlineKind::Collection, t.collection), name(OutlineKind::Location, t.location));
+                (group, (t.records, t.accounts))
             })
             .collect();
         assert_eq!(got, want, "tallies of {target}");
+        let whole: Vec<(u64, u64)> = wholes.iter().map(|t| (t.records, t.accounts)).collect();
+        assert_eq!(whole, [want_whole], "the whole tally of {target}");
         assert!(!count.approximate, "a hot target's count is exact");
         true
     }

@@ -21,7 +21,7 @@
 //!   cursor is a position too: from there DIDs may repeat.
 
 use super::{did_of, mark_estimate};
-use crate::count::{CountOptions, Figures, TargetLinks, count_of, read_target};
+use crate::count::{CountOptions, TargetLinks, count_of, read_target};
 use crate::index::Index;
 use crate::model::ids::{Backlink, RecordId};
 use crate::query::{Cursor, ListPage, ListParams, QueryError, list_backlinks};
@@ -38,7 +38,7 @@ type Place = (RecordId, u64);
 /// getBacklinkDids: `{"total", "linking_dids", "cursor"}`, `total` the distinct accounts over all
 /// pages.
 pub async fn get_backlink_dids(index: &Index, params: &ListParams, options: CountOptions) -> Result<Value, QueryError> {
-    let live = match read_target(index, params, options, Figures::WithAccounts).await? {
+    let live = match read_target(index, params, options).await? {
         TargetLinks::All(live) => live,
         sampled => return hot_target_page(index, params, &sampled).await,
     };

@@ -13,7 +13,7 @@
 
 use super::parse_did;
 use super::{DEFAULT_LIMIT, Source, get_backlink_dids, get_backlinks, get_backlinks_count, invalid, list_params};
-use crate::count::{CountOptions, Figures, count_backlinks_named};
+use crate::count::{CountOptions, count_backlinks_named};
 use crate::index::Index;
 use crate::model::syntax::{LinkTarget, parse_target};
 use crate::query::{ListParams, QueryError};
@@ -121,8 +121,7 @@ pub async fn links_all(
     let target_is_record = matches!(parse_target(&params.target), Ok(LinkTarget::Record { .. }));
     // Two of our locations can be one constellation path (`$.X` and `$.X.uri`): counted as one.
     let path_of = |location: &str| constellation_path(location, target_is_record);
-    let figures = if records_only { Figures::Records } else { Figures::WithAccounts };
-    let count = count_backlinks_named(index, params, options, figures, &path_of).await?;
+    let count = count_backlinks_named(index, params, options, &path_of).await?;
     let mut links: Map<String, Value> = Map::new();
     for ((collection, path), figures) in &count.by_source {
         let path = path.clone();

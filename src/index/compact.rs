@@ -113,7 +113,7 @@ impl Index {
     }
 
     /// Merges what `picker` chooses in the first tree it chooses anything in (backlinks, forward
-    /// links, hot links, revocations, then tallies). `held`: the revocations of the merge this one runs
+    /// links, hot links, revocations, tallies, then account tallies). `held`: the revocations of the merge this one runs
     /// between the passes of.
     fn merge_first(
         &self,
@@ -147,10 +147,15 @@ impl Index {
             let (_, failed) = self.compact_freshest(&self.tallies, &inputs, compaction, picker, read, held)?;
             return failed.map_or(Ok(true), Err);
         }
+        if let Some(inputs) = picker.pick(&self.account_tallies.runs(), compaction.options) {
+            let (_, failed) = self.compact_freshest(&self.account_tallies, &inputs, compaction, picker, read, held)?;
+            return failed.map_or(Ok(true), Err);
+        }
         Ok(false)
     }
 
-    /// Merges runs of a tree whose entries only fresher copies replace (revocations, tallies).
+    /// Merges runs of a tree whose entries only fresher copies replace (revocations, tallies and
+    /// account tallies).
     /// Returns the output's run id, and the first error of the merges between its passes.
     fn compact_freshest<E: Entry>(
         &self,

@@ -72,12 +72,14 @@ impl FlushJob<'_> {
         }
         let hot_links = index.write_new_table(&index.hot, &hot.links)?;
         let tallies = index.write_new_table(&index.tallies, &hot.tallies)?;
+        let account_tallies = index.write_new_table(&index.account_tallies, &hot.account_tallies)?;
         let tables = [&links, &forward]
             .into_iter()
             .filter_map(Flushed::record)
             .chain(&thresholds)
             .chain(&hot_links)
             .chain(&tallies)
+            .chain(&account_tallies)
             .cloned()
             .collect();
         let flush = FlushRecord { tables, position: self.position, accounts: self.accounts };
@@ -92,6 +94,9 @@ impl FlushJob<'_> {
         }
         if let Some(record) = tallies {
             index.tallies.install(index.tallies.open_table(record)?, None);
+        }
+        if let Some(record) = account_tallies {
+            index.account_tallies.install(index.account_tallies.open_table(record)?, None);
         }
         index.promoted(&hot.promoted);
         index.tables_clock.fetch_max(flush.position.clock, Ordering::Release);

@@ -104,7 +104,8 @@ impl Index {
             + self.thresholds.complete_partial_metas(store).await?
             + self.forward.complete_partial_metas(store).await?
             + self.hot.complete_partial_metas(store).await?
-            + self.tallies.complete_partial_metas(store).await?)
+            + self.tallies.complete_partial_metas(store).await?
+            + self.account_tallies.complete_partial_metas(store).await?)
     }
 
     /// Makes this index exactly what `manifest` describes: imports its outline ranges, fetches
@@ -171,6 +172,7 @@ impl Index {
             TreeKind::Forward => self.forward.fetch_meta(store, record, whole).await?,
             TreeKind::Hot => self.hot.fetch_meta(store, record, whole).await?,
             TreeKind::Tallies => self.tallies.fetch_meta(store, record, whole).await?,
+            TreeKind::AccountTallies => self.account_tallies.fetch_meta(store, record, whole).await?,
         }
         Ok(())
     }

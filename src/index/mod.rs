@@ -58,7 +58,7 @@ use crate::lsm::handle::ReadError;
 use crate::lsm::table::TableOptions;
 use crate::lsm::tree::{TableFiles, Tree, TreeCaches};
 use crate::model::account::AccountState;
-use crate::model::ids::{Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
+use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
 use crate::outline::{OutlineKind, OutlineOptions, Outlines};
 use crate::store::object::Store;
 use flush::FlushGate;
@@ -235,6 +235,9 @@ pub struct Index {
     pub hot: Tree<HotLink>,
     /// The hot targets' counts.
     pub tallies: Tree<Tally>,
+    /// The hot targets' counts by account (what tells a flush whether a link it changes changes
+    /// a target's distinct accounts).
+    pub account_tallies: Tree<AccountTally>,
     pub store: Arc<dyn Store>,
     pub counters: WriteCounters,
     /// The frame and meta budgets the trees' caches share.
@@ -287,9 +290,11 @@ impl Index {
             .map_err(io_err(&tables_dir))?;
         let hot_table =
             TableOptions { filter_fpr: options.table.filter_fpr.min(tally::HOT_FILTER_FPR), ..options.table.clone() };
-        let hot =
-            Tree::new(tables_dir.join(TreeKind::Hot.name()), hot_table, caches.clone()).map_err(io_err(&tables_dir))?;
+        let hot = Tree::new(tables_dir.join(TreeKind::Hot.name()), hot_table.clone(), caches.clone())
+            .map_err(io_err(&tables_dir))?;
         let tallies = Tree::new(tables_dir.join(TreeKind::Tallies.name()), options.table.clone(), caches.clone())
+            .map_err(io_err(&tables_dir))?;
+        let account_tallies = Tree::new(tables_dir.join(TreeKind::AccountTallies.name()), hot_table, caches.clone())
             .map_err(io_err(&tables_dir))?;
         if lock.is_some() {
             // Files of tables a crash wrote but never committed; nothing else writes yet.
@@ -299,6 +304,7 @@ impl Index {
             forward.remove_orphans(&known).map_err(io_err(forward.dir()))?;
             hot.remove_orphans(&known).map_err(io_err(hot.dir()))?;
             tallies.remove_orphans(&known).map_err(io_err(tallies.dir()))?;
+            account_tallies.remove_orphans(&known).map_err(io_err(account_tallies.dir()))?;
         }
         let hidden = catalog.hidden_accounts()?.into_iter().collect();
         let position = catalog.position()?;
@@ -314,6 +320,7 @@ impl Index {
             forward,
             hot,
             tallies,
+            account_tallies,
             store,
             counters: WriteCounters::default(),
             caches,
@@ -370,6 +377,7 @@ impl Index {
         self.forward.load(of(TreeKind::Forward))?;
         self.hot.load(of(TreeKind::Hot))?;
         self.tallies.load(of(TreeKind::Tallies))?;
+        self.account_tallies.load(of(TreeKind::AccountTallies))?;
         Ok(())
     }
 
@@ -394,6 +402,7 @@ impl Index {
             + self.forward.runs().len()
             + self.hot.runs().len()
             + self.tallies.runs().len()
+            + self.account_tallies.runs().len()
     }
 
     /// A fresh table (or run) id: the catalog's durable sequence and 32 injected random bits.
@@ -411,6 +420,7 @@ impl Index {
             TreeKind::Forward => &self.forward,
             TreeKind::Hot => &self.hot,
             TreeKind::Tallies => &self.tallies,
+            TreeKind::AccountTallies => &self.account_tallies,
         }
     }
 }

@@ -22,7 +22,7 @@ use crate::lsm::record::TableRecord;
 use crate::lsm::table::{FormatError, TableMeta, verify_data_file};
 use crate::manifest::{Manifest, OutlineRange};
 use crate::model::account::AccountState;
-use crate::model::ids::{Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
+use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
 use crate::outline::OutlineKind;
 use crate::store::object::{HashingReader, LocalFile};
 use bytes::Bytes;
@@ -180,6 +180,7 @@ async fn check_before_upload(record: TableRecord, data: PathBuf, meta: Bytes) ->
             TreeKind::Forward => check_table_files::<ForwardLink>(&data, &meta),
             TreeKind::Hot => check_table_files::<HotLink>(&data, &meta),
             TreeKind::Tallies => check_table_files::<Tally>(&data, &meta),
+            TreeKind::AccountTallies => check_table_files::<AccountTally>(&data, &meta),
         };
         checked.map_err(|failure| failure.into_error(&record, &data))
     });

@@ -1,8 +1,11 @@
 //! Tallies: exact counts of hot targets, kept by every flush.
 //!
 //! A count that reads a target's entries is bounded (`exact_scan_limit`); a target with more
-//! needs its counts kept. A target is *hot* once it has tallies (`Tally`: its live backlinks per
-//! source collection and location, hidden accounts' left out). A flush *promotes* a target with
+//! needs its counts kept. A target is *hot* once it has tallies (`Tally`: its live backlinks and
+//! the accounts they come from, per source collection and location and for the whole target,
+//! hidden accounts' left out). Distinct accounts need each account's own count (`AccountTally`:
+//! its live links to the target per collection and location): a change of one link changes the
+//! accounts exactly when an account's count goes to or from 0. A flush *promotes* a target with
 //! at least `hot_target_entries` entries (one of which it holds at least 1/64 of, or one a count
 //! asked for), and from then on rewrites the tallies its operations change. A deletion names
 //! only its record, so the links to hot targets are also kept by account (`HotLink`, the hot
@@ -17,7 +20,10 @@
 //! - Once the flush covering clock `c` has committed, the freshest tally of each hot target and
 //!   (collection, location) is the number of its identities from there that are live at `c`:
 //!   a copy at or above its source's and repository's thresholds among the revocations stamped
-//!   up to `c`, from an account not hidden at `c`.
+//!   up to `c`, from an account not hidden at `c`; and the number of accounts those come from.
+//!   The freshest account tally of each (account, target, collection, location) is the number of
+//!   those identities from that account (an account without one has none), and the whole
+//!   target's tally (`Tally::ALL`) sums the others' records and counts each account once.
 //! - A flush computes differences only, identity by identity, for what it can change: the
 //!   identities of its backlinks to hot targets, and the hot links of the records it revokes
 //!   and of the accounts it revokes or shows or hides. Each is live or not before (installed
@@ -38,7 +44,7 @@ use crate::lsm::lookup::{read_key_ranges, read_keys, read_keys_newer_uncached, r
 use crate::lsm::memtable::Memtable;
 use crate::lsm::table::PageUse;
 use crate::model::account::AccountState;
-use crate::model::ids::{Backlink, HotLink, RecordId, Revocation, Tally};
+use crate::model::ids::{AccountTally, Backlink, HotLink, RecordId, Revocation, Tally};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::RangeInclusive;
 use std::sync::Mutex;
@@ -98,6 +104,8 @@ pub(super) struct HotWrites {
     pub links: Vec<HotLink>,
     /// Sorted, one per identity.
     pub tallies: Vec<Tally>,
+    /// Sorted, one per identity.
+    pub account_tallies: Vec<AccountTally>,
     pub promoted: Vec<RecordId>,
 }
 
@@ -105,6 +113,15 @@ pub(super) struct HotWrites {
 type Identity = (RecordId, RecordId, u64);
 /// (target, source collection, location): what one tally counts.
 type TallyKey = (RecordId, u64, u64);
+/// (target, account, source collection, location): what one account tally counts.
+type AccountKey = (RecordId, u64, u64, u64);
+
+/// What a flush changes in one tally.
+#[derive(Debug, Default, Clone, Copy)]
+struct Change {
+    records: i64,
+    accounts: i64,
+}
 
 /// The freshest stamps of one identity: among the installed hot links, and in the flush.
 #[derive(Debug, Clone, Copy)]
@@ -170,7 +187,14 @@ impl Index {
     /// The tallies of `target`, freshest of each (collection, location); `None` when it is not hot.
     pub async fn tallies_of(&self, target: RecordId) -> Result<Option<Vec<Tally>>, ReadError> {
         let found = read_keys(&self.tallies, self.store.as_ref(), &[target]).await?;
-        Ok((!found.is_empty()).then(|| freshest_tallies(found)))
+        Ok((!found.is_empty()).then(|| freshest(found)))
+    }
+
+    /// The freshest account tallies of `accounts` with `target`'s key (those of another target
+    /// of an account that shares it come too: the caller tells them apart).
+    pub async fn account_tallies_of(&self, target: RecordId, accounts: &[u64]) -> Result<Vec<AccountTally>, ReadError> {
+        let keys: Vec<RecordId> = accounts.iter().map(|account| AccountTally::key_of(*account, target)).collect();
+        Ok(freshest(read_keys(&self.account_tallies, self.store.as_ref(), &keys).await?))
     }
 
     /// The hot links and tallies a flush of `ops` writes (module invariants).
@@ -207,16 +231,19 @@ impl Index {
             compaction::freshest(ops.links().filter(|link| hot.contains(&link.target))).collect();
         let mut visibility = self.visibility(ops, ops.accounts.iter().map(|(did, _)| *did))?;
         let (keys, accounts) = hot_reads(ops, &flushed, &visibility);
-        let mut differences: BTreeMap<TallyKey, i64> = BTreeMap::new();
+        let mut differences: BTreeMap<TallyKey, Change> = BTreeMap::new();
+        let mut account_tallies = Vec::new();
         for batch in batches(&keys, &accounts) {
             let flushed: Vec<Backlink> =
                 flushed.iter().filter(|link| batch.dids.contains(&link.source.did)).copied().collect();
             let installed = self.installed_hot_links(batch.keys, batch.accounts).await?;
-            self.add_differences(ops, (&flushed, &installed), &mut visibility, &mut differences).await?;
+            let by_account = self.differences_by_account(ops, (&flushed, &installed), &mut visibility).await?;
+            account_tallies.extend(self.account_tallies_after(by_account, ops.clock, &mut differences).await?);
         }
         let mut writes = HotWrites {
             links: flushed.into_iter().filter_map(|link| link.settle_by(ops.revocations)).map(HotLink::of).collect(),
             tallies: self.tallies_after(differences, ops.clock).await?,
+            account_tallies,
             promoted: Vec::new(),
         };
         for target in promoted {
@@ -227,23 +254,25 @@ impl Index {
         writes.links.sort_unstable();
         writes.links.dedup();
         writes.tallies.sort_unstable();
+        writes.account_tallies.sort_unstable();
         Ok(writes)
     }
 
-    /// Adds to `differences` what the flush changes of the identities of `flushed` (its links to
-    /// hot targets) and `installed` (the hot links it read), both of the same accounts.
-    async fn add_differences(
+    /// What the flush changes of the identities of `flushed` (its links to hot targets) and
+    /// `installed` (the hot links it read), both of the same accounts: +1 or -1 an identity whose
+    /// liveness it changes, summed by account tally, sorted.
+    async fn differences_by_account(
         &self,
         ops: &FlushedOps<'_>,
         (flushed, installed): (&[Backlink], &[Backlink]),
         visibility: &mut Visibility,
-        differences: &mut BTreeMap<TallyKey, i64>,
-    ) -> Result<(), IndexError> {
+    ) -> Result<Vec<(AccountKey, i64)>, IndexError> {
         // Only an installed copy needs the installed revocations: they are all older than the
         // flush's stamps, so the flush's own revocations alone decide a copy it writes.
         let revocations = self.revocations_of(installed.iter().copied()).await?;
         let dids = flushed.iter().chain(installed).map(|link| link.source.did);
         visibility.committed.extend(self.catalog.account_states(self.maybe_not_active(dids))?);
+        let mut differences = Vec::new();
         for ((target, source, location), copies) in identities(flushed, installed) {
             let survives = |stamp: u64, clock: u64| match copies.flushed {
                 Some(flushed) if stamp == flushed => {
@@ -258,11 +287,70 @@ impl Index {
             let freshest = copies.installed.max(copies.flushed);
             let after = live(freshest, ops.clock, visibility.hidden_after(source.did));
             if before != after {
-                *differences.entry((target, source.collection, location)).or_default() +=
-                    i64::from(after) - i64::from(before);
+                differences
+                    .push(((target, source.did, source.collection, location), i64::from(after) - i64::from(before)));
             }
         }
-        Ok(())
+        differences.sort_unstable_by_key(|(key, _)| *key);
+        differences.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 += later.1;
+            }
+            same
+        });
+        Ok(differences)
+    }
+
+    /// The account tallies `by_account` (sorted, one per key) makes of the current ones, and what
+    /// they change in the tallies (added to `differences`): a tally's accounts change when an
+    /// account's count goes to or from 0, the whole target's when its counts all do.
+    async fn account_tallies_after(
+        &self,
+        by_account: Vec<(AccountKey, i64)>,
+        clock: u64,
+        differences: &mut BTreeMap<TallyKey, Change>,
+    ) -> Result<Vec<AccountTally>, IndexError> {
+        let mut keys: Vec<RecordId> =
+            by_account.iter().map(|((target, account, _, _), _)| AccountTally::key_of(*account, *target)).collect();
+        keys.sort_unstable();
+        keys.dedup();
+        let mut current: HashMap<(RecordId, u64), Vec<AccountTally>> = HashMap::new();
+        for tally in freshest(read_keys_uncached(&self.account_tallies, self.store.as_ref(), &keys).await?) {
+            current.entry((tally.target(), tally.account)).or_default().push(tally);
+        }
+        let mut written = Vec::new();
+        for group in by_account.chunk_by(|(a, _), (b, _)| (a.0, a.1) == (b.0, b.1)) {
+            let (target, account, _, _) = group[0].0;
+            let before = current.remove(&(target, account)).unwrap_or_default();
+            let records_before = |collection, location| {
+                before.iter().find(|t| (t.collection, t.location) == (collection, location)).map_or(0, |t| t.records)
+            };
+            let mut whole = Change::default();
+            for &((_, _, collection, location), difference) in group {
+                let old = records_before(collection, location);
+                let new = old as i64 + difference;
+                if new < 0 {
+                    return Err(missing_links(target, new));
+                }
+                let change = differences.entry((target, collection, location)).or_default();
+                change.records += difference;
+                change.accounts += i64::from(new > 0) - i64::from(old > 0);
+                whole.records += difference;
+                let tally = AccountTally::of(account, target, (collection, location), clock, new as u64);
+                written.push(tally);
+            }
+            let changed =
+                |t: &AccountTally| group.iter().any(|((_, _, c, l), _)| (*c, *l) == (t.collection, t.location));
+            let any_before = before.iter().any(|t| t.records > 0);
+            let any_after = written[written.len() - group.len()..].iter().any(|t| t.records > 0)
+                || before.iter().any(|t| t.records > 0 && !changed(t));
+            whole.accounts = i64::from(any_after) - i64::from(any_before);
+            let change = differences.entry((target, Tally::ALL, Tally::ALL)).or_default();
+            change.records += whole.records;
+            change.accounts += whole.accounts;
+        }
+        Ok(written)
     }
 
     /// The committed account states of `dids`, and the flush's last change of each account.
@@ -308,24 +396,29 @@ impl Index {
     }
 
     /// The tallies `differences` make of the current ones.
-    async fn tallies_after(&self, differences: BTreeMap<TallyKey, i64>, clock: u64) -> Result<Vec<Tally>, IndexError> {
+    async fn tallies_after(
+        &self,
+        differences: BTreeMap<TallyKey, Change>,
+        clock: u64,
+    ) -> Result<Vec<Tally>, IndexError> {
         let mut targets: Vec<RecordId> = differences.keys().map(|(target, _, _)| *target).collect();
         targets.dedup();
-        let current: HashMap<TallyKey, u64> =
-            freshest_tallies(read_keys_uncached(&self.tallies, self.store.as_ref(), &targets).await?)
+        let current: HashMap<TallyKey, Tally> =
+            freshest(read_keys_uncached(&self.tallies, self.store.as_ref(), &targets).await?)
                 .into_iter()
-                .map(|tally| ((tally.target, tally.collection, tally.location), tally.records))
+                .map(|tally| ((tally.target, tally.collection, tally.location), tally))
                 .collect();
         let mut tallies = Vec::new();
-        for (key, difference) in differences {
+        for (key, change) in differences {
             let (target, collection, location) = key;
-            let records = current.get(&key).copied().unwrap_or(0) as i64 + difference;
-            if records < 0 {
-                return Err(IndexError::Background(format!(
-                    "a tally of target {target:?} would fall to {records}: the hot tree is missing links"
-                )));
+            let old = current.get(&key).copied().unwrap_or_default();
+            let records = old.records as i64 + change.records;
+            let accounts = old.accounts as i64 + change.accounts;
+            if records < 0 || accounts < 0 || accounts > records {
+                return Err(missing_links(target, records.min(accounts)));
             }
-            tallies.push(Tally { target, collection, location, stamp: clock, records: records as u64 });
+            let (records, accounts) = (records as u64, accounts as u64);
+            tallies.push(Tally { target, collection, location, stamp: clock, records, accounts });
         }
         Ok(tallies)
     }
@@ -379,23 +472,36 @@ impl Index {
         }
         let visibility =
             self.visibility(ops, self.maybe_not_active(live.iter().map(|link| link.source.did)).into_iter())?;
-        let mut counts: BTreeMap<(u64, u64), u64> = BTreeMap::new();
-        for link in live.iter().filter(|link| !visibility.hidden_after(link.source.did)) {
-            *counts.entry((link.source.collection, link.location)).or_default() += 1;
-        }
-        if counts.is_empty() {
-            // Every live link is hidden: a zero tally still marks the target hot.
-            let link = live[0];
-            counts.insert((link.source.collection, link.location), 0);
+        let mut visible: Vec<(u64, u64, u64)> = live
+            .iter()
+            .filter(|link| !visibility.hidden_after(link.source.did))
+            .map(|link| (link.source.did, link.source.collection, link.location))
+            .collect();
+        visible.sort_unstable();
+        let clock = ops.clock;
+        let mut tallies: BTreeMap<TallyKey, Tally> = BTreeMap::new();
+        // Every hot target has its whole tally, even one whose live links are all hidden.
+        let whole = (target, Tally::ALL, Tally::ALL);
+        tallies.insert(
+            whole,
+            Tally { target, collection: Tally::ALL, location: Tally::ALL, stamp: clock, ..Tally::default() },
+        );
+        for account in visible.chunk_by(|a, b| a.0 == b.0) {
+            let add = |tally: &mut Tally, records: usize| {
+                tally.records += records as u64;
+                tally.accounts += 1;
+            };
+            add(tallies.get_mut(&whole).expect("inserted"), account.len());
+            for group in account.chunk_by(|a, b| a == b) {
+                let (did, collection, location) = group[0];
+                let empty = Tally { target, collection, location, stamp: clock, ..Tally::default() };
+                add(tallies.entry((target, collection, location)).or_insert(empty), group.len());
+                let records = group.len() as u64;
+                writes.account_tallies.push(AccountTally::of(did, target, (collection, location), clock, records));
+            }
         }
         writes.links.extend(live.into_iter().map(HotLink::of));
-        writes.tallies.extend(counts.into_iter().map(|((collection, location), records)| Tally {
-            target,
-            collection,
-            location,
-            stamp: ops.clock,
-            records,
-        }));
+        writes.tallies.extend(tallies.into_values());
         Ok(true)
     }
 }
@@ -466,11 +572,17 @@ fn identities<'a>(flushed: &'a [Backlink], installed: &'a [Backlink]) -> impl It
     })
 }
 
-/// The freshest tally of each identity among `found` (any order).
-fn freshest_tallies(mut found: Vec<Tally>) -> Vec<Tally> {
+/// The freshest copy of each identity among `found` (any order).
+fn freshest<E: Entry>(mut found: Vec<E>) -> Vec<E> {
     found.sort_unstable();
     compaction::keep_freshest(&mut found);
     found
+}
+
+/// A tally a flush would take below 0 (or past its records): the hot tree or the account tallies
+/// miss what the tallies counted.
+fn missing_links(target: RecordId, value: i64) -> IndexError {
+    IndexError::Background(format!("a tally of target {target:?} would fall to {value}: the hot tree is missing links"))
 }
 
 #[cfg(test)]

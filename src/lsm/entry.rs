@@ -1,4 +1,4 @@
-//! The fixed-width entry the generic LSM stores, and its five instances.
+//! The fixed-width entry the generic LSM stores, and its six instances.
 //!
 //! Invariants every `Entry` upholds (checked by the tests at the bottom):
 //! - `encode` writes exactly `WIDTH` bytes and `decode(encode(e)) == e`.
@@ -10,7 +10,7 @@
 //!   decides. Of two entries with the same identity the larger stamp wins, and because the
 //!   stamp follows the identity, duplicates sort next to each other, oldest first.
 
-use crate::model::ids::{Backlink, ForwardLink, HotLink, RecordId, Revocation, Tally, TreeKind, be_u64};
+use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, RecordId, Revocation, Tally, TreeKind, be_u64};
 use std::fmt::Debug;
 use std::hash::Hash;
 
@@ -242,6 +242,7 @@ impl Entry for Tally {
         out[32..40].copy_from_slice(&self.location.to_be_bytes());
         out[40..48].copy_from_slice(&self.stamp.to_be_bytes());
         out[48..56].copy_from_slice(&self.records.to_be_bytes());
+        out[56..64].copy_from_slice(&self.accounts.to_be_bytes());
     }
 
     fn decode(bytes: &[u8]) -> Self {
@@ -252,6 +253,7 @@ impl Entry for Tally {
             location: be_u64(&bytes[32..40]),
             stamp: be_u64(&bytes[40..48]),
             records: be_u64(&bytes[48..56]),
+            accounts: be_u64(&bytes[56..64]),
         }
     }
 
@@ -264,15 +266,90 @@ impl Entry for Tally {
     }
 
     fn min_for_key(key: RecordId) -> Self {
-        Tally { target: key, collection: 0, location: 0, stamp: 0, records: 0 }
+        Tally { target: key, ..Tally::default() }
     }
 
     fn max_for_key(key: RecordId) -> Self {
-        Tally { target: key, collection: u64::MAX, location: u64::MAX, stamp: u64::MAX, records: u64::MAX }
+        let max = u64::MAX;
+        Tally { target: key, collection: max, location: max, stamp: max, records: max, accounts: max }
     }
 
     fn same_identity(&self, other: &Self) -> bool {
         self.target == other.target && self.collection == other.collection && self.location == other.location
+    }
+}
+
+impl Entry for AccountTally {
+    const WIDTH: usize = AccountTally::WIDTH;
+    const IDENTITY_WIDTH: usize = 48;
+    /// The target's record key and DID: a target's accounts stay together in one table of a
+    /// compacted run (their ids are close, and so compress well).
+    const SHARD_WIDTH: usize = 16;
+    const TREE: TreeKind = TreeKind::AccountTallies;
+    /// The target's.
+    const RKEY_OFFSETS: &'static [usize] = &[0];
+
+    fn encode(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), Self::WIDTH);
+        let fields = [
+            self.target_rkey,
+            self.target_did,
+            self.account,
+            self.target_collection,
+            self.collection,
+            self.location,
+            self.stamp,
+            self.records,
+        ];
+        for (field, bytes) in fields.iter().zip(out.chunks_exact_mut(8)) {
+            bytes.copy_from_slice(&field.to_be_bytes());
+        }
+    }
+
+    fn decode(bytes: &[u8]) -> Self {
+        assert_eq!(bytes.len(), Self::WIDTH);
+        let field = |i: usize| be_u64(&bytes[i * 8..i * 8 + 8]);
+        AccountTally {
+            target_rkey: field(0),
+            target_did: field(1),
+            account: field(2),
+            target_collection: field(3),
+            collection: field(4),
+            location: field(5),
+            stamp: field(6),
+            records: field(7),
+        }
+    }
+
+    fn key(&self) -> RecordId {
+        AccountTally::key_of(self.account, self.target())
+    }
+
+    fn stamp(&self) -> u64 {
+        self.stamp
+    }
+
+    fn min_for_key(key: RecordId) -> Self {
+        AccountTally { target_rkey: key.rkey, target_did: key.collection, account: key.did, ..AccountTally::default() }
+    }
+
+    fn max_for_key(key: RecordId) -> Self {
+        let max = u64::MAX;
+        AccountTally {
+            target_rkey: key.rkey,
+            target_did: key.collection,
+            account: key.did,
+            target_collection: max,
+            collection: max,
+            location: max,
+            stamp: max,
+            records: max,
+        }
+    }
+
+    fn same_identity(&self, other: &Self) -> bool {
+        let identity = |t: &Self| (t.account, t.target(), t.collection, t.location);
+        identity(self) == identity(other)
     }
 }
 
@@ -348,10 +425,29 @@ mod tests {
         fn tally_laws(a in backlink(), b in backlink(), records in any::<u64>()) {
             let tally = |l: Backlink, records| Tally {
                 target: l.target, collection: l.source.collection, location: l.location, stamp: l.source_rev, records,
+                accounts: records / 3,
             };
             check_laws(tally(a, records), tally(b, records / 2));
             let fresher = Backlink { source_rev: b.source_rev, ..a };
             check_laws(tally(a, records), tally(fresher, records / 2));
+        }
+
+        #[test]
+        fn account_tally_laws(a in backlink(), b in backlink(), records in any::<u64>()) {
+            let tally = |l: Backlink, records| AccountTally {
+                account: l.source.did,
+                target_rkey: l.target.rkey,
+                target_did: l.target.did,
+                target_collection: l.target.collection,
+                collection: l.source.collection,
+                location: l.location,
+                stamp: l.source_rev,
+                records,
+            };
+            check_laws(tally(a, records), tally(b, records / 2));
+            let fresher = Backlink { source_rev: b.source_rev, ..a };
+            check_laws(tally(a, records), tally(fresher, records / 2));
+            assert_eq!(tally(a, records).target(), a.target);
         }
 
         #[test]

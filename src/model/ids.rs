@@ -1,4 +1,5 @@
-//! Fixed-width identifiers: `RecordId`, `Backlink`, `ForwardLink`, `Revocation`, `HotLink`, `Tally`.
+//! Fixed-width identifiers: `RecordId`, `Backlink`, `ForwardLink`, `Revocation`, `HotLink`, `Tally`,
+//! `AccountTally`.
 //!
 //! Invariants:
 //! - Every encoding is big-endian with fields in declaration order, so the byte order of two
@@ -182,9 +183,11 @@ impl HotLink {
     }
 }
 
-/// How many live backlinks a hot target has from one (source collection, location): the value
-/// a flush wrote at `stamp` (the clock it covers), the freshest stamp winning. Hidden accounts'
-/// links are not counted.
+/// How many live backlinks a hot target has from one (source collection, location), and from how
+/// many accounts: the values a flush wrote at `stamp` (the clock it covers), the freshest stamp
+/// winning. Hidden accounts' links are not counted. The tally of (`ALL`, `ALL`) counts every
+/// collection and location together (its `accounts` counts each account once); every hot target
+/// has it, and a target is hot exactly when it has tallies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Tally {
     pub target: RecordId,
@@ -192,10 +195,60 @@ pub struct Tally {
     pub location: u64,
     pub stamp: u64,
     pub records: u64,
+    pub accounts: u64,
 }
 
 impl Tally {
-    pub const WIDTH: usize = 56;
+    pub const WIDTH: usize = 64;
+    /// The collection and location of the tally of a whole target: 0 is no collection or
+    /// location id (their outline ids have counters from 1 and no tag bits).
+    pub const ALL: u64 = 0;
+
+    /// True for the tally of a whole target, not of one (collection, location).
+    pub fn is_whole(&self) -> bool {
+        self.collection == Self::ALL && self.location == Self::ALL
+    }
+}
+
+/// How many live backlinks a hot target has from one account at one (source collection,
+/// location), as a flush wrote it at `stamp` (the freshest stamp winning); a hidden account's are
+/// not counted. What a flush needs to know whether a change of one link changes the target's
+/// distinct accounts (a count going to or from 0), and what a count filtered by account reads.
+/// Fields in encoding order: the target's record key and DID, the account, then the target's
+/// collection. A target's accounts are next to each other (their ids are close: they compress
+/// well), and the first 24 bytes, the tree key, tell one (target, account) from another nearly
+/// always: two share them only when their targets differ in collection alone.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AccountTally {
+    pub target_rkey: u64,
+    pub target_did: u64,
+    pub account: u64,
+    pub target_collection: u64,
+    pub collection: u64,
+    pub location: u64,
+    pub stamp: u64,
+    pub records: u64,
+}
+
+impl AccountTally {
+    pub const WIDTH: usize = 64;
+
+    /// `account`'s count of live links to `target` from one (source collection, location).
+    pub fn of(account: u64, target: RecordId, (collection, location): (u64, u64), stamp: u64, records: u64) -> Self {
+        let RecordId { rkey: target_rkey, collection: target_collection, did: target_did } = target;
+        AccountTally { account, target_rkey, target_did, target_collection, collection, location, stamp, records }
+    }
+
+    pub fn target(&self) -> RecordId {
+        RecordId { rkey: self.target_rkey, collection: self.target_collection, did: self.target_did }
+    }
+
+    /// The tree key of an account's tallies of a target: the target's record key and DID, then
+    /// the account, in the three fields of a `RecordId` (whose encoding is their concatenation).
+    /// Not a record id: only the account tallies' lookups use it.
+    pub fn key_of(account: u64, target: RecordId) -> RecordId {
+        RecordId { rkey: target.rkey, collection: target.did, did: account }
+    }
 }
 
 /// Every backlink of `source` written before stamp `rev` is dead.
@@ -210,8 +263,8 @@ impl Revocation {
 }
 
 /// The trees of the index: backlinks, the same links by source (for records with more than one),
-/// the revocations that decide the liveness of both, and for hot targets their links by account
-/// and their counts. The name is the tree's directory, object key segment and catalog value
+/// the revocations that decide the liveness of both, and for hot targets their links by account,
+/// their counts and their counts by account. The name is the tree's directory, object key segment and catalog value
 /// (`tables/<name>/<id>.data`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum TreeKind {
@@ -225,11 +278,19 @@ pub enum TreeKind {
     Hot,
     /// `Tally` entries.
     Tallies,
+    /// `AccountTally` entries.
+    AccountTallies,
 }
 
 impl TreeKind {
-    pub const ALL: [TreeKind; 5] =
-        [TreeKind::Links, TreeKind::Thresholds, TreeKind::Forward, TreeKind::Hot, TreeKind::Tallies];
+    pub const ALL: [TreeKind; 6] = [
+        TreeKind::Links,
+        TreeKind::Thresholds,
+        TreeKind::Forward,
+        TreeKind::Hot,
+        TreeKind::Tallies,
+        TreeKind::AccountTallies,
+    ];
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -238,6 +299,7 @@ impl TreeKind {
             TreeKind::Forward => "forward",
             TreeKind::Hot => "hot",
             TreeKind::Tallies => "tallies",
+            TreeKind::AccountTallies => "account_tallies",
         }
     }
 

@@ -32,7 +32,7 @@
 use crate::config::{ConfigError, FileConfig};
 use crate::constellation::many::{self, GET_MANY_TO_MANY, GET_MANY_TO_MANY_COUNTS};
 use crate::constellation::{self, GET_BACKLINK_DIDS, GET_BACKLINKS, GET_BACKLINKS_COUNT, rest};
-use crate::count::{CountOptions, Figures, count_backlinks, count_backlinks_named, parse_count_query};
+use crate::count::{CountOptions, count_backlinks, count_backlinks_named, parse_count_query};
 use crate::index::Index;
 use crate::metrics::Metrics;
 use crate::push::hub::Hub;
@@ -545,8 +545,7 @@ async fn ui_results_handler(State(state): State<AppState>, RawQuery(raw): RawQue
 async fn ui_results(state: &AppState, pairs: &[(String, String)]) -> Result<String, QueryError> {
     let params = ListParams::from_pairs(pairs.iter().map(|(k, v)| (k.as_str(), v.as_str())))?;
     let page = list_backlinks(&state.index, &params).await?;
-    let (options, accounts) = (state.options.count, Figures::WithAccounts);
-    let count = count_backlinks_named(&state.index, &params, options, accounts, &|l| Some(l.into())).await?;
+    let count = count_backlinks_named(&state.index, &params, state.options.count, &|l| Some(l.into())).await?;
     let live = state.options.push.is_some();
     Ok(render_results(&params.target, params.limit, params.cursor.is_some(), &page, &count, live))
 }
