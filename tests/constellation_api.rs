@@ -309,6 +309,48 @@ fn rest_and_xrpc_answers_equal_the_model() {
     assert_eq!(checked, POSTS * 4 + POSTS * 2 + POSTS * 2, "(target, collection, location) with live links");
 }
 
+/// Every post is hot here (promoted from 64 entries, and a count reads at most 16 entries whole):
+/// its counts come from tallies, and every count endpoint's records and distinct accounts still
+/// equal the model, exactly (no `approximate`), with `did` filters too.
+#[test]
+fn hot_targets_count_records_and_accounts_exactly() {
+    let (lines, model) = generate(43);
+    let (_dir, server) = import_and_serve_with(&lines, "hot_target_entries = 64\ncount_exact_limit = 16\n");
+    let groups = [
+        ("app.bsky.feed.like", "$.subject"),
+        ("app.bsky.feed.repost", "$.subject"),
+        ("app.bsky.feed.post", "$.reply.root"),
+        ("app.bsky.feed.post", "$.reply.parent"),
+    ];
+    let some: Vec<String> = (0..ACCOUNTS).step_by(5).map(did).collect();
+    for target in (0..POSTS).map(post) {
+        let mut all = BTreeMap::new();
+        for (collection, location) in groups {
+            let records = expected(&model, &target, collection, location);
+            let dids: BTreeSet<&str> = records.iter().map(|uri| uri.split('/').nth(2).unwrap()).collect();
+            let path = constellation_path(location, true).unwrap();
+            let rest = [("target", target.as_str()), ("collection", collection), ("path", path.as_str())];
+            assert_eq!(server.get(&query("/links/count", &rest)).1, json!({"total": records.len()}), "{target}");
+            let distinct = server.get(&query("/links/count/distinct-dids", &rest)).1;
+            assert_eq!(distinct, json!({"total": dids.len()}), "{target} {collection} {location}");
+            let source = format!("{collection}:{}", &path[1..]);
+            let mut xrpc = vec![("subject", target.as_str()), ("source", source.as_str())];
+            xrpc.extend(some.iter().map(|d| ("did", d.as_str())));
+            let from_some = records.iter().filter(|uri| some.iter().any(|d| uri.split('/').nth(2) == Some(d))).count();
+            let count = server.get(&query("/xrpc/blue.microcosm.links.getBacklinksCount", &xrpc)).1;
+            assert_eq!(count, json!({"total": from_some}), "{target} {collection} {location}, {} accounts", some.len());
+            if !records.is_empty() {
+                let summary = json!({"records": records.len(), "distinct_dids": dids.len()});
+                all.entry(collection.to_string()).or_insert_with(BTreeMap::new).insert(path.clone(), summary);
+            }
+        }
+        assert_eq!(server.get(&query("/links/all", &[("target", &target)])).1, json!({ "links": all }), "{target}");
+        let raw = server.get(&query("/xrpc/blue.cerulea.backlinks.countBacklinks", &[("target", &target)])).1;
+        assert_eq!(raw["approximate"], json!(false), "{target}: {raw}");
+        assert!(raw["total"].as_u64().unwrap() > 16, "{target} is past the scan limit: {raw}");
+    }
+}
+
 /// The real capture through the real binary: every answer equals the one constellation gives for
 /// the same events, as written down from its source in tests/data/constellation (SOURCE.md there).
 #[test]

@@ -123,6 +123,27 @@ struct Change {
     accounts: i64,
 }
 
+/// What a flush knows of one account's count (an account tally): how its links change, or for
+/// an account whose hot links it read whole, the count before and after.
+#[derive(Debug, Clone, Copy)]
+enum Counted {
+    Changed(i64),
+    Whole { before: u64, after: u64 },
+}
+
+impl Counted {
+    /// Both, of one account tally (one account's identities are either all read whole or not).
+    fn plus(self, other: Counted) -> Counted {
+        match (self, other) {
+            (Counted::Changed(a), Counted::Changed(b)) => Counted::Changed(a + b),
+            (Counted::Whole { before: b1, after: a1 }, Counted::Whole { before: b2, after: a2 }) => {
+                Counted::Whole { before: b1 + b2, after: a1 + a2 }
+            }
+            _ => unreachable!("an account is read whole for all of its identities or none"),
+        }
+    }
+}
+
 /// The freshest stamps of one identity: among the installed hot links, and in the flush.
 #[derive(Debug, Clone, Copy)]
 struct Copies {
@@ -237,7 +258,8 @@ impl Index {
             let flushed: Vec<Backlink> =
                 flushed.iter().filter(|link| batch.dids.contains(&link.source.did)).copied().collect();
             let installed = self.installed_hot_links(batch.keys, batch.accounts).await?;
-            let by_account = self.differences_by_account(ops, (&flushed, &installed), &mut visibility).await?;
+            let (links, whole) = ((&flushed[..], &installed[..]), batch.accounts);
+            let by_account = self.differences_by_account(ops, links, whole, &mut visibility).await?;
             account_tallies.extend(self.account_tallies_after(by_account, ops.clock, &mut differences).await?);
         }
         let mut writes = HotWrites {
@@ -259,14 +281,17 @@ impl Index {
     }
 
     /// What the flush changes of the identities of `flushed` (its links to hot targets) and
-    /// `installed` (the hot links it read), both of the same accounts: +1 or -1 an identity whose
-    /// liveness it changes, summed by account tally, sorted.
+    /// `installed` (the hot links it read), both of the same accounts, summed by account tally,
+    /// sorted: +1 or -1 an identity whose liveness it changes; for an account of `whole` (whose
+    /// hot links it read whole), every identity's liveness before and after, so that its account
+    /// tallies need not be read.
     async fn differences_by_account(
         &self,
         ops: &FlushedOps<'_>,
         (flushed, installed): (&[Backlink], &[Backlink]),
+        whole: &[u64],
         visibility: &mut Visibility,
-    ) -> Result<Vec<(AccountKey, i64)>, IndexError> {
+    ) -> Result<Vec<(AccountKey, Counted)>, IndexError> {
         // Only an installed copy needs the installed revocations: they are all older than the
         // flush's stamps, so the flush's own revocations alone decide a copy it writes.
         let revocations = self.revocations_of(installed.iter().copied()).await?;
@@ -286,33 +311,39 @@ impl Index {
             let before = live(copies.installed, ops.installed_clock, visibility.hidden_before(source.did));
             let freshest = copies.installed.max(copies.flushed);
             let after = live(freshest, ops.clock, visibility.hidden_after(source.did));
-            if before != after {
-                differences
-                    .push(((target, source.did, source.collection, location), i64::from(after) - i64::from(before)));
+            let key = (target, source.did, source.collection, location);
+            if whole.binary_search(&source.did).is_ok() {
+                differences.push((key, Counted::Whole { before: u64::from(before), after: u64::from(after) }));
+            } else if before != after {
+                differences.push((key, Counted::Changed(i64::from(after) - i64::from(before))));
             }
         }
         differences.sort_unstable_by_key(|(key, _)| *key);
         differences.dedup_by(|later, kept| {
             let same = later.0 == kept.0;
             if same {
-                kept.1 += later.1;
+                kept.1 = kept.1.plus(later.1);
             }
             same
         });
         Ok(differences)
     }
 
-    /// The account tallies `by_account` (sorted, one per key) makes of the current ones, and what
-    /// they change in the tallies (added to `differences`): a tally's accounts change when an
-    /// account's count goes to or from 0, the whole target's when its counts all do.
+    /// The account tallies `by_account` (sorted, one per key) makes of the current ones (read
+    /// only for the accounts not read whole), and what they change in the tallies (added to
+    /// `differences`): a tally's accounts change when an account's count goes to or from 0, the
+    /// whole target's when its counts all do.
     async fn account_tallies_after(
         &self,
-        by_account: Vec<(AccountKey, i64)>,
+        by_account: Vec<(AccountKey, Counted)>,
         clock: u64,
         differences: &mut BTreeMap<TallyKey, Change>,
     ) -> Result<Vec<AccountTally>, IndexError> {
-        let mut keys: Vec<RecordId> =
-            by_account.iter().map(|((target, account, _, _), _)| AccountTally::key_of(*account, *target)).collect();
+        let mut keys: Vec<RecordId> = by_account
+            .iter()
+            .filter(|(_, counted)| matches!(counted, Counted::Changed(_)))
+            .map(|((target, account, _, _), _)| AccountTally::key_of(*account, *target))
+            .collect();
         keys.sort_unstable();
         keys.dedup();
         let mut current: HashMap<(RecordId, u64), Vec<AccountTally>> = HashMap::new();
@@ -322,30 +353,33 @@ impl Index {
         let mut written = Vec::new();
         for group in by_account.chunk_by(|(a, _), (b, _)| (a.0, a.1) == (b.0, b.1)) {
             let (target, account, _, _) = group[0].0;
-            let before = current.remove(&(target, account)).unwrap_or_default();
-            let records_before = |collection, location| {
-                before.iter().find(|t| (t.collection, t.location) == (collection, location)).map_or(0, |t| t.records)
-            };
-            let mut whole = Change::default();
-            for &((_, _, collection, location), difference) in group {
-                let old = records_before(collection, location);
-                let new = old as i64 + difference;
-                if new < 0 {
-                    return Err(missing_links(target, new));
-                }
-                let change = differences.entry((target, collection, location)).or_default();
-                change.records += difference;
-                change.accounts += i64::from(new > 0) - i64::from(old > 0);
-                whole.records += difference;
-                let tally = AccountTally::of(account, target, (collection, location), clock, new as u64);
-                written.push(tally);
+            // (collection, location) -> the account's count before and after the flush.
+            let mut counts: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
+            for tally in current.remove(&(target, account)).unwrap_or_default() {
+                counts.insert((tally.collection, tally.location), (tally.records, tally.records));
             }
-            let changed =
-                |t: &AccountTally| group.iter().any(|((_, _, c, l), _)| (*c, *l) == (t.collection, t.location));
-            let any_before = before.iter().any(|t| t.records > 0);
-            let any_after = written[written.len() - group.len()..].iter().any(|t| t.records > 0)
-                || before.iter().any(|t| t.records > 0 && !changed(t));
-            whole.accounts = i64::from(any_after) - i64::from(any_before);
+            for &((_, _, collection, location), counted) in group {
+                let (before, after) = counts.entry((collection, location)).or_default();
+                match counted {
+                    Counted::Whole { before: whole_before, after: whole_after } => {
+                        (*before, *after) = (whole_before, whole_after);
+                    }
+                    Counted::Changed(difference) => {
+                        let new = *before as i64 + difference;
+                        *after = u64::try_from(new).map_err(|_| missing_links(target, new))?;
+                    }
+                }
+            }
+            let any = |of: fn(&(u64, u64)) -> u64| counts.values().any(|count| of(count) > 0);
+            let whole_accounts = i64::from(any(|c| c.1)) - i64::from(any(|c| c.0));
+            let mut whole = Change { records: 0, accounts: whole_accounts };
+            for (&(collection, location), &(before, after)) in counts.iter().filter(|(_, (b, a))| b != a) {
+                let change = differences.entry((target, collection, location)).or_default();
+                change.records += after as i64 - before as i64;
+                change.accounts += i64::from(after > 0) - i64::from(before > 0);
+                whole.records += after as i64 - before as i64;
+                written.push(AccountTally::of(account, target, (collection, location), clock, after));
+            }
             let change = differences.entry((target, Tally::ALL, Tally::ALL)).or_default();
             change.records += whole.records;
             change.accounts += whole.accounts;
