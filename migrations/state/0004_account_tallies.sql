@@ -3,8 +3,8 @@
 -- under the wider CHECK with its rows, seq values and AUTOINCREMENT high-water mark kept.
 --
 -- Tallies grew from 56 to 64 bytes (their distinct accounts), so the hot links and tallies that
--- version 3 wrote are retired here (obsolete since time 0: GC deletes them once no published
--- manifest names them). Without tallies no target is hot: flushes and counts promote the hot
+-- version 3 wrote are retired here (obsolete from the migration's time, in unix milliseconds:
+-- GC deletes them after its grace period, once no published manifest names them). Without tallies no target is hot: flushes and counts promote the hot
 -- targets again, each with its accounts.
 CREATE TABLE tables_v4 (
     seq         INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -30,7 +30,8 @@ INSERT INTO sqlite_sequence (name, seq) SELECT 'tables_v4', seq FROM sqlite_sequ
 DROP TABLE tables;
 ALTER TABLE tables_v4 RENAME TO tables;
 
-UPDATE tables SET obsolete_at = 0 WHERE tree IN ('hot', 'tallies') AND obsolete_at IS NULL;
+UPDATE tables SET obsolete_at = CAST(strftime('%s', 'now') AS INTEGER) * 1000
+    WHERE tree IN ('hot', 'tallies') AND obsolete_at IS NULL;
 
 CREATE INDEX tables_not_uploaded ON tables (seq) WHERE uploaded = 0 AND obsolete_at IS NULL;
 CREATE INDEX tables_obsolete ON tables (obsolete_at) WHERE obsolete_at IS NOT NULL;

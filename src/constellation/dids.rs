@@ -98,7 +98,8 @@ fn render_dids(index: &Index, repos: &[RecordId]) -> Result<Vec<String>, QueryEr
 }
 
 /// A target with more entries than a count reads whole: DIDs distinct within the page, in
-/// listBacklinks order, and an estimated total.
+/// listBacklinks order, and its total (exact for a hot target, from its tallies; estimated
+/// otherwise). The answer is `approximate` either way: a DID may come again on a later page.
 async fn hot_target_page(index: &Index, params: &ListParams, sampled: &TargetLinks) -> Result<Value, QueryError> {
     let (dids, cursor) = match params.limit {
         0 => (Vec::new(), None),

@@ -12,8 +12,9 @@ use std::sync::atomic::Ordering;
 
 impl Index {
     /// Evicts local data copies of uploaded tables, least recently read first, until the cached
-    /// bytes fit `cache_bytes`. Backlink tables go first, then forward and hot links: revocation
-    /// and tally tables are small and queries read them. A table not yet uploaded is never evicted: it exists nowhere else.
+    /// bytes fit `cache_bytes`. Backlink tables go first, then forward links, hot links and
+    /// account tallies (as large as the hot links): revocation and tally tables are small and
+    /// queries read them. A table not yet uploaded is never evicted: it exists nowhere else.
     /// Metas always stay. Returns the bytes evicted.
     pub fn enforce_cache_budget(&self) -> Result<u64, IndexError> {
         let pending: HashSet<String> = self.catalog.pending_uploads()?.into_iter().map(|t| t.id).collect();
@@ -21,6 +22,7 @@ impl Index {
         let evicted = self.evict_from(&self.links, &pending, &mut over)?
             + self.evict_from(&self.forward, &pending, &mut over)?
             + self.evict_from(&self.hot, &pending, &mut over)?
+            + self.evict_from(&self.account_tallies, &pending, &mut over)?
             + self.evict_from(&self.thresholds, &pending, &mut over)?
             + self.evict_from(&self.tallies, &pending, &mut over)?;
         self.counters.cache_evicted_bytes.fetch_add(evicted, Ordering::Relaxed);
@@ -32,7 +34,12 @@ impl Index {
         fn of<E: Entry>(tree: &Tree<E>) -> u64 {
             tree.tables().iter().map(|t| t.cached_bytes()).sum()
         }
-        of(&self.links) + of(&self.forward) + of(&self.thresholds) + of(&self.hot) + of(&self.tallies)
+        of(&self.links)
+            + of(&self.forward)
+            + of(&self.thresholds)
+            + of(&self.hot)
+            + of(&self.tallies)
+            + of(&self.account_tallies)
     }
 
     fn evict_from<E: Entry>(

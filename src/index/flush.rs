@@ -92,11 +92,13 @@ impl FlushJob<'_> {
         if let Some(record) = hot_links {
             index.hot.install(index.hot.open_table(record)?, None);
         }
-        if let Some(record) = tallies {
-            index.tallies.install(index.tallies.open_table(record)?, None);
-        }
+        // Account tallies first: a count that finds a target's tallies reads its account
+        // tallies next, and must find those of the same flush.
         if let Some(record) = account_tallies {
             index.account_tallies.install(index.account_tallies.open_table(record)?, None);
+        }
+        if let Some(record) = tallies {
+            index.tallies.install(index.tallies.open_table(record)?, None);
         }
         index.promoted(&hot.promoted);
         index.tables_clock.fetch_max(flush.position.clock, Ordering::Release);
