@@ -80,11 +80,12 @@ fn measure(index: &Index, runtime: &tokio::runtime::Runtime, label: &str) {
         records();
         index.flush().unwrap();
         let name = |location: &str| Some(location.to_string());
-        let accounts = || runtime.block_on(count_backlinks_named(index, &params, CountOptions::default(), &name));
+        let accounts =
+            || runtime.block_on(count_backlinks_named(index, &params, CountOptions::default(), &name)).unwrap();
         let by_dids = ListParams { dids: some_dids(), ..params.clone() };
         let of_dids = || runtime.block_on(count_backlinks(index, &by_dids, CountOptions::default())).unwrap();
         measure_one(&records, label, size, "records");
-        measure_one(&|| accounts().unwrap(), label, size, "accounts");
+        measure_one(&accounts, label, size, "accounts");
         measure_one(&of_dids, label, size, "10 dids");
     }
 }

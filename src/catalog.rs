@@ -655,21 +655,29 @@ mod tests {
         assert_eq!(version, 4, "migrations did not run twice");
     }
 
-    #[test]
-    fn a_version_1_catalog_keeps_its_tables_and_takes_forward_ones() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state/state.db");
+    /// A catalog in `dir` at schema `version`, with a delta table of one row for each (id, tree).
+    fn catalog_at_version(dir: &Path, version: usize, tables: &[(&str, &str)]) -> (PathBuf, Connection) {
+        let path = dir.join("state/state.db");
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
         let mut conn = Connection::open(&path).unwrap();
-        Migrations::new(vec![M::up(migrations_sql()[0])]).to_latest(&mut conn).unwrap();
-        for id in ["t1", "t2"] {
+        let mut upto = migrations_sql();
+        upto.truncate(version);
+        Migrations::new(upto.into_iter().map(M::up).collect()).to_latest(&mut conn).unwrap();
+        for (id, tree) in tables {
             conn.execute(
                 "INSERT INTO tables (id, tree, run_id, run_kind, shard, shard_count, entries, data_len, meta_len,
-                    uploaded, min_stamp, max_stamp) VALUES (?1, 'links', ?1, 'delta', 0, 1, 3, 10, 5, 1, 1, 2)",
-                [id],
+                    uploaded, min_stamp, max_stamp) VALUES (?1, ?2, ?1, 'delta', 0, 1, 3, 10, 5, 1, 1, 2)",
+                [id, tree],
             )
             .unwrap();
         }
+        (path, conn)
+    }
+
+    #[test]
+    fn a_version_1_catalog_keeps_its_tables_and_takes_forward_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let (path, conn) = catalog_at_version(dir.path(), 1, &[("t1", "links"), ("t2", "links")]);
         // GC forgot the newest row: its seq must not be given again.
         conn.execute("DELETE FROM tables WHERE id = 't2'", []).unwrap();
         drop(conn);
@@ -696,20 +704,7 @@ mod tests {
     #[test]
     fn a_version_3_catalog_retires_its_hot_links_and_tallies() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("state/state.db");
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        let mut conn = Connection::open(&path).unwrap();
-        let mut upto_3 = migrations_sql();
-        upto_3.truncate(3);
-        Migrations::new(upto_3.into_iter().map(M::up).collect()).to_latest(&mut conn).unwrap();
-        for (id, tree) in [("l1", "links"), ("h1", "hot"), ("c1", "tallies")] {
-            conn.execute(
-                "INSERT INTO tables (id, tree, run_id, run_kind, shard, shard_count, entries, data_len, meta_len,
-                    uploaded, min_stamp, max_stamp) VALUES (?1, ?2, ?1, 'delta', 0, 1, 3, 10, 5, 1, 1, 2)",
-                [id, tree],
-            )
-            .unwrap();
-        }
+        let (path, conn) = catalog_at_version(dir.path(), 3, &[("l1", "links"), ("h1", "hot"), ("c1", "tallies")]);
         drop(conn);
         let catalog = Catalog::open(&path).unwrap();
         let live: Vec<String> = catalog.tables().unwrap().into_iter().map(|t| t.id).collect();

@@ -152,26 +152,10 @@ pub async fn read_target(index: &Index, params: &ListParams, options: CountOptio
 /// The tallies of the groups `filters` admits, and of all of them together, from the account
 /// tallies of the accounts it admits (`found`: freshest, any target with their keys).
 fn tallied_by_account(target: RecordId, found: &[AccountTally], filters: &Filters) -> TargetLinks {
-    let admitted = found
-        .iter()
-        .filter(|t| t.target() == target && t.records > 0 && filters.admits_group(t.collection, t.location));
-    let mut groups: BTreeMap<(u64, u64), Tally> = BTreeMap::new();
-    let mut whole = Tally { target, collection: Tally::ALL, location: Tally::ALL, ..Tally::default() };
-    let mut accounts = HashSet::new();
-    for tally in admitted {
-        let group = groups.entry((tally.collection, tally.location)).or_insert(Tally {
-            target,
-            collection: tally.collection,
-            location: tally.location,
-            ..Tally::default()
-        });
-        group.records += tally.records;
-        group.accounts += 1;
-        whole.records += tally.records;
-        accounts.insert(tally.account);
-    }
-    whole.accounts = accounts.len() as u64;
-    TargetLinks::Tallied { tallies: groups.into_values().collect(), whole: Some(whole) }
+    let admitted = found.iter().filter(|t| t.target() == target && filters.admits_group(t.collection, t.location));
+    let mut tallies = Tally::of_accounts(target, admitted, 0);
+    let whole = tallies.pop().filter(Tally::is_whole).expect("the whole tally comes last");
+    TargetLinks::Tallied { tallies, whole: Some(whole) }
 }
 
 /// The count of what `read_target` read, `by_source` keyed as in `count_backlinks_named`.

@@ -512,30 +512,17 @@ impl Index {
             .map(|link| (link.source.did, link.source.collection, link.location))
             .collect();
         visible.sort_unstable();
-        let clock = ops.clock;
-        let mut tallies: BTreeMap<TallyKey, Tally> = BTreeMap::new();
-        // Every hot target has its whole tally, even one whose live links are all hidden.
-        let whole = (target, Tally::ALL, Tally::ALL);
-        tallies.insert(
-            whole,
-            Tally { target, collection: Tally::ALL, location: Tally::ALL, stamp: clock, ..Tally::default() },
-        );
-        for account in visible.chunk_by(|a, b| a.0 == b.0) {
-            let add = |tally: &mut Tally, records: usize| {
-                tally.records += records as u64;
-                tally.accounts += 1;
-            };
-            add(tallies.get_mut(&whole).expect("inserted"), account.len());
-            for group in account.chunk_by(|a, b| a == b) {
+        let accounts: Vec<AccountTally> = visible
+            .chunk_by(|a, b| a == b)
+            .map(|group| {
                 let (did, collection, location) = group[0];
-                let empty = Tally { target, collection, location, stamp: clock, ..Tally::default() };
-                add(tallies.entry((target, collection, location)).or_insert(empty), group.len());
-                let records = group.len() as u64;
-                writes.account_tallies.push(AccountTally::of(did, target, (collection, location), clock, records));
-            }
-        }
+                AccountTally::of(did, target, (collection, location), ops.clock, group.len() as u64)
+            })
+            .collect();
+        // Every hot target has its whole tally, even one whose live links are all hidden.
+        writes.tallies.extend(Tally::of_accounts(target, accounts.iter(), ops.clock));
+        writes.account_tallies.extend(accounts);
         writes.links.extend(live.into_iter().map(HotLink::of));
-        writes.tallies.extend(tallies.into_values());
         Ok(true)
     }
 }

@@ -434,15 +434,8 @@ mod tests {
 
         #[test]
         fn account_tally_laws(a in backlink(), b in backlink(), records in any::<u64>()) {
-            let tally = |l: Backlink, records| AccountTally {
-                account: l.source.did,
-                target_rkey: l.target.rkey,
-                target_did: l.target.did,
-                target_collection: l.target.collection,
-                collection: l.source.collection,
-                location: l.location,
-                stamp: l.source_rev,
-                records,
+            let tally = |l: Backlink, records| {
+                AccountTally::of(l.source.did, l.target, (l.source.collection, l.location), l.source_rev, records)
             };
             check_laws(tally(a, records), tally(b, records / 2));
             let fresher = Backlink { source_rev: b.source_rev, ..a };

@@ -208,6 +208,29 @@ impl Tally {
     pub fn is_whole(&self) -> bool {
         self.collection == Self::ALL && self.location == Self::ALL
     }
+
+    /// The tallies of `target` that `accounts` (its account tallies, one an identity) make,
+    /// stamped `stamp`: one a (collection, location) with a live link, sorted, then the whole
+    /// target's, which is there even when no account has one.
+    pub fn of_accounts<'a>(
+        target: RecordId,
+        accounts: impl Iterator<Item = &'a AccountTally>,
+        stamp: u64,
+    ) -> Vec<Tally> {
+        let empty = |collection, location| Tally { target, collection, location, stamp, ..Tally::default() };
+        let mut groups: std::collections::BTreeMap<(u64, u64), Tally> = std::collections::BTreeMap::new();
+        let mut whole = empty(Self::ALL, Self::ALL);
+        let mut seen = std::collections::HashSet::new();
+        for tally in accounts.filter(|tally| tally.records > 0) {
+            let (collection, location) = (tally.collection, tally.location);
+            let group = groups.entry((collection, location)).or_insert_with(|| empty(collection, location));
+            group.records += tally.records;
+            group.accounts += 1;
+            whole.records += tally.records;
+            whole.accounts += u64::from(seen.insert(tally.account));
+        }
+        groups.into_values().chain([whole]).collect()
+    }
 }
 
 /// How many live backlinks a hot target has from one account at one (source collection,
@@ -322,6 +345,27 @@ pub(crate) fn be_u64(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tallies_of_accounts_count_each_account_once_for_the_whole_target() {
+        let target = RecordId { rkey: 9, collection: 3, did: 1 };
+        let of = |account, group, records| AccountTally::of(account, target, group, 5, records);
+        let (likes, replies) = ((2, 7), (4, 8));
+        let accounts = [of(10, likes, 2), of(10, replies, 1), of(11, likes, 1), of(12, replies, 0)];
+        let tally = |(collection, location), records, accounts| Tally {
+            target,
+            collection,
+            location,
+            stamp: 5,
+            records,
+            accounts,
+        };
+        let whole = (Tally::ALL, Tally::ALL);
+        let want = vec![tally(likes, 3, 2), tally(replies, 1, 1), tally(whole, 4, 2)];
+        assert_eq!(Tally::of_accounts(target, accounts.iter(), 5), want);
+        assert_eq!(Tally::of_accounts(target, [].iter(), 5), vec![tally(whole, 0, 0)], "the whole tally stays");
+        assert!(Tally::of_accounts(target, [].iter(), 5)[0].is_whole());
+    }
 
     #[test]
     fn record_id_round_trips_and_orders_like_bytes() {
