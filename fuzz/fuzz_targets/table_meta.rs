@@ -1,6 +1,7 @@
 //! Table meta files, decoded from arbitrary bytes and round-tripped through whole tables.
 //!
-//! The first byte picks the entry type (bits 0 and 5: backlinks, revocations, hot links or tallies)
+//! The first byte picks the entry type (bits 0 and 5: backlinks, revocations, hot links or tallies;
+//! account tallies when bit 6 is set)
 //! and the mode (bit 2):
 //! - decode: the rest is a meta file, its checksum fixed up first when bit 1 is set;
 //! - build: the rest is entries (sorted and deduplicated) and, in its first byte, the frame size;
@@ -20,16 +21,17 @@ mod common;
 use backlinks::lsm::entry::Entry;
 use backlinks::lsm::filter::KeyHash;
 use backlinks::lsm::table::{FormatError, TableMeta, decode_frames, verify_data_file};
-use backlinks::model::ids::{Backlink, HotLink, Revocation, Tally};
+use backlinks::model::ids::{AccountTally, Backlink, HotLink, Revocation, Tally};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let Some((&mode, rest)) = data.split_first() else { return };
-    match (mode & 1) | (mode >> 4 & 2) {
+    match (mode & 1) | (mode >> 4 & 2) | (mode >> 4 & 4) {
         0 => check::<Backlink>(mode, rest),
         1 => check::<Revocation>(mode, rest),
         2 => check::<HotLink>(mode, rest),
-        _ => check::<Tally>(mode, rest),
+        3 => check::<Tally>(mode, rest),
+        _ => check::<AccountTally>(mode, rest),
     }
 });
 
