@@ -1,19 +1,22 @@
 //! Count latency (issue 23): countBacklinks of targets with 10, 10 k and 1 M live backlinks, warm,
 //! one request at a time, p50 / p99 / max over `REQUESTS` requests each; then the same targets'
 //! distinct accounts (what `/links/count/distinct-dids` reads) and a count filtered by 10
-//! accounts (`did`). Every 20th record is
+//! accounts (`did`), and the pages of their linking DIDs (getBacklinkDids, 100 a page, walked
+//! from the first page to the last: each account must come once). Every 20th record is
 //! deleted again, so the counts are of live links among dead ones. Run twice: with the default
 //! `hot_target_entries` (the 1 M target is hot, counted from its tallies) and with promotion off
 //! (it is estimated from a sample, as before tallies), to show what tallies change.
 //!
 //! Run: `cargo bench --bench count`.
 
+use backlinks::constellation::get_backlink_dids;
 use backlinks::count::{Count, CountOptions, count_backlinks, count_backlinks_named};
 use backlinks::index::{Index, IndexOptions};
 use backlinks::model::operation::{Operation, RecordOp, RecordRef};
 use backlinks::model::tid::format_tid;
-use backlinks::query::ListParams;
+use backlinks::query::{Cursor, ListParams};
 use backlinks::store::dir::DirStore;
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -87,7 +90,46 @@ fn measure(index: &Index, runtime: &tokio::runtime::Runtime, label: &str) {
         measure_one(&records, label, size, "records");
         measure_one(&accounts, label, size, "accounts");
         measure_one(&of_dids, label, size, "10 dids");
+        measure_did_pages(index, runtime, (label, size), &params);
     }
+}
+
+/// Walks every page of the target's linking DIDs (100 a page) until `REQUESTS` pages are timed;
+/// each walk must give every account once.
+fn measure_did_pages(
+    index: &Index,
+    runtime: &tokio::runtime::Runtime,
+    (label, size): (&str, usize),
+    params: &ListParams,
+) {
+    let mut times = Vec::new();
+    let (mut accounts, mut approximate) = (0, false);
+    while times.len() < REQUESTS {
+        let (mut seen, mut cursor) = (HashSet::new(), None);
+        loop {
+            let page_params = ListParams { limit: 100, cursor, ..params.clone() };
+            let started = Instant::now();
+            let page = runtime.block_on(get_backlink_dids(index, &page_params, CountOptions::default())).unwrap();
+            times.push(started.elapsed());
+            approximate |= page.get("approximate").is_some();
+            for did in page["linking_dids"].as_array().unwrap() {
+                assert!(seen.insert(did.as_str().unwrap().to_string()) || approximate, "{did} twice");
+            }
+            match page["cursor"].as_str() {
+                Some(next) => cursor = Some(Cursor::decode(next).unwrap()),
+                None => break,
+            }
+        }
+        accounts = seen.len();
+    }
+    times.sort_unstable();
+    println!(
+        "{label:>12} {size:>9} backlinks, DID pages: {accounts:>9} {}  p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
+        if approximate { "repeats " } else { "once    " },
+        percentile(&times, 0.5),
+        percentile(&times, 0.99),
+        percentile(&times, 1.0),
+    );
 }
 
 fn measure_one(count: &dyn Fn() -> Count, label: &str, size: usize, what: &str) {

@@ -18,7 +18,7 @@
 //! - `limit` is constellation's: default `DEFAULT_LIMIT`, 0..=`MAX_LIMIT`; 0 answers the totals
 //!   with an empty page and no cursor.
 //! - Work is bounded: at most `MAX_DIDS` `did` filters; getBacklinkDids reads what a count reads,
-//!   plus at most `MAX_DID_ROUNDS` list pages on a target too hot to read whole (`dids`).
+//!   plus at most `MAX_DID_ROUNDS` reads on a target too hot to read whole (`dids`).
 //! - Totals come from countBacklinks with the same filters; an estimate adds `"approximate": true`
 //!   (exact answers have exactly constellation's fields).
 

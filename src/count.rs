@@ -124,7 +124,7 @@ pub enum TargetLinks {
     Sampled { live: Vec<Backlink>, raw_total: u64, raw_sampled: u64 },
     /// A hot target's tallies that pass the filters, and when it is known the tally of all of
     /// them together (its `accounts` counting each account once).
-    Tallied { tallies: Vec<Tally>, whole: Option<Tally> },
+    Tallied { target: RecordId, tallies: Vec<Tally>, whole: Option<Tally> },
 }
 
 /// Reads the live backlinks to `params.target` that pass its filters: all of them, or when the
@@ -146,7 +146,7 @@ pub async fn read_target(index: &Index, params: &ListParams, options: CountOptio
     let (wholes, groups): (Vec<Tally>, Vec<Tally>) = tallies.into_iter().partition(Tally::is_whole);
     let whole = wholes.into_iter().next().filter(|_| filters.admits_every_group());
     let tallies = groups.into_iter().filter(|t| filters.admits_group(t.collection, t.location)).collect();
-    Ok(TargetLinks::Tallied { tallies, whole })
+    Ok(TargetLinks::Tallied { target: scope.target, tallies, whole })
 }
 
 /// The tallies of the groups `filters` admits, and of all of them together, from the account
@@ -155,7 +155,7 @@ fn tallied_by_account(target: RecordId, found: &[AccountTally], filters: &Filter
     let admitted = found.iter().filter(|t| t.target() == target && filters.admits_group(t.collection, t.location));
     let mut tallies = Tally::of_accounts(target, admitted, 0);
     let whole = tallies.pop().filter(Tally::is_whole).expect("the whole tally comes last");
-    TargetLinks::Tallied { tallies, whole: Some(whole) }
+    TargetLinks::Tallied { target, tallies, whole: Some(whole) }
 }
 
 /// The count of what `read_target` read, `by_source` keyed as in `count_backlinks_named`.
@@ -172,7 +172,7 @@ pub fn count_of(
             count.distinct_approximate = true;
             Ok(count)
         }
-        TargetLinks::Tallied { tallies, whole } => count_tallies(index, tallies, whole.as_ref(), name),
+        TargetLinks::Tallied { tallies, whole, .. } => count_tallies(index, tallies, whole.as_ref(), name),
     }
 }
 
@@ -238,8 +238,8 @@ struct TableSpan {
 
 impl TableSpan {
     fn of(table: Arc<TableHandle<Backlink>>, target: RecordId) -> Result<Self, ReadError> {
-        let frames = table.frames_for_key(target, PageUse::Lookup)?;
-        let frame_entries = table.frame_infos(frames.clone(), PageUse::Lookup)?.iter().map(|f| f.entries).collect();
+        let (frames, infos) = table.frame_infos_for_key(target, PageUse::Lookup)?;
+        let frame_entries = infos.iter().map(|f| f.entries).collect();
         Ok(TableSpan { table, frames, frame_entries })
     }
 

@@ -311,7 +311,8 @@ fn rest_and_xrpc_answers_equal_the_model() {
 
 /// Every post is hot here (promoted from 64 entries, and a count reads at most 16 entries whole):
 /// its counts come from tallies, and every count endpoint's records and distinct accounts still
-/// equal the model, exactly (no `approximate`), with `did` filters too.
+/// equal the model, exactly (no `approximate`), with `did` filters too; its linking DIDs, paged
+/// three at a time, come out each once.
 #[test]
 fn hot_targets_count_records_and_accounts_exactly() {
     let (lines, model) = generate(43);
@@ -339,6 +340,9 @@ fn hot_targets_count_records_and_accounts_exactly() {
             let from_some = records.iter().filter(|uri| some.iter().any(|d| uri.split('/').nth(2) == Some(d))).count();
             let count = server.get(&query("/xrpc/blue.microcosm.links.getBacklinksCount", &xrpc)).1;
             assert_eq!(count, json!({"total": from_some}), "{target} {collection} {location}, {} accounts", some.len());
+            assert_each_did_once(&server, "/links/distinct-dids", &rest, &dids);
+            let some_dids: BTreeSet<&str> = dids.iter().copied().filter(|d| some.iter().any(|s| s == d)).collect();
+            assert_each_did_once(&server, "/xrpc/blue.microcosm.links.getBacklinkDids", &xrpc, &some_dids);
             if !records.is_empty() {
                 let summary = json!({"records": records.len(), "distinct_dids": dids.len()});
                 all.entry(collection.to_string()).or_insert_with(BTreeMap::new).insert(path.clone(), summary);
@@ -366,8 +370,22 @@ fn capture_answers_equal_constellations() {
     }
 }
 
+/// Every page of linking DIDs (three a page) exact, and together `expected`, each DID once.
+fn assert_each_did_once(server: &Server, path: &str, pairs: &[(&str, &str)], expected: &BTreeSet<&str>) {
+    let pages = pages(server, path, pairs, "3");
+    let mut dids = Vec::new();
+    for page in &pages {
+        assert_eq!(page.get("approximate"), None, "{path} {pairs:?}: {page}");
+        assert_eq!(page["total"], json!(expected.len()), "{path} {pairs:?}: {page}");
+        dids.extend(page["linking_dids"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()));
+    }
+    let once: BTreeSet<&str> = dids.iter().map(String::as_str).collect();
+    assert_eq!((once.len(), &once), (dids.len(), expected), "{path} {pairs:?}");
+}
+
 /// One account likes a post fifty times among 23 others' likes: paged three at a time, every
-/// account comes out exactly once, on getBacklinkDids and on `/links/distinct-dids` alike.
+/// account comes out exactly once, on getBacklinkDids and on `/links/distinct-dids` alike,
+/// whether the post is read whole or counted from its tallies (hot).
 #[test]
 fn an_account_that_links_many_times_comes_out_once_over_all_pages() {
     let mut lines = String::new();
@@ -380,18 +398,16 @@ fn an_account_that_links_many_times_comes_out_once_over_all_pages() {
         lines.push_str(&commit(liker, 1_780_000_000_000_000 + i as u64, body).to_string());
         lines.push('\n');
     }
-    let (_dir, server) = import_and_serve(&lines);
-    let target = post(0);
-    let xrpc = [("subject", target.as_str()), ("source", "app.bsky.feed.like:subject.uri")];
-    let rest = [("target", target.as_str()), ("collection", COLLECTIONS[0]), ("path", ".subject.uri")];
-    for (path, pairs) in
-        [("/xrpc/blue.microcosm.links.getBacklinkDids", &xrpc[..]), ("/links/distinct-dids", &rest[..])]
-    {
-        let (dids, totals) = every_page(&server, path, pairs, "linking_dids");
-        let dids: Vec<String> = dids.iter().map(|d| d.as_str().unwrap().to_string()).collect();
-        assert_eq!(dids.len(), likers.len(), "{path}: {dids:?}");
-        assert_eq!(dids.iter().cloned().collect::<BTreeSet<_>>(), likers, "{path}");
-        assert_eq!(totals, BTreeSet::from([likers.len() as u64]), "{path}");
+    let likers: BTreeSet<&str> = likers.iter().map(String::as_str).collect();
+    for config in ["", "hot_target_entries = 64\ncount_exact_limit = 16\n"] {
+        let (_dir, server) = import_and_serve_with(&lines, config);
+        let target = post(0);
+        let xrpc = [("subject", target.as_str()), ("source", "app.bsky.feed.like:subject.uri")];
+        let rest = [("target", target.as_str()), ("collection", COLLECTIONS[0]), ("path", ".subject.uri")];
+        assert_each_did_once(&server, "/xrpc/blue.microcosm.links.getBacklinkDids", &xrpc, &likers);
+        assert_each_did_once(&server, "/links/distinct-dids", &rest, &likers);
+        let raw = server.get(&query("/xrpc/blue.cerulea.backlinks.countBacklinks", &[("target", &target)])).1;
+        assert_eq!(raw["total"], json!(200), "{config:?}: {raw}");
     }
 }
 

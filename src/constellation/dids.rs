@@ -1,35 +1,47 @@
 //! getBacklinkDids and `/links/distinct-dids`: the accounts that link to a target, each once over
 //! all pages.
 //!
-//! An account's place in the list is its first link: the oldest live backlink it has to the
-//! target (among those the filters admit), by position (`(source, location)`, the order of
-//! listBacklinks). Accounts are listed newest first by that place (oldest first with `reverse`),
-//! as constellation lists them, and the cursor is the place of the page's last account, in
-//! listBacklinks' cursor format.
+//! Two orders, each with its own cursor:
+//! - A target a count reads whole: an account's place in the list is its first link, the oldest
+//!   live backlink it has to the target (among those the filters admit), by position
+//!   (`(source, location)`, the order of listBacklinks). Accounts are listed newest first by that
+//!   place (oldest first with `reverse`), as constellation lists them, and the cursor is the
+//!   place of the page's last account, in listBacklinks' cursor format.
+//! - A hot target (one with tallies, `index::tally`): its accounts are read from its account
+//!   tallies (an account with a live link the filters admit), by account id: newest account to
+//!   the index first (ids come from a sequence), oldest first with `reverse`. The cursor names the
+//!   page's last account (a listBacklinks cursor whose source is the account's repository: a
+//!   listBacklinks source is always a record).
 //!
 //! Invariants:
 //! - Over the pages of one walk, an account comes out at most once, and every account whose
-//!   first link stays put comes out: each page takes the places strictly beyond the cursor, and
-//!   an account has one place. (An account whose first link is deleted mid-walk moves to its next
+//!   place stays put comes out: each page takes the places strictly beyond the cursor, and an
+//!   account has one place. (An account whose first link is deleted mid-walk moves to its next
 //!   link, and may come out again; one that links for the first time behind the cursor is not
-//!   listed, as a new backlink behind a listBacklinks cursor is not.)
-//! - The work is a count's: every entry of the target is read when it has at most
-//!   `exact_scan_limit` entries. A hotter target is paged as listBacklinks pages it, distinct
-//!   within a page only, at most `MAX_DID_ROUNDS` rounds, and the answer says `"approximate"`.
-//! - `limit` 0 answers the total with an empty page and no cursor.
-//! - A target that grows past the bound during a walk switches to the hot-target paging, whose
-//!   cursor is a position too: from there DIDs may repeat.
+//!   listed, as a new backlink behind a listBacklinks cursor is not. An account id never moves.)
+//! - The work is bounded. A target read whole costs a count (at most `exact_scan_limit`
+//!   entries). A hot target's page reads its account tallies from the cursor on, at most
+//!   `MAX_DID_ROUNDS` rounds of about twice the page's entries a run, doubling each round (a page
+//!   cut short by the rounds has a cursor where they stopped); with `did` filters, one point read
+//!   each. A target past the scan limit without tallies (promotion is asked for) is paged as
+//!   listBacklinks pages it, distinct within a page only, and the answer says `"approximate"`.
+//! - `limit` 0 answers the total with an empty page and no cursor. The total is the count's
+//!   distinct accounts (exact for a hot target unless the filters name a union of groups).
+//! - A cursor of one order given to a target that has changed kind since (a target that grew hot
+//!   mid-walk, say) goes on as well as it can: an account cursor on a target read whole pages its
+//!   accounts by id; a place cursor on a hot target pages as listBacklinks does (DIDs may repeat).
 
 use super::{did_of, mark_estimate};
 use crate::count::{CountOptions, TargetLinks, count_of, read_target};
 use crate::index::Index;
-use crate::model::ids::{Backlink, RecordId};
-use crate::query::{Cursor, ListPage, ListParams, QueryError, list_backlinks};
+use crate::lsm::range::Direction;
+use crate::model::ids::{Backlink, RecordId, SELF_COLLECTION};
+use crate::query::{Cursor, Filters, ListPage, ListParams, QueryError, list_backlinks};
 use serde_json::{Value, json};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ops::RangeInclusive;
 
-/// Most listBacklinks pages one request reads to fill its page of DIDs on a target too hot to
-/// read whole.
+/// Most reads one request makes to fill its page of DIDs on a target too hot to read whole.
 pub const MAX_DID_ROUNDS: usize = 8;
 
 /// A place in listBacklinks order: (source, location).
@@ -38,15 +50,141 @@ type Place = (RecordId, u64);
 /// getBacklinkDids: `{"total", "linking_dids", "cursor"}`, `total` the distinct accounts over all
 /// pages.
 pub async fn get_backlink_dids(index: &Index, params: &ListParams, options: CountOptions) -> Result<Value, QueryError> {
-    let live = match read_target(index, params, options).await? {
-        TargetLinks::All(live) => live,
-        sampled => return hot_target_page(index, params, &sampled).await,
-    };
-    let places = first_places(&live, params.reverse);
+    let links = read_target(index, params, options).await?;
+    let after_account = params.cursor.as_ref().and_then(account_of_cursor);
+    let place_cursor = params.cursor.is_some() && after_account.is_none();
+    match links {
+        TargetLinks::All(live) if after_account.is_none() => Ok(first_places_page(index, &live, params)?),
+        TargetLinks::All(ref live) | TargetLinks::Sampled { ref live, .. } if after_account.is_some() => {
+            let accounts: BTreeSet<u64> = live.iter().map(|link| link.source.did).collect();
+            let (page, cursor) = page_of_accounts(accounts, params);
+            respond(index, &page, cursor, &links)
+        }
+        TargetLinks::Tallied { target, .. } if !place_cursor => {
+            let (page, cursor) = hot_accounts_page(index, target, params).await?;
+            respond(index, &page, cursor, &links)
+        }
+        links => listed_page(index, params, &links).await,
+    }
+}
+
+/// The page of a target read whole, in first-place order.
+fn first_places_page(index: &Index, live: &[Backlink], params: &ListParams) -> Result<Value, QueryError> {
+    let places = first_places(live, params.reverse);
     let (places_on_page, cursor) = page_after(&places, params);
     let ids: Vec<RecordId> = places_on_page.iter().map(|(source, _)| RecordId::repo(source.did)).collect();
     let dids = render_dids(index, &ids)?;
     Ok(json!({ "total": places.len(), "linking_dids": dids, "cursor": cursor }))
+}
+
+/// The answer for a page of accounts: the total is the count's distinct accounts.
+fn respond(index: &Index, accounts: &[u64], cursor: Option<Cursor>, links: &TargetLinks) -> Result<Value, QueryError> {
+    let ids: Vec<RecordId> = accounts.iter().map(|account| RecordId::repo(*account)).collect();
+    let dids = render_dids(index, &ids)?;
+    let count = count_of(index, links, &|location| Some(location.to_string()))?;
+    let body = json!({ "total": count.distinct_dids, "linking_dids": dids, "cursor": cursor.map(|c| c.encode()) });
+    Ok(mark_estimate(body, count.distinct_approximate))
+}
+
+/// The cursor after `account` in the accounts' order (at it, `inclusive`).
+fn account_cursor(account: u64, inclusive: bool) -> Cursor {
+    Cursor { source: RecordId::repo(account), location: 0, inclusive }
+}
+
+/// The account a cursor of the accounts' order names; `None` for a place (a record's).
+fn account_of_cursor(cursor: &Cursor) -> Option<u64> {
+    let source = cursor.source;
+    (source.rkey == 0 && source.collection == SELF_COLLECTION).then_some(source.did)
+}
+
+/// The order in which a walk reads account ids: newest first, oldest first with `reverse`.
+fn direction_of(params: &ListParams) -> Direction {
+    if params.reverse { Direction::Ascending } else { Direction::Descending }
+}
+
+/// The account ids a page may take, beyond `params.cursor` (every one without); `None` when no
+/// id is beyond it.
+fn unread_accounts(params: &ListParams) -> Option<RangeInclusive<u64>> {
+    let Some(cursor) = params.cursor.as_ref() else { return Some(0..=u64::MAX) };
+    let at = account_of_cursor(cursor)?;
+    match (direction_of(params), cursor.inclusive) {
+        (Direction::Ascending, true) => Some(at..=u64::MAX),
+        (Direction::Descending, true) => Some(0..=at),
+        (Direction::Ascending, false) => at.checked_add(1).map(|from| from..=u64::MAX),
+        (Direction::Descending, false) => at.checked_sub(1).map(|to| 0..=to),
+    }
+}
+
+/// The accounts of `accounts` beyond the cursor that fill a page, and the cursor after them.
+fn page_of_accounts(accounts: BTreeSet<u64>, params: &ListParams) -> (Vec<u64>, Option<Cursor>) {
+    let Some(unread) = unread_accounts(params) else { return (Vec::new(), None) };
+    let beyond: Vec<u64> = match direction_of(params) {
+        Direction::Ascending => accounts.range(unread).copied().collect(),
+        Direction::Descending => accounts.range(unread).rev().copied().collect(),
+    };
+    let page: Vec<u64> = beyond.iter().take(params.limit).copied().collect();
+    let more = beyond.len() > page.len() && params.limit > 0;
+    let cursor = page.last().filter(|_| more).map(|account| account_cursor(*account, false));
+    (page, cursor)
+}
+
+/// A hot target's page of accounts, from its account tallies, and the cursor after it.
+async fn hot_accounts_page(
+    index: &Index,
+    target: RecordId,
+    params: &ListParams,
+) -> Result<(Vec<u64>, Option<Cursor>), QueryError> {
+    if params.limit == 0 {
+        return Ok((Vec::new(), None));
+    }
+    let filters = Filters::resolve(index, params)?;
+    let admits = |tally: &crate::model::ids::AccountTally| {
+        tally.target() == target
+            && tally.records > 0
+            && filters.admits_group(tally.collection, tally.location)
+            && !index.is_hidden(tally.account)
+    };
+    if let Some(dids) = filters.dids() {
+        let found = index.account_tallies_of(target, dids).await?;
+        return Ok(page_of_accounts(found.iter().filter(|t| admits(t)).map(|t| t.account).collect(), params));
+    }
+    let direction = direction_of(params);
+    let Some(mut unread) = unread_accounts(params) else { return Ok((Vec::new(), None)) };
+    let mut page: Vec<u64> = Vec::new();
+    let mut want = params.limit.saturating_mul(2);
+    for _ in 0..MAX_DID_ROUNDS {
+        let part = index.account_tallies_in(target, unread.clone(), direction, want).await?;
+        // The frontier's account may be read in part: it is read again next round.
+        let unfinished = part.frontier.map(|frontier| frontier.account);
+        let mut accounts: Vec<(u64, bool)> = Vec::new();
+        for tally in part.entries.iter().filter(|t| Some(t.account) != unfinished) {
+            match accounts.last_mut() {
+                Some((account, admitted)) if *account == tally.account => *admitted |= admits(tally),
+                _ => accounts.push((tally.account, admits(tally))),
+            }
+        }
+        if direction == Direction::Descending {
+            accounts.reverse();
+        }
+        for (account, _) in accounts.iter().filter(|(_, admitted)| *admitted) {
+            if page.len() == params.limit {
+                return Ok((page.clone(), page.last().map(|last| account_cursor(*last, false))));
+            }
+            page.push(*account);
+        }
+        let Some(unfinished) = unfinished else { return Ok((page, None)) };
+        unread = match direction {
+            Direction::Ascending => unfinished..=*unread.end(),
+            Direction::Descending => *unread.start()..=unfinished,
+        };
+        want = want.saturating_mul(2);
+    }
+    // Rounds spent: the next page starts at the account this one read in part.
+    let unfinished = match direction {
+        Direction::Ascending => *unread.start(),
+        Direction::Descending => *unread.end(),
+    };
+    Ok((page, Some(account_cursor(unfinished, true))))
 }
 
 /// Each linking account's first place, in page order.
@@ -97,10 +235,10 @@ fn render_dids(index: &Index, repos: &[RecordId]) -> Result<Vec<String>, QueryEr
         .collect()
 }
 
-/// A target with more entries than a count reads whole: DIDs distinct within the page, in
-/// listBacklinks order, and its total (exact for a hot target, from its tallies; estimated
-/// otherwise). The answer is `approximate` either way: a DID may come again on a later page.
-async fn hot_target_page(index: &Index, params: &ListParams, sampled: &TargetLinks) -> Result<Value, QueryError> {
+/// A target too hot to read whole that has no tallies yet (or a walk that began before its
+/// tallies): DIDs distinct within the page, in listBacklinks order, and its total. The answer
+/// is `approximate`: a DID may come again on a later page.
+async fn listed_page(index: &Index, params: &ListParams, sampled: &TargetLinks) -> Result<Value, QueryError> {
     let (dids, cursor) = match params.limit {
         0 => (Vec::new(), None),
         _ => distinct_in_page(index, params).await?,
@@ -173,6 +311,35 @@ mod tests {
             let expected: Vec<u64> = if reverse { vec![7, 8, 9] } else { vec![9, 8, 7] };
             assert_eq!(walked, expected, "reverse {reverse}");
         }
+    }
+
+    /// By account id, newest first (oldest with `reverse`); a cursor continues after its account
+    /// (at it when inclusive, as a hot page cut short by its rounds leaves it).
+    #[test]
+    fn accounts_page_by_id_after_their_cursor() {
+        let accounts: BTreeSet<u64> = [3, 9, 4, 20, 11].into();
+        for reverse in [false, true] {
+            let (mut walked, mut cursor) = (Vec::new(), None);
+            loop {
+                let (page, next) = page_of_accounts(accounts.clone(), &params(2, cursor, reverse));
+                assert!(page.len() <= 2);
+                walked.extend(page);
+                match next {
+                    Some(next) => cursor = Some(Cursor::decode(&next.encode()).unwrap()),
+                    None => break,
+                }
+            }
+            let expected: Vec<u64> = if reverse { vec![3, 4, 9, 11, 20] } else { vec![20, 11, 9, 4, 3] };
+            assert_eq!(walked, expected, "reverse {reverse}");
+        }
+        let at_nine = Some(account_cursor(9, true));
+        assert_eq!(page_of_accounts(accounts.clone(), &params(2, at_nine, false)).0, [9, 4]);
+        assert_eq!(page_of_accounts(accounts.clone(), &params(2, at_nine, true)).0, [9, 11]);
+        let after_nine = Some(account_cursor(9, false));
+        assert_eq!(page_of_accounts(accounts.clone(), &params(9, after_nine, true)), (vec![11, 20], None));
+        assert_eq!(account_of_cursor(&account_cursor(9, false)), Some(9));
+        let place = Cursor { source: RecordId { rkey: 5, collection: 1, did: 9 }, location: 1, inclusive: false };
+        assert_eq!(account_of_cursor(&place), None, "a listBacklinks cursor names a record");
     }
 
     #[test]

@@ -42,6 +42,7 @@ use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
 use crate::lsm::lookup::{read_key_ranges, read_keys, read_keys_newer_uncached, read_keys_uncached};
 use crate::lsm::memtable::Memtable;
+use crate::lsm::range::{Direction, RangePart, read_range_part};
 use crate::lsm::table::PageUse;
 use crate::model::account::AccountState;
 use crate::model::ids::{AccountTally, Backlink, HotLink, RecordId, Revocation, Tally};
@@ -216,6 +217,24 @@ impl Index {
     pub async fn account_tallies_of(&self, target: RecordId, accounts: &[u64]) -> Result<Vec<AccountTally>, ReadError> {
         let keys: Vec<RecordId> = accounts.iter().map(|account| AccountTally::key_of(*account, target)).collect();
         Ok(freshest(read_keys(&self.account_tallies, self.store.as_ref(), &keys).await?))
+    }
+
+    /// The freshest account tallies of `target` whose account is in `accounts`, read from the end
+    /// `direction` names, about `want` entries a run: a part of them, up to `frontier`
+    /// (`lsm::range`). Those of another target that shares its key come too (the caller tells
+    /// them apart).
+    pub async fn account_tallies_in(
+        &self,
+        target: RecordId,
+        accounts: RangeInclusive<u64>,
+        direction: Direction,
+        want: usize,
+    ) -> Result<RangePart<AccountTally>, ReadError> {
+        let lo = AccountTally::min_for_key(AccountTally::key_of(*accounts.start(), target));
+        let hi = AccountTally::max_for_key(AccountTally::key_of(*accounts.end(), target));
+        let mut part = read_range_part(&self.account_tallies, self.store.as_ref(), (lo, hi), direction, want).await?;
+        compaction::keep_freshest(&mut part.entries);
+        Ok(part)
     }
 
     /// The hot links and tallies a flush of `ops` writes (module invariants).

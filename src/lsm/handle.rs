@@ -205,6 +205,22 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
+    /// The frames that may hold entries of `key` and their index records (a paged meta's chunks
+    /// cached for a lookup; for a scan, each decoded once for both).
+    pub fn frame_infos_for_key(
+        &self,
+        key: RecordId,
+        with: PageUse,
+    ) -> Result<(Range<usize>, Vec<FrameInfo<E>>), ReadError> {
+        match &self.meta {
+            MetaView::Resident(meta) => {
+                let frames = meta.frames_for_key(key);
+                Ok((frames.clone(), meta.frames[frames].to_vec()))
+            }
+            MetaView::Paged(meta) => meta.frame_infos_for_key(key, with).map_err(|e| meta_error(&self.meta_name(), e)),
+        }
+    }
+
     /// The index records of frames `r` (a paged meta's chunks cached for a lookup).
     pub fn frame_infos(&self, r: Range<usize>, with: PageUse) -> Result<Vec<FrameInfo<E>>, ReadError> {
         match &self.meta {
@@ -584,10 +600,27 @@ impl<E: Entry> TableHandle<E> {
     /// For a partial meta: fetches from the bucket the pieces lookups of `keys` read that it
     /// lacks (one ranged read each, concurrently), checks them, and keeps them locally.
     pub async fn fetch_meta_for_keys(&self, store: &dyn Store, keys: &[RecordId]) -> Result<(), ReadError> {
+        let hashes: Vec<KeyHash> = keys.iter().map(KeyHash::of_record).collect();
+        let ranges: Vec<(E, E)> = keys.iter().map(|key| (E::min_for_key(*key), E::max_for_key(*key))).collect();
+        self.fetch_meta_pieces(store, &hashes, &ranges).await
+    }
+
+    /// For a partial meta: fetches what a read of the entries `lo..=hi` reads of the frame
+    /// index (no filter page: a range read asks no filter).
+    pub async fn fetch_meta_for_range(&self, store: &dyn Store, lo: E, hi: E) -> Result<(), ReadError> {
+        self.fetch_meta_pieces(store, &[], &[(lo, hi)]).await
+    }
+
+    /// Fetches, checks and keeps the pieces a partial meta lacks for lookups of `hashes` and
+    /// reads of `ranges`.
+    async fn fetch_meta_pieces(
+        &self,
+        store: &dyn Store,
+        hashes: &[KeyHash],
+        ranges: &[(E, E)],
+    ) -> Result<(), ReadError> {
         let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
-        let bounds: Vec<(KeyHash, E, E)> =
-            keys.iter().map(|key| (KeyHash::of_record(key), E::min_for_key(*key), E::max_for_key(*key))).collect();
-        let pieces = meta.missing_pieces(&bounds);
+        let pieces = meta.missing_pieces(hashes, ranges);
         if pieces.is_empty() {
             return Ok(());
         }

@@ -2,7 +2,8 @@
 //!
 //! `entry` defines what a tree stores; `memtable` holds recent writes; `table` is the on-disk and
 //! in-bucket format (frames + meta); `filter` the one-hash blocked bloom filter in each meta;
-//! `tree` ties memtables and tables together for one entry type.
+//! `tree` ties memtables and tables together for one entry type; `lookup` reads keys and `range`
+//! pages through a range of keys.
 
 pub mod bytes;
 pub mod cache;
@@ -13,6 +14,7 @@ pub mod filter;
 pub mod handle;
 pub mod lookup;
 pub mod memtable;
+pub mod range;
 pub mod record;
 pub mod run;
 pub mod scan;

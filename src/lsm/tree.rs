@@ -59,9 +59,8 @@ impl<E: Entry> Snapshot<E> {
     pub fn entries_bound(&self, key: &RecordId) -> Result<u64, ReadError> {
         let mut bound = self.memtable_entries.iter().filter(|entry| entry.key() == *key).count() as u64;
         for (table, _) in self.tables_for_keys(&[(*key, None)], PageUse::Scan) {
-            let frames = table.frames_for_key(*key, PageUse::Scan)?;
-            bound +=
-                table.frame_infos(frames, PageUse::Scan)?.iter().map(|frame| u64::from(frame.entries)).sum::<u64>();
+            let (_, infos) = table.frame_infos_for_key(*key, PageUse::Scan)?;
+            bound += infos.iter().map(|frame| u64::from(frame.entries)).sum::<u64>();
         }
         Ok(bound)
     }

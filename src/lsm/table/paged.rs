@@ -575,14 +575,15 @@ impl<E: Entry> PagedMeta<E> {
         }
     }
 
-    /// The pieces lookups of `keys` (each hashed, with its entry bounds `lo..=hi`) read that a
-    /// partial copy does not hold yet: each key's filter page, and the index chunks from the one
-    /// holding `lo`'s predecessor frame through the one after `hi`'s (the frame after a range is
-    /// read too). Each page once; chunk ranges that touch merged into one piece.
-    pub fn missing_pieces(&self, keys: &[(KeyHash, E, E)]) -> Vec<MetaPiece> {
+    /// The pieces that lookups of keys hashed `hashes` and reads of the entry ranges `ranges`
+    /// (each `lo..=hi`) read and a partial copy does not hold yet: each key's filter page, and
+    /// the index chunks from the one holding `lo`'s predecessor frame through the one after
+    /// `hi`'s (the frame after a range is read too). Each page once; chunk ranges that touch
+    /// merged into one piece.
+    pub fn missing_pieces(&self, hashes: &[KeyHash], ranges: &[(E, E)]) -> Vec<MetaPiece> {
         let Some(partial) = self.partial() else { return Vec::new() };
         let mut pages: Vec<usize> =
-            keys.iter().map(|(h, _, _)| h.block_index(self.header.shape.blocks) / PAGE_BLOCKS).collect();
+            hashes.iter().map(|h| h.block_index(self.header.shape.blocks) / PAGE_BLOCKS).collect();
         pages.sort_unstable();
         pages.dedup();
         let mut pieces: Vec<MetaPiece> = pages
@@ -590,7 +591,7 @@ impl<E: Entry> PagedMeta<E> {
             .map(|page| self.filter_page_place(page))
             .map(|(offset, len)| MetaPiece { offset, len: len as u64, what: PieceKind::FilterPage })
             .collect();
-        let mut ranges: Vec<Range<usize>> = keys.iter().map(|(_, lo, hi)| self.chunks_read(lo, hi)).collect();
+        let mut ranges: Vec<Range<usize>> = ranges.iter().map(|(lo, hi)| self.chunks_read(lo, hi)).collect();
         ranges.sort_unstable_by_key(|r| r.start);
         let mut merged: Vec<Range<usize>> = Vec::new();
         for range in ranges.into_iter().filter(|r| !r.is_empty()) {
@@ -680,15 +681,30 @@ impl<E: Entry> PagedMeta<E> {
 
     /// The index records of `r`.
     pub fn frame_infos(&self, r: Range<usize>, with: PageUse) -> Result<Vec<FrameInfo<E>>, FormatError> {
+        self.frame_infos_in(r, &mut ChunkReader::new(with))
+    }
+
+    /// The frames that may hold entries of `key` and their index records, through one reader:
+    /// a scan decodes each chunk once for both.
+    pub fn frame_infos_for_key(
+        &self,
+        key: RecordId,
+        with: PageUse,
+    ) -> Result<(Range<usize>, Vec<FrameInfo<E>>), FormatError> {
+        let mut reader = ChunkReader::new(with);
+        let frames = self.frames_overlapping_in(&E::min_for_key(key), &E::max_for_key(key), &mut reader)?;
+        Ok((frames.clone(), self.frame_infos_in(frames, &mut reader)?))
+    }
+
+    fn frame_infos_in(&self, r: Range<usize>, reader: &mut ChunkReader<E>) -> Result<Vec<FrameInfo<E>>, FormatError> {
         if r.start > r.end || r.end > self.header.frames {
             return Err(invalid(WHAT, format!("frames {r:?} of a table with {}", self.header.frames)));
         }
-        let mut reader = ChunkReader::new(with);
         let mut out = Vec::with_capacity(r.len());
         let mut i = r.start;
         while i < r.end {
             let base = i - i % CHUNK_FRAMES;
-            let chunk = self.chunk_in(i / CHUNK_FRAMES, &mut reader)?;
+            let chunk = self.chunk_in(i / CHUNK_FRAMES, reader)?;
             let within = i - base..(r.end - base).min(chunk.len());
             out.extend_from_slice(&chunk[within.clone()]);
             i += within.len();

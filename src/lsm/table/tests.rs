@@ -954,6 +954,8 @@ fn paged_metas_answer_as_resident_ones_whatever_the_cache() {
             assert_eq!(range, whole.frames_for_key(key), "{key:?}");
             for with in [PageUse::Scan, PageUse::Lookup] {
                 assert_eq!(paged.byte_range(range.clone(), with).unwrap(), whole.byte_range(range.clone()), "{key:?}");
+                let infos = (range.clone(), whole.frames[range.clone()].to_vec());
+                assert_eq!(paged.frame_infos_for_key(key, with).unwrap(), infos, "{key:?}");
             }
         }
         for r in [
