@@ -101,7 +101,7 @@ async fn answers(index: &Index) -> Vec<Vec<(String, String)>> {
     }
     for target in targets() {
         let mut items = Vec::new();
-        let mut params = ListParams { limit: 7, ..ListParams::new(target) };
+        let mut params = ListParams { limit: 7, ..ListParams::new(target.clone()) };
         loop {
             let page = list_backlinks(index, &params).await.unwrap();
             items.extend(page.items);
@@ -111,8 +111,26 @@ async fn answers(index: &Index) -> Vec<Vec<(String, String)>> {
             }
         }
         all.push(items);
+        all.push(did_pages(index, &target).await);
     }
     all
+}
+
+/// Every page of a target's linking DIDs (three a page; a count reads at most 16 entries whole,
+/// so hot targets page their account tallies).
+async fn did_pages(index: &Index, target: &str) -> Vec<(String, String)> {
+    let options = backlinks::count::CountOptions { exact_scan_limit: 16 };
+    let mut params = ListParams { limit: 3, ..ListParams::new(target) };
+    let mut pages = Vec::new();
+    for _ in 0..10_000 {
+        let page = backlinks::constellation::get_backlink_dids(index, &params, options).await.unwrap();
+        pages.push((target.to_string(), page.to_string()));
+        match page["cursor"].as_str() {
+            Some(c) => params.cursor = Some(backlinks::query::Cursor::decode(c).unwrap()),
+            None => return pages,
+        }
+    }
+    panic!("{target}: the DID pages never ended");
 }
 
 fn open(dir: &Path, store: Arc<dyn Store>) -> Index {
@@ -291,6 +309,8 @@ async fn a_replica_answers_before_it_has_fetched_every_meta() {
     let options = || IndexOptions {
         memtable_bytes: 256 << 10,
         table: TableOptions { frame_bytes: 128, ..TableOptions::default() },
+        // Hot targets: their DID pages are range reads of the account tallies' index chunks.
+        hot_target_entries: 64,
         compaction: CompactionOptions { shard_bytes: 64 << 20, ..options().compaction },
         ..options()
     };
@@ -300,6 +320,9 @@ async fn a_replica_answers_before_it_has_fetched_every_meta() {
     tokio::task::spawn_blocking(move || ingest(&w, &workload, &handle)).await.unwrap();
     writer.publish_manifest().await.unwrap();
     let expected = answers(&writer).await;
+    let posts = targets();
+    let post = writer.lookup_target(&backlinks::model::syntax::parse_target(&posts[0]).unwrap()).unwrap().unwrap();
+    assert!(writer.tallies_of(post).await.unwrap().is_some(), "the posts are hot");
     let total_meta: u64 =
         bucket.list("tables/").await.unwrap().iter().filter(|o| o.key.ends_with(".meta")).map(|o| o.size).sum();
 

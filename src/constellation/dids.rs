@@ -20,22 +20,23 @@
 //!   link, and may come out again; one that links for the first time behind the cursor is not
 //!   listed, as a new backlink behind a listBacklinks cursor is not. An account id never moves.)
 //! - The work is bounded. A target read whole costs a count (at most `exact_scan_limit`
-//!   entries). A hot target's page reads its account tallies from the cursor on, at most
-//!   `MAX_DID_ROUNDS` rounds of about twice the page's entries a run, doubling each round (a page
-//!   cut short by the rounds has a cursor where they stopped); with `did` filters, one point read
-//!   each. A target past the scan limit without tallies (promotion is asked for) is paged as
+//!   entries). A hot target's page reads its account tallies from the cursor on, whole accounts
+//!   at a time (`lsm::range`): at most `MAX_DID_ROUNDS` rounds of about twice the page's entries
+//!   a run, doubling up to `MAX_WANT_DOUBLINGS` times (a page cut short by the rounds has a
+//!   cursor where they stopped); with `did` filters, one point read each. A target past the scan limit without tallies (promotion is asked for) is paged as
 //!   listBacklinks pages it, distinct within a page only, and the answer says `"approximate"`.
 //! - `limit` 0 answers the total with an empty page and no cursor. The total is the count's
 //!   distinct accounts (exact for a hot target unless the filters name a union of groups).
 //! - A cursor of one order given to a target that has changed kind since (a target that grew hot
 //!   mid-walk, say) goes on as well as it can: an account cursor on a target read whole pages its
-//!   accounts by id; a place cursor on a hot target pages as listBacklinks does (DIDs may repeat).
+//!   accounts by id; a place cursor on a hot target pages as listBacklinks does (DIDs may repeat),
+//!   and so does an account cursor on a target past the bound without tallies, from its start.
 
 use super::{did_of, mark_estimate};
 use crate::count::{CountOptions, TargetLinks, count_of, read_target};
 use crate::index::Index;
 use crate::lsm::range::Direction;
-use crate::model::ids::{Backlink, RecordId, SELF_COLLECTION};
+use crate::model::ids::{AccountTally, Backlink, RecordId, SELF_COLLECTION};
 use crate::query::{Cursor, Filters, ListPage, ListParams, QueryError, list_backlinks};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap, HashSet};
@@ -43,6 +44,10 @@ use std::ops::RangeInclusive;
 
 /// Most reads one request makes to fill its page of DIDs on a target too hot to read whole.
 pub const MAX_DID_ROUNDS: usize = 8;
+/// A hot target's page reads about twice its size of account tallies in each run first, then
+/// twice as many each round up to this many doublings (a page that filters leave short reads on
+/// for up to `MAX_DID_ROUNDS` rounds: at most 94 times its size a run, then gives a cursor).
+const MAX_WANT_DOUBLINGS: usize = 3;
 
 /// A place in listBacklinks order: (source, location).
 type Place = (RecordId, u64);
@@ -55,7 +60,7 @@ pub async fn get_backlink_dids(index: &Index, params: &ListParams, options: Coun
     let place_cursor = params.cursor.is_some() && after_account.is_none();
     match links {
         TargetLinks::All(live) if after_account.is_none() => Ok(first_places_page(index, &live, params)?),
-        TargetLinks::All(ref live) | TargetLinks::Sampled { ref live, .. } if after_account.is_some() => {
+        TargetLinks::All(ref live) if after_account.is_some() => {
             let accounts: BTreeSet<u64> = live.iter().map(|link| link.source.did).collect();
             let (page, cursor) = page_of_accounts(accounts, params);
             respond(index, &page, cursor, &links)
@@ -63,6 +68,10 @@ pub async fn get_backlink_dids(index: &Index, params: &ListParams, options: Coun
         TargetLinks::Tallied { target, .. } if !place_cursor => {
             let (page, cursor) = hot_accounts_page(index, target, params).await?;
             respond(index, &page, cursor, &links)
+        }
+        TargetLinks::Sampled { .. } if after_account.is_some() => {
+            let from_start = ListParams { cursor: None, ..params.clone() };
+            listed_page(index, &from_start, &links).await
         }
         links => listed_page(index, params, &links).await,
     }
@@ -138,7 +147,7 @@ async fn hot_accounts_page(
         return Ok((Vec::new(), None));
     }
     let filters = Filters::resolve(index, params)?;
-    let admits = |tally: &crate::model::ids::AccountTally| {
+    let admits = |tally: &AccountTally| {
         tally.target() == target
             && tally.records > 0
             && filters.admits_group(tally.collection, tally.location)
@@ -151,40 +160,52 @@ async fn hot_accounts_page(
     let direction = direction_of(params);
     let Some(mut unread) = unread_accounts(params) else { return Ok((Vec::new(), None)) };
     let mut page: Vec<u64> = Vec::new();
-    let mut want = params.limit.saturating_mul(2);
-    for _ in 0..MAX_DID_ROUNDS {
+    for round in 0..MAX_DID_ROUNDS {
+        let want = params.limit.saturating_mul(2) << round.min(MAX_WANT_DOUBLINGS);
         let part = index.account_tallies_in(target, unread.clone(), direction, want).await?;
-        // The frontier's account may be read in part: it is read again next round.
-        let unfinished = part.frontier.map(|frontier| frontier.account);
-        let mut accounts: Vec<(u64, bool)> = Vec::new();
-        for tally in part.entries.iter().filter(|t| Some(t.account) != unfinished) {
-            match accounts.last_mut() {
-                Some((account, admitted)) if *account == tally.account => *admitted |= admits(tally),
-                _ => accounts.push((tally.account, admits(tally))),
-            }
-        }
-        if direction == Direction::Descending {
-            accounts.reverse();
-        }
-        for (account, _) in accounts.iter().filter(|(_, admitted)| *admitted) {
+        for account in admitted_accounts(&part.entries, direction, &admits) {
             if page.len() == params.limit {
                 return Ok((page.clone(), page.last().map(|last| account_cursor(*last, false))));
             }
-            page.push(*account);
+            page.push(account);
         }
-        let Some(unfinished) = unfinished else { return Ok((page, None)) };
-        unread = match direction {
-            Direction::Ascending => unfinished..=*unread.end(),
-            Direction::Descending => *unread.start()..=unfinished,
-        };
-        want = want.saturating_mul(2);
+        // A part holds whole accounts (`lsm::range`): ascending, the frontier's is the first one
+        // not read; descending, the last one read.
+        let rest = part.frontier.and_then(|frontier| match direction {
+            Direction::Ascending => Some(frontier.account..=*unread.end()),
+            Direction::Descending => {
+                frontier.account.checked_sub(1).filter(|end| end >= unread.start()).map(|end| *unread.start()..=end)
+            }
+        });
+        match rest {
+            Some(rest) => unread = rest,
+            None => return Ok((page, None)),
+        }
     }
-    // Rounds spent: the next page starts at the account this one read in part.
-    let unfinished = match direction {
+    // Rounds spent: the next page starts with the first account not read.
+    let next = match direction {
         Direction::Ascending => *unread.start(),
         Direction::Descending => *unread.end(),
     };
-    Ok((page, Some(account_cursor(unfinished, true))))
+    Ok((page, Some(account_cursor(next, true))))
+}
+
+/// The accounts of `tallies` (sorted, freshest) that `admits` one of, in reading order.
+fn admitted_accounts(
+    tallies: &[AccountTally],
+    direction: Direction,
+    admits: &dyn Fn(&AccountTally) -> bool,
+) -> Vec<u64> {
+    let mut accounts: Vec<u64> = Vec::new();
+    for tally in tallies.iter().filter(|tally| admits(tally)) {
+        if accounts.last() != Some(&tally.account) {
+            accounts.push(tally.account);
+        }
+    }
+    if direction == Direction::Descending {
+        accounts.reverse();
+    }
+    accounts
 }
 
 /// Each linking account's first place, in page order.
@@ -340,6 +361,75 @@ mod tests {
         assert_eq!(account_of_cursor(&account_cursor(9, false)), Some(9));
         let place = Cursor { source: RecordId { rkey: 5, collection: 1, did: 9 }, location: 1, inclusive: false };
         assert_eq!(account_of_cursor(&place), None, "a listBacklinks cursor names a record");
+    }
+
+    /// A hot post liked and reposted by 90 accounts (some only like it, some unlike it), over
+    /// tables of four entries a frame, so that an account's two tallies often straddle two frames:
+    /// pages of one or two DIDs, newest or oldest first, give every live account once, and the
+    /// exact total, whatever the frames.
+    #[test]
+    fn a_hot_targets_accounts_come_once_whatever_its_frames() {
+        use crate::index::IndexOptions;
+        use crate::lsm::table::TableOptions;
+        use crate::model::operation::{Operation, RecordOp, RecordRef};
+        use crate::model::tid::format_tid;
+        const POST: &str = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/3kaaaaaaaaaaa";
+        let dir = tempfile::tempdir().unwrap();
+        let table = TableOptions { frame_bytes: 4 * AccountTally::WIDTH, ..TableOptions::default() };
+        let index = crate::index::open_in_dir(
+            dir.path(),
+            IndexOptions { table, hot_target_entries: 8, ..IndexOptions::default() },
+        );
+        let record_ref = |account: usize, collection: &'static str| RecordRef {
+            did: format!("did:plc:{account:024}").into(),
+            collection: collection.into(),
+            rkey: format_tid(1_700_000_000_000_000 + account as u64).into(),
+        };
+        let subject = serde_json::json!({"subject": {"uri": POST, "cid": "bafyreib2rxk3rybloqtqwbo"}});
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let options = CountOptions { exact_scan_limit: 4 };
+        let base = ListParams::from_pairs([("target", POST)]).unwrap();
+        let mut live = BTreeSet::new();
+        for account in 0..90 {
+            for collection in
+                ["app.bsky.feed.like", "app.bsky.feed.repost"].iter().take(1 + usize::from(account % 3 != 0))
+            {
+                let op = RecordOp { record_ref: record_ref(account, collection), record: subject.clone() };
+                index.apply(&Operation::Create(op), None).unwrap();
+            }
+            live.insert(format!("did:plc:{account:024}"));
+            if account % 7 == 0 {
+                index.apply(&Operation::Delete(record_ref(account, "app.bsky.feed.like")), None).unwrap();
+                if account % 3 == 0 {
+                    live.remove(&format!("did:plc:{account:024}"));
+                }
+            }
+            if account == 30 {
+                // A count past its bound asks the next flush to promote the post.
+                runtime.block_on(crate::count::read_target(&index, &base, options)).unwrap();
+            }
+            if account % 20 == 19 || account == 30 {
+                index.flush().unwrap();
+            }
+        }
+        index.flush().unwrap();
+        let target = index.lookup_target(&crate::model::syntax::parse_target(POST).unwrap()).unwrap().unwrap();
+        assert!(runtime.block_on(index.tallies_of(target)).unwrap().is_some(), "the post is hot");
+        for (limit, reverse) in [(1, false), (1, true), (2, false), (2, true)] {
+            let (mut walked, mut cursor) = (Vec::new(), None);
+            for _ in 0..1_000 {
+                let params = ListParams { limit, reverse, cursor, ..base.clone() };
+                let page = runtime.block_on(get_backlink_dids(&index, &params, options)).unwrap();
+                assert_eq!((page.get("approximate"), &page["total"]), (None, &json!(live.len())), "{page}");
+                walked.extend(page["linking_dids"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()));
+                match page["cursor"].as_str() {
+                    Some(next) => cursor = Some(Cursor::decode(next).unwrap()),
+                    None => break,
+                }
+            }
+            let once: BTreeSet<String> = walked.iter().cloned().collect();
+            assert_eq!((walked.len(), &once), (live.len(), &live), "limit {limit}, reverse {reverse}");
+        }
     }
 
     #[test]

@@ -23,8 +23,8 @@ use crate::lsm::entry::Entry;
 use crate::lsm::filter::KeyHash;
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{
-    FormatError, FrameInfo, FrameSpan, MetaCache, PAGED_HEADER_LEN, PageSource, PageUse, PagedMeta, PartialFile,
-    TableMeta, declared_lengths, decode_span, is_paged, resident_len, verify_span,
+    FormatError, FrameInfo, FrameSpan, MetaCache, MetaPiece, PAGED_HEADER_LEN, PageSource, PageUse, PagedMeta,
+    PartialFile, TableMeta, declared_lengths, decode_span, is_paged, resident_len, verify_span,
 };
 use crate::model::ids::RecordId;
 use crate::model::ids::TreeKind;
@@ -600,27 +600,28 @@ impl<E: Entry> TableHandle<E> {
     /// For a partial meta: fetches from the bucket the pieces lookups of `keys` read that it
     /// lacks (one ranged read each, concurrently), checks them, and keeps them locally.
     pub async fn fetch_meta_for_keys(&self, store: &dyn Store, keys: &[RecordId]) -> Result<(), ReadError> {
+        let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
         let hashes: Vec<KeyHash> = keys.iter().map(KeyHash::of_record).collect();
         let ranges: Vec<(E, E)> = keys.iter().map(|key| (E::min_for_key(*key), E::max_for_key(*key))).collect();
-        self.fetch_meta_pieces(store, &hashes, &ranges).await
+        self.fetch_meta_pieces(store, meta.missing_pieces(&hashes, &ranges)).await
     }
 
-    /// For a partial meta: fetches what a read of the entries `lo..=hi` reads of the frame
-    /// index (no filter page: a range read asks no filter).
-    pub async fn fetch_meta_for_range(&self, store: &dyn Store, lo: E, hi: E) -> Result<(), ReadError> {
-        self.fetch_meta_pieces(store, &[], &[(lo, hi)]).await
-    }
-
-    /// Fetches, checks and keeps the pieces a partial meta lacks for lookups of `hashes` and
-    /// reads of `ranges`.
-    async fn fetch_meta_pieces(
-        &self,
-        store: &dyn Store,
-        hashes: &[KeyHash],
-        ranges: &[(E, E)],
-    ) -> Result<(), ReadError> {
+    /// For a partial meta: fetches what `frames_overlapping(lo, hi)` reads of the frame index
+    /// (the chunks at both ends; a range read asks no filter).
+    pub async fn fetch_meta_for_range_ends(&self, store: &dyn Store, lo: E, hi: E) -> Result<(), ReadError> {
         let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
-        let pieces = meta.missing_pieces(hashes, ranges);
+        self.fetch_meta_pieces(store, meta.missing_pieces(&[], &[(lo, lo), (hi, hi)])).await
+    }
+
+    /// For a partial meta: fetches the index records of frames `frames`.
+    pub async fn fetch_meta_for_frames(&self, store: &dyn Store, frames: Range<usize>) -> Result<(), ReadError> {
+        let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
+        self.fetch_meta_pieces(store, meta.missing_frame_chunks(frames)).await
+    }
+
+    /// Fetches, checks and keeps `pieces` of this table's partial meta.
+    async fn fetch_meta_pieces(&self, store: &dyn Store, pieces: Vec<MetaPiece>) -> Result<(), ReadError> {
+        let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
         if pieces.is_empty() {
             return Ok(());
         }

@@ -4,17 +4,21 @@
 //! Invariants:
 //! - The keys of a range agree in their first `E::SHARD_WIDTH` bytes, so that each run has one
 //!   table that may hold them. No filter is asked: filters answer for keys, not ranges.
+//! - A part holds whole keys: every copy of every entry of each key it covers, and nothing of the
+//!   others. `RangePart::frontier` is where it ends, the smallest entry of a key
+//!   (`E::min_for_key`): ascending, the part is the range's entries below it; descending, those
+//!   at or above it; the whole range when there is none.
 //! - One read takes, in each table, the frames overlapping the range from its start in the
-//!   reading direction until they hold at least `want` entries (or the range ends), so its work
-//!   is about `want` entries a run plus one frame, whatever the range's size.
-//! - `RangePart::frontier` bounds the part of the range that every table was read through (the
-//!   memtables are read whole): ascending, every entry below it; descending, every entry at or
-//!   above it. Every copy of every entry of that part is returned, and nothing else.
+//!   reading direction until they hold at least `want` entries, and then on to the end of the
+//!   key it stopped in, so every read covers at least one key (it makes progress whatever
+//!   `want`). It reads the index records of the frames it takes, a chunk at a time, and the
+//!   chunks at the range's two ends: its work is about `want` entries a run plus the entries of
+//!   one key, whatever the size of the range.
 
 use crate::lsm::entry::{Entry, within};
 use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::run::shard_hash;
-use crate::lsm::table::PageUse;
+use crate::lsm::table::{CHUNK_FRAMES, FrameInfo, PageUse};
 use crate::lsm::tree::Tree;
 use crate::store::object::Store;
 use std::ops::Range;
@@ -51,11 +55,11 @@ pub async fn read_range_part<E: Entry>(
     let snapshot = tree.snapshot([(lo, hi)]);
     let shard = shard_hash::<E>(&first);
     let tables: Vec<Arc<TableHandle<E>>> = snapshot.runs.iter().map(|run| run.table_for_hash(shard).clone()).collect();
-    let mut plans = Vec::new();
-    for table in &tables {
-        table.fetch_meta_for_range(store, lo, hi).await?;
-        plans.extend(plan_table(table, (lo, hi), direction, want)?);
-    }
+    let plans = futures::future::try_join_all(
+        tables.iter().map(|table| plan_table(table, store, (lo, hi), direction, want.max(1))),
+    )
+    .await?;
+    let plans: Vec<Plan<E>> = plans.into_iter().flatten().collect();
     let keys = (first, last);
     let reads = futures::future::try_join_all(
         plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone(), keys)),
@@ -91,42 +95,66 @@ struct Plan<E: Entry> {
 }
 
 /// The frames of `table` overlapping `lo..=hi` from the `direction` end until they hold `want`
-/// entries; `None` when none overlap.
-fn plan_table<E: Entry>(
+/// entries and end a key; `None` when none overlap.
+async fn plan_table<E: Entry>(
     table: &Arc<TableHandle<E>>,
+    store: &dyn Store,
     (lo, hi): (E, E),
     direction: Direction,
     want: usize,
 ) -> Result<Option<Plan<E>>, ReadError> {
+    table.fetch_meta_for_range_ends(store, lo, hi).await?;
     let all = table.frames_overlapping(&lo, &hi)?;
     if all.is_empty() {
         return Ok(None);
     }
-    let infos = table.frame_infos(all.clone(), PageUse::Lookup)?;
-    let mut taken = 0usize;
-    let mut count = 0usize;
-    let order: Box<dyn Iterator<Item = &_>> = match direction {
-        Direction::Ascending => Box::new(infos.iter()),
-        Direction::Descending => Box::new(infos.iter().rev()),
+    let plan = |frames, frontier: Option<&FrameInfo<E>>| {
+        let frontier = frontier.map(|info| E::min_for_key(info.first.key()));
+        Ok(Some(Plan { table: table.clone(), frames, frontier }))
     };
-    for info in order {
-        if taken >= want.max(1) {
-            break;
-        }
-        taken += info.entries as usize;
-        count += 1;
-    }
-    let (frames, frontier) = match direction {
+    let mut taken = 0usize;
+    match direction {
         Direction::Ascending => {
-            let end = all.start + count;
-            (all.start..end, infos.get(count).map(|next| next.first))
+            let mut end = all.start;
+            while end < all.end {
+                for info in frame_infos(table, store, end..(end + CHUNK_FRAMES).min(all.end)).await? {
+                    // A frame that starts a key ends the part when it holds enough.
+                    if taken >= want && !info.continues {
+                        return plan(all.start..end, Some(&info));
+                    }
+                    taken += info.entries as usize;
+                    end += 1;
+                }
+            }
         }
         Direction::Descending => {
-            let start = all.end - count;
-            (start..all.end, (start > all.start).then(|| infos[start - all.start].first))
+            let mut start = all.end;
+            while start > all.start {
+                for info in frame_infos(table, store, start.saturating_sub(CHUNK_FRAMES).max(all.start)..start)
+                    .await?
+                    .iter()
+                    .rev()
+                {
+                    taken += info.entries as usize;
+                    start -= 1;
+                    if taken >= want && !info.continues && start > all.start {
+                        return plan(start..all.end, Some(info));
+                    }
+                }
+            }
         }
-    };
-    Ok(Some(Plan { table: table.clone(), frames, frontier }))
+    }
+    plan(all, None)
+}
+
+/// The index records of `frames`, fetched first when the table's meta is a partial copy.
+async fn frame_infos<E: Entry>(
+    table: &TableHandle<E>,
+    store: &dyn Store,
+    frames: Range<usize>,
+) -> Result<Vec<FrameInfo<E>>, ReadError> {
+    table.fetch_meta_for_frames(store, frames.clone()).await?;
+    table.frame_infos(frames, PageUse::Lookup)
 }
 
 #[cfg(test)]
@@ -149,12 +177,63 @@ mod tests {
         (0..2usize, 1..60u64, 1..3u64, 1..4u64).prop_map(tally)
     }
 
+    /// A replica's partial meta (resident part only): a walk over a range of many index chunks,
+    /// either way, a few chunks a part, fetches the chunks it reads as it reads them and finds
+    /// every entry.
+    #[test]
+    fn a_walk_over_a_partial_meta_fetches_the_chunks_it_reads() {
+        use crate::lsm::handle::table_key;
+        use crate::store::object::Store as _;
+        let dir = tempfile::tempdir().unwrap();
+        let options = TableOptions { frame_bytes: AccountTally::WIDTH, ..TableOptions::default() };
+        let writer: Tree<AccountTally> =
+            Tree::new(dir.path().join("w"), options.clone(), TreeCaches::of_bytes(0, 0)).unwrap();
+        let entries: Vec<AccountTally> =
+            (1..=3_000).flat_map(|account| [1, 2].map(|location| tally((0, account, location, 1)))).collect();
+        let id = "0000000000000001aaaaaaaa".to_string();
+        let summary = writer.write_sorted(&id, || entries.iter().copied()).unwrap();
+        let mut record =
+            TableRecord::written(TreeKind::AccountTallies, id.clone(), (id.clone(), RunKind::Delta), (0, 1), &summary);
+        record.uploaded = true;
+        let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        for ext in ["meta", "data"] {
+            let bytes = std::fs::read(writer.local_path(&id, ext)).unwrap();
+            runtime.block_on(store.put(&table_key(TreeKind::AccountTallies, &id, ext), bytes.into())).unwrap();
+        }
+        let replica: Tree<AccountTally> = Tree::new(dir.path().join("r"), options, TreeCaches::of_bytes(0, 0)).unwrap();
+        runtime.block_on(replica.fetch_meta(&store, &record, false)).unwrap();
+        replica.install(replica.open_table(record).unwrap(), None);
+        let table = replica.tables().pop().unwrap();
+        assert!(table.frame_count() > 8 * crate::lsm::table::CHUNK_FRAMES, "a range of many index chunks");
+        let lo = AccountTally::min_for_key(AccountTally::key_of(0, TARGETS[0]));
+        let hi = AccountTally::max_for_key(AccountTally::key_of(u64::MAX, TARGETS[0]));
+        for direction in [Direction::Ascending, Direction::Descending] {
+            let (mut range, mut found) = ((lo, hi), Vec::new());
+            loop {
+                let part = runtime.block_on(read_range_part(&replica, &store, range, direction, 300)).unwrap();
+                assert!(table.meta_is_partial(), "a range read fetches index chunks, never a whole meta");
+                found.extend(part.entries);
+                let Some(frontier) = part.frontier else { break };
+                range = match direction {
+                    Direction::Ascending => (frontier, hi),
+                    Direction::Descending => {
+                        (lo, AccountTally::max_for_key(AccountTally::key_of(frontier.account - 1, TARGETS[0])))
+                    }
+                };
+            }
+            found.sort_unstable();
+            assert_eq!(found, entries, "{direction:?}");
+        }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
 
-        /// Over runs of tables of a few entries a frame and a memtable, each part read holds
-        /// exactly every copy of the range's entries in the part it says it covers, and a walk
-        /// that goes on from each frontier reaches the range's far end.
+        /// Over runs of tables of a few entries a frame (an account's entries often straddle two)
+        /// and a memtable, each part read holds exactly every copy of the range's entries in the
+        /// part it says it covers, ends where a key starts, and covers at least one more key, so
+        /// that a walk going on after each part reaches the range's far end.
         #[test]
         fn each_part_holds_every_copy_of_what_it_covers(
             runs in proptest::collection::vec(proptest::collection::vec(entry(), 0..120), 0..4),
@@ -192,8 +271,7 @@ mod tests {
                 entries.dedup();
                 everything.extend(entries);
             }
-            let mut want = want;
-            for _ in 0..64 {
+            for _ in 0..200 {
                 let part = runtime.block_on(read_range_part(&tree, &store, (lo_now, hi), direction, want)).unwrap();
                 let mut expected: Vec<AccountTally> = everything
                     .iter()
@@ -202,19 +280,22 @@ mod tests {
                     .collect();
                 expected.sort_unstable();
                 prop_assert_eq!(&part.entries, &expected);
-                match (part.frontier, direction) {
-                    (None, _) => return Ok(()),
-                    (Some(frontier), Direction::Ascending) => {
-                        prop_assert!(frontier > lo_now, "the walk goes on");
+                let Some(frontier) = part.frontier else { return Ok(()) };
+                prop_assert_eq!(frontier, AccountTally::min_for_key(frontier.key()), "a part ends where a key starts");
+                // Each read covers at least one key, whatever `want`.
+                match direction {
+                    Direction::Ascending => {
+                        prop_assert!(frontier > lo_now);
                         lo_now = frontier;
                     }
-                    // Going on from the frontier itself (as a walk by key does), with more each time.
-                    (Some(frontier), Direction::Descending) => {
-                        prop_assert!(lo_now < frontier && frontier <= hi);
-                        hi = frontier;
+                    Direction::Descending => {
+                        prop_assert!(frontier > lo_now && frontier <= hi);
+                        if frontier.account <= first {
+                            return Ok(());
+                        }
+                        hi = AccountTally::max_for_key(AccountTally::key_of(frontier.account - 1, TARGETS[0]));
                     }
                 }
-                want = want.max(1) * 2;
             }
             prop_assert!(false, "the walk never ended");
         }

@@ -581,20 +581,34 @@ impl<E: Entry> PagedMeta<E> {
     /// `hi`'s (the frame after a range is read too). Each page once; chunk ranges that touch
     /// merged into one piece.
     pub fn missing_pieces(&self, hashes: &[KeyHash], ranges: &[(E, E)]) -> Vec<MetaPiece> {
-        let Some(partial) = self.partial() else { return Vec::new() };
         let mut pages: Vec<usize> =
             hashes.iter().map(|h| h.block_index(self.header.shape.blocks) / PAGE_BLOCKS).collect();
         pages.sort_unstable();
         pages.dedup();
+        let chunks: Vec<Range<usize>> = ranges.iter().map(|(lo, hi)| self.chunks_read(lo, hi)).collect();
+        self.pieces_lacking(pages, chunks)
+    }
+
+    /// The index chunks holding the records of frames `frames` that a partial copy lacks, as
+    /// pieces.
+    pub fn missing_frame_chunks(&self, frames: Range<usize>) -> Vec<MetaPiece> {
+        let end = frames.end.min(self.header.frames).div_ceil(CHUNK_FRAMES);
+        let chunks = frames.start / CHUNK_FRAMES..end;
+        self.pieces_lacking(Vec::new(), std::iter::once(chunks).collect())
+    }
+
+    /// Filter pages `pages` (sorted, distinct) and index chunk ranges `chunks` as pieces (chunk
+    /// ranges that touch merged), less those a partial copy holds; none for a whole meta.
+    fn pieces_lacking(&self, pages: Vec<usize>, mut chunks: Vec<Range<usize>>) -> Vec<MetaPiece> {
+        let Some(partial) = self.partial() else { return Vec::new() };
         let mut pieces: Vec<MetaPiece> = pages
             .into_iter()
             .map(|page| self.filter_page_place(page))
             .map(|(offset, len)| MetaPiece { offset, len: len as u64, what: PieceKind::FilterPage })
             .collect();
-        let mut ranges: Vec<Range<usize>> = ranges.iter().map(|(lo, hi)| self.chunks_read(lo, hi)).collect();
-        ranges.sort_unstable_by_key(|r| r.start);
+        chunks.sort_unstable_by_key(|r| r.start);
         let mut merged: Vec<Range<usize>> = Vec::new();
-        for range in ranges.into_iter().filter(|r| !r.is_empty()) {
+        for range in chunks.into_iter().filter(|r| !r.is_empty()) {
             match merged.last_mut() {
                 Some(last) if range.start <= last.end => last.end = last.end.max(range.end),
                 _ => merged.push(range),
