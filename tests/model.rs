@@ -4,10 +4,12 @@
 //! in order, with no skipped or repeated backlink, and the live forward links of every record
 //! must equal the links it was last written with (records written with more than one). Targets
 //! of three entries are hot: after a flush, a hot target's tallies and its count must equal the
-//! model's live links by source collection and location.
+//! model's live links by source collection and location, and its linking DIDs, paged, the
+//! model's accounts, each once.
 
 mod support;
 
+use backlinks::constellation::get_backlink_dids;
 use backlinks::constellation::many::forward_links;
 use backlinks::count::{CountOptions, count_backlinks};
 use backlinks::index::{Index, IndexOptions};
@@ -363,7 +365,30 @@ impl Harness {
         let whole: Vec<(u64, u64)> = wholes.iter().map(|t| (t.records, t.accounts)).collect();
         assert_eq!(whole, [want_whole], "the whole tally of {target}");
         assert!(!count.approximate, "a hot target's count is exact");
+        let linking: BTreeSet<&String> = links.values().flatten().collect();
+        for (limit, reverse) in [(1, false), (2, true)] {
+            let walked = self.linking_dids(target, limit, reverse);
+            let once: BTreeSet<&String> = walked.iter().collect();
+            assert_eq!((walked.len(), &once), (linking.len(), &linking), "DIDs of {target}, {limit} a page");
+        }
         true
+    }
+
+    /// Every page of getBacklinkDids of a target counted from its tallies, each page exact.
+    fn linking_dids(&self, target: &str, limit: usize, reverse: bool) -> Vec<String> {
+        let options = CountOptions { exact_scan_limit: 1 };
+        let mut params = ListParams { limit, reverse, ..ListParams::new(target) };
+        let mut dids = Vec::new();
+        for _ in 0..10_000 {
+            let page = self.runtime.block_on(get_backlink_dids(&self.index, &params, options)).unwrap();
+            assert_eq!(page.get("approximate"), None, "{target}: {page}");
+            dids.extend(page["linking_dids"].as_array().unwrap().iter().map(|d| d.as_str().unwrap().to_string()));
+            match page["cursor"].as_str() {
+                Some(cursor) => params.cursor = Some(Cursor::decode(cursor).unwrap()),
+                None => return dids,
+            }
+        }
+        panic!("the DID pages of {target} never ended");
     }
 
     /// Sort key of a model item as the engine orders them: (source id, location id).
