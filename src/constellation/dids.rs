@@ -59,7 +59,7 @@ pub async fn get_backlink_dids(index: &Index, params: &ListParams, options: Coun
     let after_account = params.cursor.as_ref().and_then(account_of_cursor);
     let place_cursor = params.cursor.is_some() && after_account.is_none();
     match links {
-        TargetLinks::All(live) if after_account.is_none() => Ok(first_places_page(index, &live, params)?),
+        TargetLinks::All(live) if after_account.is_none() => first_places_page(index, &live, params),
         TargetLinks::All(ref live) if after_account.is_some() => {
             let accounts: BTreeSet<u64> = live.iter().map(|link| link.source.did).collect();
             let (page, cursor) = page_of_accounts(accounts, params);
@@ -169,18 +169,13 @@ async fn hot_accounts_page(
             }
             page.push(account);
         }
-        // A part holds whole accounts (`lsm::range`): ascending, the frontier's is the first one
-        // not read; descending, the last one read.
-        let rest = part.frontier.and_then(|frontier| match direction {
-            Direction::Ascending => Some(frontier.account..=*unread.end()),
-            Direction::Descending => {
-                frontier.account.checked_sub(1).filter(|end| end >= unread.start()).map(|end| *unread.start()..=end)
-            }
-        });
-        match rest {
-            Some(rest) => unread = rest,
-            None => return Ok((page, None)),
-        }
+        // A part holds whole accounts, up to its frontier's, which it does not hold (`lsm::range`).
+        let Some(frontier) = part.frontier else { return Ok((page, None)) };
+        let at = AccountTally::account_of_key(frontier);
+        unread = match direction {
+            Direction::Ascending => at..=*unread.end(),
+            Direction::Descending => *unread.start()..=at,
+        };
     }
     // Rounds spent: the next page starts with the first account not read.
     let next = match direction {

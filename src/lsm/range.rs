@@ -5,21 +5,22 @@
 //! - The keys of a range agree in their first `E::SHARD_WIDTH` bytes, so that each run has one
 //!   table that may hold them. No filter is asked: filters answer for keys, not ranges.
 //! - A part holds whole keys: every copy of every entry of each key it covers, and nothing of the
-//!   others. `RangePart::frontier` is where it ends, the smallest entry of a key
-//!   (`E::min_for_key`): ascending, the part is the range's entries below it; descending, those
-//!   at or above it; the whole range when there is none.
+//!   others. `RangePart::frontier` is the key where it ends, itself not covered: ascending, the
+//!   part is the range's keys below it; descending, those above it; the whole range without one.
+//!   The next part starts at the frontier's key, so every read covers at least one more key
+//!   than the last (a walk always ends).
 //! - One read takes, in each table, the frames overlapping the range from its start in the
-//!   reading direction until they hold at least `want` entries, and then on to the end of the
-//!   key it stopped in, so every read covers at least one key (it makes progress whatever
-//!   `want`). It reads the index records of the frames it takes, a chunk at a time, and the
-//!   chunks at the range's two ends: its work is about `want` entries a run plus the entries of
-//!   one key, whatever the size of the range.
+//!   reading direction until they hold at least `want` entries and the next frame starts past
+//!   the range's first key: about `want` entries a run plus a frame (plus the entries of the
+//!   range's first key, when it fills frames). It reads the frame index 64 frames at a time,
+//!   fetching what a partial meta lacks before reading it.
 
 use crate::lsm::entry::{Entry, within};
 use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::run::shard_hash;
 use crate::lsm::table::{CHUNK_FRAMES, FrameInfo, PageUse};
 use crate::lsm::tree::Tree;
+use crate::model::ids::RecordId;
 use crate::store::object::Store;
 use std::ops::Range;
 use std::sync::Arc;
@@ -36,8 +37,9 @@ pub enum Direction {
 pub struct RangePart<E> {
     /// Every copy of every entry of the part read, sorted.
     pub entries: Vec<E>,
-    /// Where the part read ends (see the module invariants); `None` when it is the whole range.
-    pub frontier: Option<E>,
+    /// The key where the part ends, not covered (module invariants); `None` when the part is the
+    /// whole range.
+    pub frontier: Option<RecordId>,
 }
 
 /// Reads the entries `lo..=hi` of `tree` from the end `direction` names, about `want` a table
@@ -60,9 +62,8 @@ pub async fn read_range_part<E: Entry>(
     )
     .await?;
     let plans: Vec<Plan<E>> = plans.into_iter().flatten().collect();
-    let keys = (first, last);
     let reads = futures::future::try_join_all(
-        plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone(), keys)),
+        plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone(), (first, last))),
     )
     .await?;
     let frontier = plans.iter().filter_map(|plan| plan.frontier).reduce(|a, b| match direction {
@@ -73,29 +74,32 @@ pub async fn read_range_part<E: Entry>(
     for slice in reads.iter().flatten() {
         entries.extend_from_slice(within(slice, &lo, &hi));
     }
-    entries.retain(|entry| lo <= *entry && *entry <= hi && is_covered(entry, frontier, direction));
+    entries.retain(|entry| lo <= *entry && *entry <= hi && is_covered(entry.key(), frontier, direction));
     entries.sort_unstable();
     Ok(RangePart { entries, frontier })
 }
 
-/// Whether `entry` lies in the part a read with `frontier` covered.
-fn is_covered<E: Ord>(entry: &E, frontier: Option<E>, direction: Direction) -> bool {
+/// Whether the entries of `key` lie in the part a read with `frontier` covered.
+fn is_covered(key: RecordId, frontier: Option<RecordId>, direction: Direction) -> bool {
     match (frontier, direction) {
         (None, _) => true,
-        (Some(frontier), Direction::Ascending) => *entry < frontier,
-        (Some(frontier), Direction::Descending) => *entry >= frontier,
+        (Some(frontier), Direction::Ascending) => key < frontier,
+        (Some(frontier), Direction::Descending) => key > frontier,
     }
 }
 
-/// The frames of one table a read takes, and where they stop short of the range's far end.
+/// The frames of one table a read takes, and the key where they stop short of the range's far
+/// end.
 struct Plan<E: Entry> {
     table: Arc<TableHandle<E>>,
     frames: Range<usize>,
-    frontier: Option<E>,
+    frontier: Option<RecordId>,
 }
 
 /// The frames of `table` overlapping `lo..=hi` from the `direction` end until they hold `want`
-/// entries and end a key; `None` when none overlap.
+/// entries; `None` when none overlap. Ascending, they stop before a frame that starts a key
+/// past `lo`'s (every entry below that key is in the frames taken); descending, at a frame
+/// that starts a key short of `hi`'s (every entry above that key is in the frames taken).
 async fn plan_table<E: Entry>(
     table: &Arc<TableHandle<E>>,
     store: &dyn Store,
@@ -108,19 +112,15 @@ async fn plan_table<E: Entry>(
     if all.is_empty() {
         return Ok(None);
     }
-    let plan = |frames, frontier: Option<&FrameInfo<E>>| {
-        let frontier = frontier.map(|info| E::min_for_key(info.first.key()));
-        Ok(Some(Plan { table: table.clone(), frames, frontier }))
-    };
+    let plan = |frames, frontier| Ok(Some(Plan { table: table.clone(), frames, frontier }));
     let mut taken = 0usize;
     match direction {
         Direction::Ascending => {
             let mut end = all.start;
             while end < all.end {
                 for info in frame_infos(table, store, end..(end + CHUNK_FRAMES).min(all.end)).await? {
-                    // A frame that starts a key ends the part when it holds enough.
-                    if taken >= want && !info.continues {
-                        return plan(all.start..end, Some(&info));
+                    if taken >= want && info.first.key() > lo.key() {
+                        return plan(all.start..end, Some(info.first.key()));
                     }
                     taken += info.entries as usize;
                     end += 1;
@@ -130,15 +130,12 @@ async fn plan_table<E: Entry>(
         Direction::Descending => {
             let mut start = all.end;
             while start > all.start {
-                for info in frame_infos(table, store, start.saturating_sub(CHUNK_FRAMES).max(all.start)..start)
-                    .await?
-                    .iter()
-                    .rev()
-                {
+                let window = start.saturating_sub(CHUNK_FRAMES).max(all.start)..start;
+                for info in frame_infos(table, store, window).await?.iter().rev() {
                     taken += info.entries as usize;
                     start -= 1;
-                    if taken >= want && !info.continues && start > all.start {
-                        return plan(start..all.end, Some(info));
+                    if taken >= want && info.first.key() < hi.key() && start > all.start {
+                        return plan(start..all.end, Some(info.first.key()));
                     }
                 }
             }
@@ -216,14 +213,35 @@ mod tests {
                 found.extend(part.entries);
                 let Some(frontier) = part.frontier else { break };
                 range = match direction {
-                    Direction::Ascending => (frontier, hi),
-                    Direction::Descending => {
-                        (lo, AccountTally::max_for_key(AccountTally::key_of(frontier.account - 1, TARGETS[0])))
-                    }
+                    Direction::Ascending => (AccountTally::min_for_key(frontier), hi),
+                    Direction::Descending => (lo, AccountTally::max_for_key(frontier)),
                 };
             }
             found.sort_unstable();
             assert_eq!(found, entries, "{direction:?}");
+        }
+    }
+
+    /// Accounts of two tallies each, all shifted by one: every frame of four entries starts in
+    /// the middle of an account. A part of `want` 2 still reads about a frame, either way.
+    #[test]
+    fn a_part_reads_about_want_when_every_frame_starts_inside_a_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = TableOptions { frame_bytes: 4 * AccountTally::WIDTH, ..TableOptions::default() };
+        let tree: Tree<AccountTally> = Tree::new(dir.path().join("t"), options, TreeCaches::of_bytes(0, 0)).unwrap();
+        let mut entries = vec![tally((0, 1, 1, 1))];
+        entries.extend((2..=200).flat_map(|account| [1, 2].map(|location| tally((0, account, location, 1)))));
+        let id = "0000000000000001aaaaaaaa".to_string();
+        let summary = tree.write_sorted(&id, || entries.iter().copied()).unwrap();
+        let record = TableRecord::written(TreeKind::AccountTallies, id.clone(), (id, RunKind::Delta), (0, 1), &summary);
+        tree.install(tree.open_table(record).unwrap(), None);
+        let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let range = (entries[0], *entries.last().unwrap());
+        for direction in [Direction::Ascending, Direction::Descending] {
+            let part = runtime.block_on(read_range_part(&tree, &store, range, direction, 2)).unwrap();
+            assert!((1..=8).contains(&part.entries.len()), "{direction:?}: {} entries", part.entries.len());
+            assert!(part.frontier.is_some(), "{direction:?}");
         }
     }
 
@@ -232,8 +250,8 @@ mod tests {
 
         /// Over runs of tables of a few entries a frame (an account's entries often straddle two)
         /// and a memtable, each part read holds exactly every copy of the range's entries in the
-        /// part it says it covers, ends where a key starts, and covers at least one more key, so
-        /// that a walk going on after each part reaches the range's far end.
+        /// part it says it covers (whole keys), reads about `want` a table, and covers at least
+        /// one more key, so that a walk going on from each frontier reaches the range's far end.
         #[test]
         fn each_part_holds_every_copy_of_what_it_covers(
             runs in proptest::collection::vec(proptest::collection::vec(entry(), 0..120), 0..4),
@@ -275,25 +293,25 @@ mod tests {
                 let part = runtime.block_on(read_range_part(&tree, &store, (lo_now, hi), direction, want)).unwrap();
                 let mut expected: Vec<AccountTally> = everything
                     .iter()
-                    .filter(|e| lo_now <= **e && **e <= hi && is_covered(*e, part.frontier, direction))
+                    .filter(|e| lo_now <= **e && **e <= hi && is_covered(e.key(), part.frontier, direction))
                     .copied()
                     .collect();
                 expected.sort_unstable();
                 prop_assert_eq!(&part.entries, &expected);
                 let Some(frontier) = part.frontier else { return Ok(()) };
-                prop_assert_eq!(frontier, AccountTally::min_for_key(frontier.key()), "a part ends where a key starts");
-                // Each read covers at least one key, whatever `want`.
+                // Each read covers at least one key more, whatever `want`, and no more than
+                // `want` entries a table, a frame's (four here) and the first key's (six at most).
+                prop_assert!(lo_now.key() <= frontier && frontier <= hi.key());
+                let bound = runs.len() * (want.max(1) + 12) + memtable.len();
+                prop_assert!(part.entries.len() <= bound, "{} entries for {want}", part.entries.len());
                 match direction {
                     Direction::Ascending => {
-                        prop_assert!(frontier > lo_now);
-                        lo_now = frontier;
+                        prop_assert!(frontier > lo_now.key());
+                        lo_now = AccountTally::min_for_key(frontier);
                     }
                     Direction::Descending => {
-                        prop_assert!(frontier > lo_now && frontier <= hi);
-                        if frontier.account <= first {
-                            return Ok(());
-                        }
-                        hi = AccountTally::max_for_key(AccountTally::key_of(frontier.account - 1, TARGETS[0]));
+                        prop_assert!(frontier < hi.key());
+                        hi = AccountTally::max_for_key(frontier);
                     }
                 }
             }

@@ -272,6 +272,11 @@ impl AccountTally {
     pub fn key_of(account: u64, target: RecordId) -> RecordId {
         RecordId { rkey: target.rkey, collection: target.did, did: account }
     }
+
+    /// The account of a key `key_of` made.
+    pub fn account_of_key(key: RecordId) -> u64 {
+        key.did
+    }
 }
 
 /// Every backlink of `source` written before stamp `rev` is dead.
