@@ -35,6 +35,7 @@ use std::fs::{File, OpenOptions};
 use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use xxhash_rust::xxh3::xxh3_64;
 
@@ -205,7 +206,7 @@ pub struct ChangeLog {
     /// The sealed segment `read_at` read last, kept open for the next lookup.
     looked_up: Option<(u32, ChunkReader)>,
     /// Sealed segments to pack (`None` when the options say not to).
-    packer: Option<mpsc::Sender<Segment>>,
+    packer: Option<Packer>,
 }
 
 impl ChangeLog {
@@ -245,9 +246,7 @@ impl ChangeLog {
         let current = Segment { bytes: valid, ..current };
         let packer = options.pack.then(|| start_packer(shared.clone()));
         if let Some(packer) = &packer {
-            for sealed in shared.unpacked_sealed(current.number) {
-                let _ = packer.send(sealed);
-            }
+            shared.unpacked_sealed(current.number).into_iter().for_each(|sealed| packer.send(sealed));
         }
         let pending = vec![];
         Ok(ChangeLog { shared, options, file, current, written: valid, pending, last_cursor, looked_up: None, packer })
@@ -368,8 +367,7 @@ impl ChangeLog {
         self.shared.segments.lock().expect("segments lock poisoned").push(next);
         let sealed = std::mem::replace(&mut self.current, next);
         if let Some(packer) = &self.packer {
-            // The packer ends only with the log: a send cannot fail while it is alive.
-            let _ = packer.send(sealed);
+            packer.send(sealed);
         }
         self.written = 0;
         // Readers move to the new segment once the end does.
@@ -693,19 +691,50 @@ fn remove_if_there(path: &Path) -> Result<(), PushError> {
 }
 
 /// The packer: a thread that packs the sealed segments it is sent, one at a time, until the log
-/// is dropped.
-fn start_packer(shared: Arc<LogShared>) -> mpsc::Sender<Segment> {
+/// is dropped. Dropping it stops the thread after the segment it is packing and waits for it, so
+/// that no packer outlives its log (one left running would remove files of segments its log had
+/// retired while a log opened again on the directory lists them).
+struct Packer {
+    sender: Option<mpsc::Sender<Segment>>,
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Packer {
+    fn send(&self, segment: Segment) {
+        // The thread ends only with the packer: a send cannot fail while it is alive.
+        if let Some(sender) = &self.sender {
+            let _ = sender.send(segment);
+        }
+    }
+}
+
+impl Drop for Packer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        self.sender = None;
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+fn start_packer(shared: Arc<LogShared>) -> Packer {
     let (sender, segments) = mpsc::channel::<Segment>();
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopped = stop.clone();
     let spawned = std::thread::Builder::new().name("log-packer".into()).spawn(move || {
         lower_this_thread(PACKER_NICE);
         for segment in segments {
+            if stopped.load(Ordering::Relaxed) {
+                return;
+            }
             if let Err(error) = shared.pack_segment(segment) {
                 tracing::warn!(%error, segment = segment.number, "could not pack a change-log segment (it stays as written)");
             }
         }
     });
-    if let Err(error) = spawned {
-        tracing::warn!(%error, "no change-log packer: sealed segments stay as written");
-    }
-    sender
+    let thread =
+        spawned.map_err(|error| tracing::warn!(%error, "no change-log packer: sealed segments stay as written"));
+    Packer { sender: Some(sender), stop, thread: thread.ok() }
 }
