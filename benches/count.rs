@@ -122,33 +122,31 @@ fn measure_did_pages(
         }
         accounts = seen.len();
     }
-    times.sort_unstable();
-    println!(
-        "{label:>12} {size:>9} backlinks, DID pages: {accounts:>9} {}  p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
-        if approximate { "repeats " } else { "once    " },
-        percentile(&times, 0.5),
-        percentile(&times, 0.99),
-        percentile(&times, 1.0),
-    );
+    let flag = if approximate { "repeats " } else { "once    " };
+    print_row((label, size, "DID pages"), (accounts as u64, flag), times);
 }
 
 fn measure_one(count: &dyn Fn() -> Count, label: &str, size: usize, what: &str) {
     let first = count();
-    let mut times: Vec<Duration> = (0..REQUESTS)
+    let times: Vec<Duration> = (0..REQUESTS)
         .map(|_| {
             let started = Instant::now();
             std::hint::black_box(count());
             started.elapsed()
         })
         .collect();
-    times.sort_unstable();
     let (figure, approximate) = match what {
         "accounts" => (first.distinct_dids, first.distinct_approximate),
         _ => (first.total, first.approximate),
     };
+    print_row((label, size, what), (figure, if approximate { "estimate" } else { "exact   " }), times);
+}
+
+/// One line of figures: what was measured, its answer, and its latencies.
+fn print_row((label, size, what): (&str, usize, &str), (figure, flag): (u64, &str), mut times: Vec<Duration>) {
+    times.sort_unstable();
     println!(
-        "{label:>12} {size:>9} backlinks, {what:>8}: {figure:>9} {}  p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
-        if approximate { "estimate" } else { "exact   " },
+        "{label:>12} {size:>9} backlinks, {what:>8}: {figure:>9} {flag}  p50 {:.3} ms  p99 {:.3} ms  max {:.3} ms",
         percentile(&times, 0.5),
         percentile(&times, 0.99),
         percentile(&times, 1.0),

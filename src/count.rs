@@ -123,8 +123,9 @@ pub enum TargetLinks {
     /// read and stands for.
     Sampled { live: Vec<Backlink>, raw_total: u64, raw_sampled: u64 },
     /// A hot target's tallies that pass the filters, and when it is known the tally of all of
-    /// them together (its `accounts` counting each account once).
-    Tallied { target: RecordId, tallies: Vec<Tally>, whole: Option<Tally> },
+    /// them together (its `accounts` counting each account once); the target and the filters,
+    /// for a reader of its account tallies.
+    Tallied { target: RecordId, filters: Filters, tallies: Vec<Tally>, whole: Option<Tally> },
 }
 
 /// Reads the live backlinks to `params.target` that pass its filters: all of them, or when the
@@ -141,21 +142,21 @@ pub async fn read_target(index: &Index, params: &ListParams, options: CountOptio
     };
     if let Some(dids) = filters.dids() {
         let found = index.account_tallies_of(scope.target, dids).await?;
-        return Ok(tallied_by_account(scope.target, &found, &filters));
+        return Ok(tallied_by_account(scope.target, &found, filters));
     }
     let (wholes, groups): (Vec<Tally>, Vec<Tally>) = tallies.into_iter().partition(Tally::is_whole);
     let whole = wholes.into_iter().next().filter(|_| filters.admits_every_group());
     let tallies = groups.into_iter().filter(|t| filters.admits_group(t.collection, t.location)).collect();
-    Ok(TargetLinks::Tallied { target: scope.target, tallies, whole })
+    Ok(TargetLinks::Tallied { target: scope.target, filters, tallies, whole })
 }
 
 /// The tallies of the groups `filters` admits, and of all of them together, from the account
 /// tallies of the accounts it admits (`found`: freshest, any target with their keys).
-fn tallied_by_account(target: RecordId, found: &[AccountTally], filters: &Filters) -> TargetLinks {
+fn tallied_by_account(target: RecordId, found: &[AccountTally], filters: Filters) -> TargetLinks {
     let admitted = found.iter().filter(|t| t.target() == target && filters.admits_group(t.collection, t.location));
     let mut tallies = Tally::of_accounts(target, admitted, 0);
     let whole = tallies.pop().filter(Tally::is_whole).expect("the whole tally comes last");
-    TargetLinks::Tallied { target, tallies, whole: Some(whole) }
+    TargetLinks::Tallied { target, filters, tallies, whole: Some(whole) }
 }
 
 /// The count of what `read_target` read, `by_source` keyed as in `count_backlinks_named`.

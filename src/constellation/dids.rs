@@ -23,8 +23,9 @@
 //!   entries). A hot target's page reads its account tallies from the cursor on, whole accounts
 //!   at a time (`lsm::range`): at most `MAX_DID_ROUNDS` rounds of about twice the page's entries
 //!   a run, doubling up to `MAX_WANT_DOUBLINGS` times (a page cut short by the rounds has a
-//!   cursor where they stopped); with `did` filters, one point read each. A target past the scan limit without tallies (promotion is asked for) is paged as
-//!   listBacklinks pages it, distinct within a page only, and the answer says `"approximate"`.
+//!   cursor where they stopped); with `did` filters, one point read each. A target past the scan
+//!   limit without tallies (promotion is asked for) is paged as listBacklinks pages it, distinct
+//!   within a page only, and the answer says `"approximate"`.
 //! - `limit` 0 answers the total with an empty page and no cursor. The total is the count's
 //!   distinct accounts (exact for a hot target unless the filters name a union of groups).
 //! - A cursor of one order given to a target that has changed kind since (a target that grew hot
@@ -65,8 +66,8 @@ pub async fn get_backlink_dids(index: &Index, params: &ListParams, options: Coun
             let (page, cursor) = page_of_accounts(accounts, params);
             respond(index, &page, cursor, &links)
         }
-        TargetLinks::Tallied { target, .. } if !place_cursor => {
-            let (page, cursor) = hot_accounts_page(index, target, params).await?;
+        TargetLinks::Tallied { target, ref filters, .. } if !place_cursor => {
+            let (page, cursor) = hot_accounts_page(index, (target, filters), params).await?;
             respond(index, &page, cursor, &links)
         }
         TargetLinks::Sampled { .. } if after_account.is_some() => {
@@ -140,13 +141,12 @@ fn page_of_accounts(accounts: BTreeSet<u64>, params: &ListParams) -> (Vec<u64>, 
 /// A hot target's page of accounts, from its account tallies, and the cursor after it.
 async fn hot_accounts_page(
     index: &Index,
-    target: RecordId,
+    (target, filters): (RecordId, &Filters),
     params: &ListParams,
 ) -> Result<(Vec<u64>, Option<Cursor>), QueryError> {
     if params.limit == 0 {
         return Ok((Vec::new(), None));
     }
-    let filters = Filters::resolve(index, params)?;
     let admits = |tally: &AccountTally| {
         tally.target() == target
             && tally.records > 0

@@ -181,12 +181,6 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
-    /// Frames that may hold entries whose key is `key` (a paged meta's chunks cached for a lookup).
-    pub fn frames_for_key(&self, key: RecordId, with: PageUse) -> Result<Range<usize>, ReadError> {
-        let bounds = (E::min_for_key(key), E::max_for_key(key));
-        Ok(self.frames_overlapping_each([bounds], with)?.pop().expect("one range for one key"))
-    }
-
     /// `frames_overlapping` of each of `bounds`, for many at once: a paged meta decodes an index
     /// chunk again only when the bounds leave the two it last used (they should come sorted) and,
     /// for a scan, caches none.
@@ -603,25 +597,29 @@ impl<E: Entry> TableHandle<E> {
         let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
         let hashes: Vec<KeyHash> = keys.iter().map(KeyHash::of_record).collect();
         let ranges: Vec<(E, E)> = keys.iter().map(|key| (E::min_for_key(*key), E::max_for_key(*key))).collect();
-        self.fetch_meta_pieces(store, meta.missing_pieces(&hashes, &ranges)).await
+        self.fetch_meta_pieces(store, meta, meta.missing_pieces(&hashes, &ranges)).await
     }
 
     /// For a partial meta: fetches what `frames_overlapping(lo, hi)` reads of the frame index
     /// (the chunks at both ends; a range read asks no filter).
     pub async fn fetch_meta_for_range_ends(&self, store: &dyn Store, lo: E, hi: E) -> Result<(), ReadError> {
         let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
-        self.fetch_meta_pieces(store, meta.missing_pieces(&[], &[(lo, lo), (hi, hi)])).await
+        self.fetch_meta_pieces(store, meta, meta.missing_pieces(&[], &[(lo, lo), (hi, hi)])).await
     }
 
     /// For a partial meta: fetches the index records of frames `frames`.
     pub async fn fetch_meta_for_frames(&self, store: &dyn Store, frames: Range<usize>) -> Result<(), ReadError> {
         let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
-        self.fetch_meta_pieces(store, meta.missing_frame_chunks(frames)).await
+        self.fetch_meta_pieces(store, meta, meta.missing_frame_chunks(frames)).await
     }
 
-    /// Fetches, checks and keeps `pieces` of this table's partial meta.
-    async fn fetch_meta_pieces(&self, store: &dyn Store, pieces: Vec<MetaPiece>) -> Result<(), ReadError> {
-        let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
+    /// Fetches, checks and keeps `pieces` of this table's partial meta `meta`.
+    async fn fetch_meta_pieces(
+        &self,
+        store: &dyn Store,
+        meta: &PagedMeta<E>,
+        pieces: Vec<MetaPiece>,
+    ) -> Result<(), ReadError> {
         if pieces.is_empty() {
             return Ok(());
         }

@@ -593,19 +593,19 @@ impl<E: Entry> PagedMeta<E> {
     /// pieces.
     pub fn missing_frame_chunks(&self, frames: Range<usize>) -> Vec<MetaPiece> {
         let end = frames.end.min(self.header.frames).div_ceil(CHUNK_FRAMES);
-        let chunks = frames.start / CHUNK_FRAMES..end;
-        self.pieces_lacking(Vec::new(), std::iter::once(chunks).collect())
+        self.pieces_lacking(Vec::new(), std::iter::once(frames.start / CHUNK_FRAMES..end))
     }
 
     /// Filter pages `pages` (sorted, distinct) and index chunk ranges `chunks` as pieces (chunk
     /// ranges that touch merged), less those a partial copy holds; none for a whole meta.
-    fn pieces_lacking(&self, pages: Vec<usize>, mut chunks: Vec<Range<usize>>) -> Vec<MetaPiece> {
+    fn pieces_lacking(&self, pages: Vec<usize>, chunks: impl IntoIterator<Item = Range<usize>>) -> Vec<MetaPiece> {
         let Some(partial) = self.partial() else { return Vec::new() };
         let mut pieces: Vec<MetaPiece> = pages
             .into_iter()
             .map(|page| self.filter_page_place(page))
             .map(|(offset, len)| MetaPiece { offset, len: len as u64, what: PieceKind::FilterPage })
             .collect();
+        let mut chunks: Vec<Range<usize>> = chunks.into_iter().collect();
         chunks.sort_unstable_by_key(|r| r.start);
         let mut merged: Vec<Range<usize>> = Vec::new();
         for range in chunks.into_iter().filter(|r| !r.is_empty()) {
