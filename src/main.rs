@@ -614,6 +614,7 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         "tooLong": report.too_long,
         "flushes": report.flushes,
         "flushSeconds": seconds(&index.counters.flush_micros),
+        "tallySeconds": seconds(&index.counters.tally_micros),
         "compactions": finished.merges,
         "compactionSeconds": seconds(&index.counters.compaction_micros),
         "clock": index.position().clock,

@@ -225,6 +225,11 @@ fn index_registry(index: &Index) -> Registry {
     registry.register("ingest_flushes", "Memtable flushes", counter(read(&counters.flushes)));
     for (name, help, value) in [
         ("flush_duration_microseconds", "Time spent flushing memtables", &counters.flush_micros),
+        (
+            "flush_tally_duration_microseconds",
+            "Of the flushes' time, keeping hot targets' tallies",
+            &counters.tally_micros,
+        ),
         ("flush_bytes", "Bytes of table files written by flushes", &counters.flush_bytes),
         ("compactions", "Merges of runs", &counters.compactions),
         ("compaction_duration_microseconds", "Time spent merging runs", &counters.compaction_micros),

@@ -56,6 +56,7 @@ impl FlushJob<'_> {
         index.outlines.persist()?;
         let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
         let flushed = KnownRevocations::of_flush(revocations);
+        let tallying = std::time::Instant::now();
         let hot = index.hot_writes(&FlushedOps {
             links: self.links.as_ref().map(|(memtable, _)| memtable.as_ref()),
             revocations: &flushed,
@@ -64,6 +65,7 @@ impl FlushJob<'_> {
             clock: self.position.clock,
             installed_clock: index.tables_clock.load(Ordering::Acquire),
         })?;
+        add_elapsed(&index.counters.tally_micros, tallying);
         let links = index.write_live(&index.links, self.links.as_ref(), &flushed)?;
         let forward = index.write_live(&index.forward, self.forward.as_ref(), &flushed)?;
         let mut thresholds = None;

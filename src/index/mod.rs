@@ -196,6 +196,8 @@ pub struct WriteCounters {
     /// Time spent and bytes written (data + meta) by flushes.
     pub flush_micros: AtomicU64,
     pub flush_bytes: AtomicU64,
+    /// Of the flushes' time, what keeping the hot targets' tallies and hot links took.
+    pub tally_micros: AtomicU64,
     /// Time spent by merges, compressed bytes they read and wrote.
     pub compaction_micros: AtomicU64,
     pub compaction_bytes_in: AtomicU64,
