@@ -21,6 +21,7 @@ pub(crate) struct Generator {
     recent_records: Ring<Written>,
     recent_posts: Ring<(u64, u64)>,
     standing: Standing,
+    pairs: Pairs,
     counts: Counts,
     pub(crate) line: Vec<u8>,
 }
@@ -38,6 +39,7 @@ impl Generator {
             recent_records: Ring::new(RECENT_RECORDS),
             recent_posts: Ring::new(RECENT_POSTS),
             standing: Standing::new(shape.accounts),
+            pairs: Pairs::for_size(shape.max_events.min(shape.max_links)),
             counts: Counts::default(),
             line: Vec::with_capacity(4096),
         }
@@ -168,32 +170,49 @@ impl Generator {
     /// The record of `collection`, written after `"record":`; returns its backlinks.
     fn record(&mut self, collection: Collection, author: u64) -> u64 {
         match collection {
-            Collection::Like => self.subject_record(Collection::Like, &mut |c| c.counts.likes += 1),
-            Collection::Repost => self.subject_record(Collection::Repost, &mut |c| c.counts.reposts += 1),
-            Collection::Follow => self.did_subject_record(Collection::Follow, &mut |c| c.counts.follows += 1),
-            Collection::Block => self.did_subject_record(Collection::Block, &mut |c| c.counts.blocks += 1),
+            Collection::Like => self.subject_record(Collection::Like, author, &mut |c| c.counts.likes += 1),
+            Collection::Repost => self.subject_record(Collection::Repost, author, &mut |c| c.counts.reposts += 1),
+            Collection::Follow => self.did_subject_record(Collection::Follow, author, &mut |c| c.counts.follows += 1),
+            Collection::Block => self.did_subject_record(Collection::Block, author, &mut |c| c.counts.blocks += 1),
             Collection::Post => self.post_record(author),
         }
     }
 
-    fn subject_record(&mut self, collection: Collection, count: &mut dyn FnMut(&mut Self)) -> u64 {
+    fn subject_record(&mut self, collection: Collection, author: u64, count: &mut dyn FnMut(&mut Self)) -> u64 {
         count(self);
         self.type_and_created(collection.nsid());
         self.push(",\"subject\":");
-        let (author, rkey) = self.target_post();
-        self.strong_ref(author, rkey);
+        let (subject_author, rkey) = self.new_pair(collection, author, Self::target_post);
+        self.strong_ref(subject_author, rkey);
         self.push("}");
         1
     }
 
-    fn did_subject_record(&mut self, collection: Collection, count: &mut dyn FnMut(&mut Self)) -> u64 {
+    fn did_subject_record(&mut self, collection: Collection, author: u64, count: &mut dyn FnMut(&mut Self)) -> u64 {
         count(self);
         self.type_and_created(collection.nsid());
         self.push(",\"subject\":\"");
-        let subject = self.popular_account();
+        let (subject, _) = self.new_pair(collection, author, |generator| (generator.popular_account(), 0));
         self.did(subject);
         self.push("\"}");
         1
+    }
+
+    /// A subject `author` has not given `collection`'s record to yet, drawn by `draw` at most
+    /// `PAIR_DRAWS` times: a small workload may run out of popular subjects, and then its last
+    /// draw is taken, counted (or a new pair the filter took for an old one: rarer).
+    fn new_pair(&mut self, collection: Collection, author: u64, draw: impl Fn(&mut Self) -> (u64, u64)) -> (u64, u64) {
+        let mut subject = draw(self);
+        for _ in 1..PAIR_DRAWS {
+            if self.pairs.insert(collection as u64, author, subject) {
+                return subject;
+            }
+            subject = draw(self);
+        }
+        if !self.pairs.insert(collection as u64, author, subject) {
+            self.counts.repeated_pairs += 1;
+        }
+        subject
     }
 
     /// A post: keys in DAG-CBOR order ($type, createdAt, embed, facets, langs, reply, text).
@@ -285,7 +304,8 @@ impl Generator {
             self.push("\"}],\"index\":{\"byteEnd\":20,\"byteStart\":0}}]");
             return 1;
         }
-        let wanted = 1 + self.below(3);
+        // Other accounts than the author: a workload of two accounts has one to mention.
+        let wanted = (1 + self.below(3)).min(self.shape.accounts - 1);
         let mut mentioned: Vec<u64> = Vec::with_capacity(3);
         while (mentioned.len() as u64) < wanted {
             let account = self.popular_account();

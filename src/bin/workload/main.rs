@@ -17,17 +17,21 @@
 //!   records written (creates and updates); a test checks it on a sample.
 //! - Accounts behave as their PDS lets them: a deactivated account writes no record until it is
 //!   reactivated, and a deleted one never writes again (it can still be linked to).
+//! - A like, repost, follow or block is its author's first of that subject (`pairs`), as on the
+//!   network, unless a small workload runs out of subjects (counted: `repeated_pairs`).
 //! - Bounded: at most `MAX_EVENTS` events, `MAX_ACCOUNTS` accounts and `MAX_POSTS` older posts;
-//!   memory is three fixed rings of recent records and accounts, two bits per account and one
-//!   line buffer, whatever the size.
+//!   memory is three fixed rings of recent records and accounts, two bits per account, the
+//!   pairs' filter (at most 512 MiB) and one line buffer, whatever the size.
 
 mod generator;
+mod pairs;
 #[cfg(test)]
 mod tests;
 
 use backlinks::base::rng::splitmix64;
 use clap::Parser;
 use generator::Generator;
+use pairs::Pairs;
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -47,6 +51,9 @@ const START_US: u64 = 1_779_719_009_000_000;
 /// Draws of an author before one that is deactivated or deleted is taken anyway (never needed at
 /// the mix's rates: a few thousand accounts per million leave).
 const AUTHOR_DRAWS: usize = 64;
+/// Draws of a like's, repost's, follow's or block's subject before one its author already gave
+/// one is taken anyway (`pairs`).
+const PAIR_DRAWS: usize = 16;
 /// Older posts are spaced this far apart before the start.
 const OLD_POST_SPACING_US: u64 = 1_500_000;
 /// Zipf exponent of account activity (how unevenly accounts write).
@@ -300,6 +307,9 @@ struct Counts {
     updates: u64,
     account_events: u64,
     identity_events: u64,
+    /// Likes, reposts, follows and blocks that repeat their author's pair: only when
+    /// `PAIR_DRAWS` draws found no new subject.
+    repeated_pairs: u64,
 }
 
 fn main() -> std::process::ExitCode {
@@ -337,6 +347,7 @@ fn write_workload(shape: Shape, out: Option<&PathBuf>) -> std::io::Result<()> {
         "mentions": counts.mentions, "pages": counts.pages, "reposts": counts.reposts, "follows": counts.follows, "blocks": counts.blocks,
         "profiles": counts.profiles, "deletes": counts.deletes, "updates": counts.updates,
         "account_events": counts.account_events, "identity_events": counts.identity_events,
+        "repeated_pairs": counts.repeated_pairs,
     });
     eprintln!("{summary}");
     Ok(())
