@@ -442,11 +442,10 @@ impl<E: Entry> PagedMeta<E> {
         // Under the lock (taken before any cache lock, never after), so that two readers that miss
         // read, decode and cache the models once.
         let mut held = self.held_models.lock().expect("held models lock poisoned");
-        let cached = self.cache.with(self.serial, MODELS_KEY, |cached| match cached {
+        let cached = self.cached(MODELS_KEY, with, |cached| match cached {
             MetaPage::Models(models) => Some(models.clone()),
             _ => None,
         });
-        let cached = cached.flatten();
         let was_cached = cached.is_some();
         let models = match cached.or_else(|| held.upgrade()) {
             Some(models) => models,
@@ -458,6 +457,16 @@ impl<E: Entry> PagedMeta<E> {
             self.cache.insert(self.serial, MODELS_KEY, MetaPage::Models(models.clone()));
         }
         Ok(Some(models))
+    }
+
+    /// `f` of cached page `key`, if any: counted as a hit or a miss for a lookup, not for a scan
+    /// (`BudgetCache::peek`).
+    fn cached<T>(&self, key: u32, with: PageUse, f: impl FnOnce(&MetaPage<E>) -> Option<T>) -> Option<T> {
+        match with {
+            PageUse::Lookup => self.cache.with(self.serial, key, f),
+            PageUse::Scan => self.cache.peek(self.serial, key, f),
+        }
+        .flatten()
     }
 
     /// The models read from the meta, checked against the checksum taken at open, and decoded.
@@ -536,11 +545,11 @@ impl<E: Entry> PagedMeta<E> {
 
     /// Filter page `page` for a scan: the cached copy, or read and checked without caching it.
     fn scanned_filter_page(&self, page: usize) -> Result<Arc<[u8]>, FormatError> {
-        let cached = self.cache.with(self.serial, page as u32, |cached| match cached {
+        let cached = self.cached(page as u32, PageUse::Scan, |cached| match cached {
             MetaPage::Filter(bytes) => Some(bytes.clone()),
             _ => None,
         });
-        match cached.flatten() {
+        match cached {
             Some(bytes) => Ok(bytes),
             None => self.read_filter_page(page),
         }
@@ -656,11 +665,11 @@ impl<E: Entry> PagedMeta<E> {
         if let Some(frames) = reader.held(c) {
             return Ok(frames);
         }
-        let cached = self.cache.with(self.serial, INDEX_KEY_BIT | c as u32, |cached| match cached {
+        let cached = self.cached(INDEX_KEY_BIT | c as u32, reader.with, |cached| match cached {
             MetaPage::Index(frames) => Some(frames.clone()),
             _ => None,
         });
-        let frames = match cached.flatten() {
+        let frames = match cached {
             Some(frames) => frames,
             None => self.chunk(c, reader.with)?,
         };

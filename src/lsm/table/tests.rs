@@ -1015,9 +1015,10 @@ fn paged_meta_models_are_read_again_and_checked() {
     }
 }
 
-/// A scan (a merge, a writer's lookup) reads the frame index and the models without keeping them
-/// in the meta cache, a lookup keeps what it reads: merges and flushes neither evict the pages
-/// queries use nor hold memory for their own.
+/// A scan (a merge, a writer's lookup) reads the frame index, the filter and the models without
+/// keeping them in the meta cache, and its looks there count as neither hits nor misses; a lookup
+/// keeps what it reads, and counts: merges and flushes neither evict the pages queries use, nor
+/// hold memory for their own, nor blur the cache's hit rate.
 #[test]
 fn scans_keep_nothing_in_the_meta_cache() {
     use super::paged::MetaCache;
@@ -1031,10 +1032,19 @@ fn scans_keep_nothing_in_the_meta_cache() {
     paged.byte_range(0..frames, PageUse::Scan).unwrap();
     paged.models(PageUse::Scan).unwrap();
     let keys = entries.iter().step_by(50).map(|e| (Backlink::min_for_key(e.key()), Backlink::max_for_key(e.key())));
-    paged.frames_overlapping_each(keys, PageUse::Scan).unwrap();
+    paged.frames_overlapping_each(keys.clone(), PageUse::Scan).unwrap();
+    let hashes: Vec<_> = entries.iter().step_by(50).map(|e| crate::lsm::filter::KeyHash::of_record(&e.key())).collect();
+    paged.may_contain_many(&hashes, PageUse::Scan).unwrap();
     assert_eq!(cache.bytes(), 0, "a scan cached index chunks or models");
+    assert_eq!(cache.hits_and_misses(), (0, 0), "a scan's looks in the cache were counted");
     paged.frame_infos(0..frames, PageUse::Lookup).unwrap();
+    paged.models(PageUse::Lookup).unwrap();
     assert!(cache.bytes() > 0, "a lookup caches the chunks it read");
+    let (_, misses) = cache.hits_and_misses();
+    assert!(misses > 0, "a lookup's misses are counted");
+    paged.frames_overlapping_each(keys, PageUse::Scan).unwrap();
+    paged.models(PageUse::Scan).unwrap();
+    assert_eq!(cache.hits_and_misses().1, misses, "a scan that found what lookups cached counted misses");
 }
 
 /// A flipped bit in any page or chunk of a paged meta is caught by that page's checksum when
