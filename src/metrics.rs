@@ -293,11 +293,7 @@ fn index_registry(index: &Index) -> Registry {
     registry.register("frame_cache_misses", "Frame reads that had to read and decode, by tree", frame_misses);
     registry.register("frame_cache_bytes", "Bytes of decoded frames held in memory, by tree", frame_bytes);
     registry.register("meta_cache_hits", "Meta page reads of queries served from memory, by tree", meta_hits);
-    registry.register(
-        "meta_cache_misses",
-        "Meta page reads of queries from the local meta file, by tree",
-        meta_misses,
-    );
+    registry.register("meta_cache_misses", "Meta page reads of queries from the local meta file, by tree", meta_misses);
     registry.register("meta_cache_bytes", "Bytes of meta pages held in memory, by tree", meta_bytes);
     let skipped: Family<ReasonLabel, Counter> = Family::default();
     for (reason, value) in [
