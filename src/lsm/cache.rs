@@ -243,7 +243,7 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
 
     /// `with`, counted as neither a hit nor a miss: a writer's scan looks for what queries left
     /// here but never caches what it reads, so its lookups say nothing of how the cache serves
-    /// queries (counted, an import's flushes made the meta cache's misses millions a minute).
+    /// queries (counted, every filter page of every flush's lookups was a miss).
     pub fn peek<T>(&self, serial: u64, index: u32, f: impl FnOnce(&V) -> T) -> Option<T> {
         self.look_up(serial, index, |found| (found.map(f), None))
     }
