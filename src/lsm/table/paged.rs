@@ -499,11 +499,11 @@ impl<E: Entry> PagedMeta<E> {
     /// read: see the module header).
     pub fn may_contain(&self, h: KeyHash) -> Result<bool, FormatError> {
         let (page, at) = self.filter_place(h);
-        let cached = self.cache.with(self.serial, page as u32, |cached| match cached {
+        let cached = self.cached(page as u32, PageUse::Lookup, |cached| match cached {
             MetaPage::Filter(bytes) => Some(self.block_may_contain(bytes, at, h)),
             _ => None,
         });
-        match cached.flatten() {
+        match cached {
             Some(answer) => Ok(answer),
             None => Ok(self.block_may_contain(&self.filter_page(page)?, at, h)),
         }
