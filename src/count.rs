@@ -11,10 +11,10 @@
 //!   as in listBacklinks. The count then equals the length of listBacklinks' full enumeration.
 //! - Tallied path: a hot target past the bound (one with tallies, `index::tally`) is counted from
 //!   its tallies, exactly, by source collection and location, with distinct accounts; with a DID
-//!   filter, from those accounts' tallies (one point read each). Distinct accounts over several
-//!   (collection, location) groups are exact for the whole target (its own tally) and under a
-//!   DID filter; other unions of groups sum their groups' accounts, marked `distinct_approximate`
-//!   when more than one group has any (an account linking from two of them counts twice).
+//!   filter, from those accounts' tallies (one key read each). Distinct accounts over several
+//!   (collection, location) groups are exact under a DID filter; otherwise they sum their groups'
+//!   accounts, marked `distinct_approximate` when more than one group has any (an account linking
+//!   from two of them counts twice: flushes keep an account's count per group, not per target).
 //! - Estimate path: otherwise, per table, the target's boundary frames plus its newest frames (as
 //!   many as the table's share of the limit) are read. The frames between the boundaries are known
 //!   from metadata to hold only the target, so the raw number of entries is exact; the live share
@@ -70,8 +70,11 @@ pub struct Count {
     /// True when the records figures are an estimate (a target with more entries than the scan
     /// limit and no tallies).
     pub approximate: bool,
-    /// True when the distinct accounts are an estimate (or were not asked for).
+    /// True when `distinct_dids` is an estimate (or was not asked for).
     pub distinct_approximate: bool,
+    /// True when some of `by_source`'s distinct accounts are estimates (a name summing groups of
+    /// a hot target, or a sample).
+    pub by_source_approximate: bool,
 }
 
 /// The live backlinks of one (source collection, location) and how many repositories they come from.
@@ -122,9 +125,9 @@ pub enum TargetLinks {
     /// The live ones of a sample, and the entries (dead and duplicate copies included) the sample
     /// read and stands for.
     Sampled { live: Vec<Backlink>, raw_total: u64, raw_sampled: u64 },
-    /// A hot target's tallies that pass the filters, and when it is known the tally of all of
-    /// them together (its `accounts` counting each account once); the target and the filters,
-    /// for a reader of its account tallies.
+    /// A hot target's tallies that pass the filters, and when it is known (a DID filter read
+    /// the accounts' own tallies) the tally of all of them together, its `accounts` counting each
+    /// account once; the target and the filters, for a reader of its account tallies.
     Tallied { target: RecordId, filters: Filters, tallies: Vec<Tally>, whole: Option<Tally> },
 }
 
@@ -144,18 +147,21 @@ pub async fn read_target(index: &Index, params: &ListParams, options: CountOptio
         let found = index.account_tallies_of(scope.target, dids).await?;
         return Ok(tallied_by_account(scope.target, &found, filters));
     }
-    let (wholes, groups): (Vec<Tally>, Vec<Tally>) = tallies.into_iter().partition(Tally::is_whole);
-    let whole = wholes.into_iter().next().filter(|_| filters.admits_every_group());
-    let tallies = groups.into_iter().filter(|t| filters.admits_group(t.collection, t.location)).collect();
-    Ok(TargetLinks::Tallied { target: scope.target, filters, tallies, whole })
+    let tallies =
+        tallies.into_iter().filter(|t| !t.is_whole() && filters.admits_group(t.collection, t.location)).collect();
+    Ok(TargetLinks::Tallied { target: scope.target, filters, tallies, whole: None })
 }
 
 /// The tallies of the groups `filters` admits, and of all of them together, from the account
 /// tallies of the accounts it admits (`found`: freshest, any target with their keys).
 fn tallied_by_account(target: RecordId, found: &[AccountTally], filters: Filters) -> TargetLinks {
-    let admitted = found.iter().filter(|t| t.target() == target && filters.admits_group(t.collection, t.location));
-    let mut tallies = Tally::of_accounts(target, admitted, 0);
-    let whole = tallies.pop().filter(Tally::is_whole).expect("the whole tally comes last");
+    let admitted: Vec<&AccountTally> = found
+        .iter()
+        .filter(|t| t.target() == target && t.records > 0 && filters.admits_group(t.collection, t.location))
+        .collect();
+    let mut tallies = Tally::of_accounts(target, admitted.iter().copied(), 0);
+    let mut whole = tallies.pop().filter(Tally::is_whole).expect("the whole tally comes last");
+    whole.accounts = admitted.iter().map(|t| t.account).collect::<HashSet<u64>>().len() as u64;
     TargetLinks::Tallied { target, filters, tallies, whole: Some(whole) }
 }
 
@@ -171,6 +177,7 @@ pub fn count_of(
             let mut count = tally(index, live, (*raw_total, *raw_sampled), name)?;
             count.approximate = true;
             count.distinct_approximate = true;
+            count.by_source_approximate = true;
             Ok(count)
         }
         TargetLinks::Tallied { tallies, whole, .. } => count_tallies(index, tallies, whole.as_ref(), name),
@@ -208,6 +215,7 @@ fn count_tallies(
     };
     let summed_groups = groups_by_source.values().any(|&groups| groups > 1);
     count.distinct_approximate = summed_groups || (whole.is_none() && counted.len() > 1);
+    count.by_source_approximate = summed_groups;
     Ok(count)
 }
 

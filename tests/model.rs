@@ -323,9 +323,10 @@ impl Harness {
     }
 
     /// A hot target's tallies equal the model's live links by (source collection, location) and
-    /// the accounts they come from, and for the whole target; so does a count too hot to read (a
-    /// scan limit of one entry); the first such count of a target not yet hot asks for its
-    /// promotion, which the next flush makes.
+    /// the accounts they come from, and for the whole target (its groups' sums); so does a count
+    /// too hot to read (a scan limit of one entry); the first such count of a target not yet hot
+    /// asks for its promotion, which the next flush makes. Each group's linking DIDs come out
+    /// once each over all pages.
     fn check_counts(&mut self, target: &str) -> bool {
         let mut links: BTreeMap<(String, String), Vec<String>> = BTreeMap::new();
         for (uri, location) in self.model.backlinks(target, record_uri) {
@@ -338,8 +339,8 @@ impl Harness {
             .iter()
             .map(|(group, from)| (group.clone(), (from.len() as u64, accounts(&mut from.iter()))))
             .collect();
-        let want_whole =
-            (want.values().map(|(records, _)| records).sum::<u64>(), accounts(&mut links.values().flatten()));
+        let sum = |of: fn(&(u64, u64)) -> u64| want.values().map(of).sum::<u64>();
+        let want_whole = (sum(|figures| figures.0), sum(|figures| figures.1));
         let Some(id) = self.index.lookup_target(&parse_target(target).unwrap()).unwrap() else {
             assert!(want.is_empty(), "{target} has links but no id");
             return false;
@@ -365,19 +366,29 @@ impl Harness {
         let whole: Vec<(u64, u64)> = wholes.iter().map(|t| (t.records, t.accounts)).collect();
         assert_eq!(whole, [want_whole], "the whole tally of {target}");
         assert!(!count.approximate, "a hot target's count is exact");
-        let linking: BTreeSet<&String> = links.values().flatten().collect();
-        for (limit, reverse) in [(1, false), (2, true)] {
-            let walked = self.linking_dids(target, limit, reverse);
-            let once: BTreeSet<&String> = walked.iter().collect();
-            assert_eq!((walked.len(), &once), (linking.len(), &linking), "DIDs of {target}, {limit} a page");
+        for ((collection, location), from) in &links {
+            let linking: BTreeSet<&String> = from.iter().collect();
+            let group = ListParams {
+                collections: vec![collection.clone()],
+                locations: vec![location.clone()],
+                ..ListParams::new(target)
+            };
+            for (limit, reverse) in [(1, false), (2, true)] {
+                let walked = self.linking_dids(ListParams { limit, reverse, ..group.clone() });
+                let once: BTreeSet<&String> = walked.iter().collect();
+                assert_eq!(
+                    (walked.len(), &once),
+                    (linking.len(), &linking),
+                    "DIDs of {target} {location}, {limit} a page"
+                );
+            }
         }
         true
     }
 
     /// Every page of getBacklinkDids of a target counted from its tallies, each page exact.
-    fn linking_dids(&self, target: &str, limit: usize, reverse: bool) -> Vec<String> {
-        let options = CountOptions { exact_scan_limit: 1 };
-        let mut params = ListParams { limit, reverse, ..ListParams::new(target) };
+    fn linking_dids(&self, mut params: ListParams) -> Vec<String> {
+        let (options, target) = (CountOptions { exact_scan_limit: 1 }, params.target.clone());
         let mut dids = Vec::new();
         for _ in 0..10_000 {
             let page = self.runtime.block_on(get_backlink_dids(&self.index, &params, options)).unwrap();

@@ -12,7 +12,7 @@ use crate::{cpu, sqlite};
 use backlinks::base::rng::splitmix64;
 use backlinks::index::{Index, IndexOptions};
 use backlinks::lsm::filter::KeyHash;
-use backlinks::lsm::handle::TableHandle;
+use backlinks::lsm::handle::{FilterProbe, TableHandle};
 use backlinks::model::ids::Backlink;
 use backlinks::model::ids::{OUTLINED_BIT, RecordId};
 use backlinks::query::{ListParams, list_backlinks};
@@ -109,13 +109,14 @@ pub fn filter(data_dir: &Path, probes: usize) -> anyhow::Result<serde_json::Valu
     anyhow::ensure!(!tables.is_empty(), "the index has no link tables");
     let mut state = 11;
     let keys: Vec<[u8; 24]> = (0..probes).map(|_| absent_key(&mut state).to_bytes()).collect();
-    let hashes: Vec<KeyHash> = keys.iter().map(|k| KeyHash::of(k)).collect();
+    let of_hash = |key: KeyHash| FilterProbe { key, prefix: None };
+    let hashes: Vec<FilterProbe> = keys.iter().map(|k| of_hash(KeyHash::of(k))).collect();
     let prehashed = |table: &TableHandle<Backlink>| hashes.iter().filter(|h| table.may_contain(**h)).count();
     let hashing =
-        |table: &TableHandle<Backlink>| keys.iter().filter(|k| table.may_contain(KeyHash::of(&k[..]))).count();
+        |table: &TableHandle<Backlink>| keys.iter().filter(|k| table.may_contain(of_hash(KeyHash::of(&k[..])))).count();
     // As a query probes its keys: a batch's filter lines all requested first, then tested.
     let prefetched = |table: &TableHandle<Backlink>| {
-        let batch = |hashes: &[KeyHash]| {
+        let batch = |hashes: &[FilterProbe]| {
             hashes.iter().for_each(|h| table.prefetch(*h));
             hashes.iter().filter(|h| table.may_contain(**h)).count()
         };

@@ -132,7 +132,7 @@ pub async fn links_all(
         let paths = links.entry(collection.clone()).or_insert_with(|| Value::Object(Map::new()));
         paths.as_object_mut().expect("a collection holds an object of paths").insert(path, value);
     }
-    let approximate = count.approximate || (!records_only && count.distinct_approximate);
+    let approximate = count.approximate || (!records_only && count.by_source_approximate);
     Ok(super::mark_estimate(json!({ "links": links }), approximate))
 }
 

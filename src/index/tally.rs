@@ -5,7 +5,10 @@
 //! the accounts they come from, per source collection and location and for the whole target,
 //! hidden accounts' left out). Distinct accounts need each account's own count (`AccountTally`:
 //! its live links to the target per collection and location): a change of one link changes the
-//! accounts exactly when an account's count goes to or from 0. A flush *promotes* a target with
+//! accounts exactly when an account's count goes to or from 0. A flush reads the count of each
+//! (account, collection, location) it changes, and nothing else of the account: the filters of
+//! the account tallies hold those identities, so a link from a group new to its account (a
+//! repost after a like) reads nothing. A flush *promotes* a target with
 //! at least `hot_target_entries` entries (one of which it holds at least 1/64 of, or one a count
 //! asked for), and from then on rewrites the tallies its operations change. A deletion names
 //! only its record, so the links to hot targets are also kept by account (`HotLink`, the hot
@@ -23,7 +26,7 @@
 //!   up to `c`, from an account not hidden at `c`; and the number of accounts those come from.
 //!   The freshest account tally of each (account, target, collection, location) is the number of
 //!   those identities from that account (an account without one has none), and the whole
-//!   target's tally (`Tally::ALL`) sums the others' records and counts each account once.
+//!   target's tally (`Tally::ALL`) sums the others' records and accounts.
 //! - A flush computes differences only, identity by identity, for what it can change: the
 //!   identities of its backlinks to hot targets, and the hot links of the records it revokes
 //!   and of the accounts it revokes or shows or hides. Each is live or not before (installed
@@ -40,7 +43,9 @@ use crate::liveness::{KnownRevocations, Revocable, revocation_keys};
 use crate::lsm::compaction;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
-use crate::lsm::lookup::{read_key_ranges, read_keys, read_keys_newer_uncached, read_keys_uncached};
+use crate::lsm::lookup::{
+    read_key_ranges, read_keys, read_keys_newer_uncached, read_keys_uncached, read_prefixes_uncached,
+};
 use crate::lsm::memtable::Memtable;
 use crate::lsm::range::{Direction, RangePart, read_range_part};
 use crate::lsm::table::PageUse;
@@ -349,59 +354,51 @@ impl Index {
     }
 
     /// The account tallies `by_account` (sorted, one per key) makes of the current ones (read
-    /// only for the accounts not read whole), and what they change in the tallies (added to
-    /// `differences`): a tally's accounts change when an account's count goes to or from 0, the
-    /// whole target's when its counts all do.
+    /// only for the accounts not read whole, one (collection, location) at a time), and what they
+    /// change in the tallies (added to `differences`): a tally's accounts change when an
+    /// account's count goes to or from 0, and the whole target's by the sum of those changes.
     async fn account_tallies_after(
         &self,
         by_account: Vec<(AccountKey, Counted)>,
         clock: u64,
         differences: &mut BTreeMap<TallyKey, Change>,
     ) -> Result<Vec<AccountTally>, IndexError> {
-        let mut keys: Vec<RecordId> = by_account
+        let probes: Vec<AccountTally> = by_account
             .iter()
             .filter(|(_, counted)| matches!(counted, Counted::Changed(_)))
-            .map(|((target, account, _, _), _)| AccountTally::key_of(*account, *target))
+            .map(|&((target, account, collection, location), _)| {
+                AccountTally::of(account, target, (collection, location), 0, 0)
+            })
             .collect();
-        keys.sort_unstable();
-        keys.dedup();
-        let mut current: HashMap<(RecordId, u64), Vec<AccountTally>> = HashMap::new();
-        for tally in freshest(read_keys_uncached(&self.account_tallies, self.store.as_ref(), &keys).await?) {
-            current.entry((tally.target(), tally.account)).or_default().push(tally);
-        }
+        let current: HashMap<AccountKey, u64> =
+            freshest(read_prefixes_uncached(&self.account_tallies, self.store.as_ref(), &probes).await?)
+                .into_iter()
+                .map(|tally| ((tally.target(), tally.account, tally.collection, tally.location), tally.records))
+                .collect();
         let mut written = Vec::new();
-        for group in by_account.chunk_by(|(a, _), (b, _)| (a.0, a.1) == (b.0, b.1)) {
-            let (target, account, _, _) = group[0].0;
-            // (collection, location) -> the account's count before and after the flush.
-            let mut counts: BTreeMap<(u64, u64), (u64, u64)> = BTreeMap::new();
-            for tally in current.remove(&(target, account)).unwrap_or_default() {
-                counts.insert((tally.collection, tally.location), (tally.records, tally.records));
-            }
-            for &((_, _, collection, location), counted) in group {
-                let (before, after) = counts.entry((collection, location)).or_default();
-                match counted {
-                    Counted::Whole { before: whole_before, after: whole_after } => {
-                        (*before, *after) = (whole_before, whole_after);
-                    }
-                    Counted::Changed(difference) => {
-                        let new = *before as i64 + difference;
-                        *after = u64::try_from(new).map_err(|_| missing_links(target, new))?;
-                    }
+        for (key, counted) in by_account {
+            let (target, account, collection, location) = key;
+            let (before, after) = match counted {
+                Counted::Whole { before, after } => (before, after),
+                Counted::Changed(difference) => {
+                    let before = current.get(&key).copied().unwrap_or(0);
+                    let after = before as i64 + difference;
+                    (before, u64::try_from(after).map_err(|_| missing_links(target, after))?)
                 }
+            };
+            if before == after {
+                continue;
             }
-            let any = |of: fn(&(u64, u64)) -> u64| counts.values().any(|count| of(count) > 0);
-            let whole_accounts = i64::from(any(|c| c.1)) - i64::from(any(|c| c.0));
-            let mut whole = Change { records: 0, accounts: whole_accounts };
-            for (&(collection, location), &(before, after)) in counts.iter().filter(|(_, (b, a))| b != a) {
-                let change = differences.entry((target, collection, location)).or_default();
-                change.records += after as i64 - before as i64;
-                change.accounts += i64::from(after > 0) - i64::from(before > 0);
-                whole.records += after as i64 - before as i64;
-                written.push(AccountTally::of(account, target, (collection, location), clock, after));
+            let change = Change {
+                records: after as i64 - before as i64,
+                accounts: i64::from(after > 0) - i64::from(before > 0),
+            };
+            for tally in [(target, collection, location), (target, Tally::ALL, Tally::ALL)] {
+                let sum = differences.entry(tally).or_default();
+                sum.records += change.records;
+                sum.accounts += change.accounts;
             }
-            let change = differences.entry((target, Tally::ALL, Tally::ALL)).or_default();
-            change.records += whole.records;
-            change.accounts += whole.accounts;
+            written.push(AccountTally::of(account, target, (collection, location), clock, after));
         }
         Ok(written)
     }

@@ -3,8 +3,10 @@
 //! Invariants every `Entry` upholds (checked by the tests at the bottom):
 //! - `encode` writes exactly `WIDTH` bytes and `decode(encode(e)) == e`.
 //! - Byte order of encodings equals `Ord` order.
-//! - The first `KEY_WIDTH` bytes are the encoded `key()`: the filter and the frame fences work
-//!   on that prefix, the shard hash on its first `SHARD_WIDTH` bytes.
+//! - The first `KEY_WIDTH` bytes are the encoded `key()`: the frame fences work on that prefix,
+//!   the shard hash on its first `SHARD_WIDTH` bytes.
+//! - The first `FILTER_WIDTH` bytes (at least the key, at most the identity) are what a new
+//!   table's filter holds: the key, unless a tree's lookups name more of an entry than its key.
 //! - The first `IDENTITY_WIDTH` bytes identify an entry up to freshness; the 8 bytes after them
 //!   are its big-endian `stamp()`, and whatever follows (a tally's count) is a value the stamp
 //!   decides. Of two entries with the same identity the larger stamp wins, and because the
@@ -21,6 +23,9 @@ pub trait Entry: Copy + Ord + Eq + Hash + Debug + Send + Sync + 'static {
     const KEY_WIDTH: usize = RecordId::WIDTH;
     /// Encoded size of the identity prefix, which the 8-byte stamp follows.
     const IDENTITY_WIDTH: usize;
+    /// Encoded size of the prefix a new table's filter holds (`lsm::lookup::read_prefixes_uncached`
+    /// looks for whole prefixes; a lookup of a key alone cannot use such a filter).
+    const FILTER_WIDTH: usize = Self::KEY_WIDTH;
     /// Bytes of the key that choose a compacted run's shard (`run::shard_of`): all of it,
     /// unless a tree reads ranges of keys that share a prefix.
     const SHARD_WIDTH: usize = RecordId::WIDTH;
@@ -282,6 +287,10 @@ impl Entry for Tally {
 impl Entry for AccountTally {
     const WIDTH: usize = AccountTally::WIDTH;
     const IDENTITY_WIDTH: usize = 48;
+    /// The identity: a flush asks for one account's count of one (collection, location), and an
+    /// account that links to the target from another one (a repost after a like) has the key but
+    /// not the identity (about two thirds of the keys a flush found present, by model).
+    const FILTER_WIDTH: usize = 48;
     /// The target's record key and DID: a target's accounts stay together in one table of a
     /// compacted run (their ids are close, and so compress well).
     const SHARD_WIDTH: usize = 16;
@@ -360,6 +369,32 @@ pub fn encode_to_vec<E: Entry>(entry: &E) -> Vec<u8> {
     out
 }
 
+/// Whether two entries agree in their first `FILTER_WIDTH` bytes (one filter hash holds both).
+pub fn same_filter_prefix<E: Entry>(a: &E, b: &E) -> bool {
+    if E::FILTER_WIDTH == E::KEY_WIDTH {
+        return a.key() == b.key();
+    }
+    // On the stack: a table builder asks this of every entry it writes.
+    let (mut ea, mut eb) = ([0u8; MAX_ENCODED_WIDTH], [0u8; MAX_ENCODED_WIDTH]);
+    a.encode(&mut ea[..E::WIDTH]);
+    b.encode(&mut eb[..E::WIDTH]);
+    ea[..E::FILTER_WIDTH] == eb[..E::FILTER_WIDTH]
+}
+
+/// Most bytes any entry encodes to (`same_filter_prefix`'s buffers).
+const MAX_ENCODED_WIDTH: usize = 128;
+
+/// The smallest and largest entries that agree with `probe` in their first `FILTER_WIDTH` bytes.
+pub fn filter_prefix_bounds<E: Entry>(probe: &E) -> (E, E) {
+    let mut bytes = encode_to_vec(probe);
+    bytes[E::FILTER_WIDTH..].fill(0);
+    let lo = E::decode(&bytes);
+    bytes[E::FILTER_WIDTH..].fill(u8::MAX);
+    let hi = E::decode(&bytes);
+    assert!(lo <= *probe && *probe <= hi && lo.key() == probe.key(), "a filter prefix spans one key");
+    (lo, hi)
+}
+
 /// The part of a sorted slice within `lo..=hi`.
 pub fn within<'a, E: Ord>(sorted: &'a [E], lo: &E, hi: &E) -> &'a [E] {
     let start = sorted.partition_point(|e| e < lo);
@@ -392,6 +427,12 @@ mod tests {
         assert_eq!(ea[..E::KEY_WIDTH], a.key().to_bytes());
         assert_eq!(ea[E::IDENTITY_WIDTH..E::IDENTITY_WIDTH + 8], a.stamp().to_be_bytes());
         assert!(E::SHARD_WIDTH <= E::KEY_WIDTH && E::KEY_WIDTH <= E::IDENTITY_WIDTH);
+        assert!(E::KEY_WIDTH <= E::FILTER_WIDTH && E::FILTER_WIDTH <= E::IDENTITY_WIDTH);
+        let (lo, hi) = filter_prefix_bounds(&a);
+        assert_eq!(encode_to_vec(&lo)[..E::FILTER_WIDTH], ea[..E::FILTER_WIDTH]);
+        assert_eq!(encode_to_vec(&hi)[..E::FILTER_WIDTH], ea[..E::FILTER_WIDTH]);
+        assert!(lo <= a && a <= hi && (b < lo || b > hi || ea[..E::FILTER_WIDTH] == eb[..E::FILTER_WIDTH]));
+        assert_eq!(same_filter_prefix(&a, &b), ea[..E::FILTER_WIDTH] == eb[..E::FILTER_WIDTH]);
         assert_eq!(a.same_identity(&b), ea[..E::IDENTITY_WIDTH] == eb[..E::IDENTITY_WIDTH]);
         assert!(E::min_for_key(a.key()) <= a && a <= E::max_for_key(a.key()));
     }

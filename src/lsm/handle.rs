@@ -73,6 +73,28 @@ enum MetaView<E: Entry> {
     Paged(PagedMeta<E>),
 }
 
+/// What a lookup asks a table's filter: the hash of its key, and when it looks for one filter
+/// prefix (`Entry::FILTER_WIDTH` bytes, `lsm::lookup::read_prefixes_uncached`) that prefix's. Each
+/// table answers from the one its filter holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FilterProbe {
+    pub key: KeyHash,
+    pub prefix: Option<KeyHash>,
+}
+
+impl FilterProbe {
+    /// A lookup of every entry of `key`.
+    pub fn of_key(key: &RecordId) -> Self {
+        FilterProbe { key: KeyHash::of_record(key), prefix: None }
+    }
+
+    /// A lookup of the entries that agree with `probe` in their first `FILTER_WIDTH` bytes.
+    pub fn of_prefix<E: Entry>(probe: &E) -> Self {
+        let bytes = crate::lsm::entry::encode_to_vec(probe);
+        FilterProbe { key: KeyHash::of_record(&probe.key()), prefix: Some(KeyHash::of(&bytes[..E::FILTER_WIDTH])) }
+    }
+}
+
 /// One table: its catalog record, its meta, and (when cached locally) its data file.
 #[derive(Debug)]
 pub struct TableHandle<E: Entry> {
@@ -142,8 +164,19 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
-    /// True unless the filter proves that no entry has the hashed key (see the module header).
-    pub fn may_contain(&self, h: KeyHash) -> bool {
+    /// What this table's filter is asked for `probe`: its key's hash, or for a filter of longer
+    /// prefixes (`Entry::FILTER_WIDTH`) the prefix's; `None` when the probe names no prefix.
+    fn filter_hash(&self, probe: FilterProbe) -> Option<KeyHash> {
+        match &self.meta {
+            MetaView::Paged(meta) if !meta.filter_holds_keys() => probe.prefix,
+            _ => Some(probe.key),
+        }
+    }
+
+    /// True unless the filter proves that no entry matches `probe` (see the module header); a
+    /// filter of longer prefixes than keys cannot rule out a key alone.
+    pub fn may_contain(&self, probe: FilterProbe) -> bool {
+        let Some(h) = self.filter_hash(probe) else { return true };
         match &self.meta {
             MetaView::Resident(meta) => meta.may_contain(h),
             MetaView::Paged(meta) => meta.may_contain(h).unwrap_or_else(|source| {
@@ -153,23 +186,27 @@ impl<E: Entry> TableHandle<E> {
         }
     }
 
-    /// `may_contain` of each of `hashes`; a paged filter reads each page they need once, and for a
-    /// scan caches none.
-    pub fn may_contain_many(&self, hashes: &[KeyHash], with: PageUse) -> Vec<bool> {
-        match &self.meta {
-            MetaView::Resident(meta) => hashes.iter().map(|h| meta.may_contain(*h)).collect(),
-            MetaView::Paged(meta) => meta.may_contain_many(hashes, with).unwrap_or_else(|source| {
+    /// `may_contain` of each of `probes`; a paged filter reads each page they need once, and for
+    /// a scan caches none.
+    pub fn may_contain_many(&self, probes: &[FilterProbe], with: PageUse) -> Vec<bool> {
+        let hashes: Vec<Option<KeyHash>> = probes.iter().map(|probe| self.filter_hash(*probe)).collect();
+        let asked: Vec<KeyHash> = hashes.iter().flatten().copied().collect();
+        let answers = match &self.meta {
+            MetaView::Resident(meta) => asked.iter().map(|h| meta.may_contain(*h)).collect(),
+            MetaView::Paged(meta) => meta.may_contain_many(&asked, with).unwrap_or_else(|source| {
                 let _ = meta_error(&self.meta_name(), source);
-                vec![true; hashes.len()]
+                vec![true; asked.len()]
             }),
-        }
+        };
+        let mut answers = answers.into_iter();
+        hashes.iter().map(|h| h.is_none() || answers.next().expect("one answer a hash")).collect()
     }
 
-    /// Starts loading what `may_contain(h)` will read, for a resident filter (a paged one reads
-    /// its page when asked).
-    pub fn prefetch(&self, h: KeyHash) {
+    /// Starts loading what `may_contain(probe)` will read, for a resident filter (a paged one
+    /// reads its page when asked).
+    pub fn prefetch(&self, probe: FilterProbe) {
         if let MetaView::Resident(meta) = &self.meta {
-            meta.prefetch(h);
+            meta.prefetch(probe.key);
         }
     }
 
@@ -595,7 +632,7 @@ impl<E: Entry> TableHandle<E> {
     /// lacks (one ranged read each, concurrently), checks them, and keeps them locally.
     pub async fn fetch_meta_for_keys(&self, store: &dyn Store, keys: &[RecordId]) -> Result<(), ReadError> {
         let MetaView::Paged(meta) = &self.meta else { return Ok(()) };
-        let hashes: Vec<KeyHash> = keys.iter().map(KeyHash::of_record).collect();
+        let hashes: Vec<KeyHash> = keys.iter().filter_map(|key| self.filter_hash(FilterProbe::of_key(key))).collect();
         let ranges: Vec<(E, E)> = keys.iter().map(|key| (E::min_for_key(*key), E::max_for_key(*key))).collect();
         self.fetch_meta_pieces(store, meta, meta.missing_pieces(&hashes, &ranges)).await
     }

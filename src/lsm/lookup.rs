@@ -9,11 +9,11 @@
 //!   stamped above it.
 
 use crate::lsm::coder::ColumnModels;
-use crate::lsm::entry::{Entry, within};
-use crate::lsm::handle::{ReadError, TableHandle};
+use crate::lsm::entry::{Entry, filter_prefix_bounds, within};
+use crate::lsm::handle::{FilterProbe, ReadError, TableHandle};
 use crate::lsm::run::{group_by_shard, shard_hash};
 use crate::lsm::table::PageUse;
-use crate::lsm::tree::Tree;
+use crate::lsm::tree::{Look, Tree};
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
 use futures::StreamExt;
@@ -38,16 +38,20 @@ pub async fn read_keys_newer<E: Entry>(
     store: &dyn Store,
     keys: &[(RecordId, Option<u64>)],
 ) -> Result<Vec<E>, ReadError> {
-    let (mut found, reads) = plan_reads(tree, store, keys, PageUse::Lookup).await?;
-    let fetched = futures::future::try_join_all(reads.iter().map(|(table, frames, keys)| {
-        let span = keys.iter().fold((RecordId::MAX, RecordId::MIN), |(lo, hi), k| (lo.min(*k), hi.max(*k)));
+    let looks = KeyLooks::of(keys);
+    let (mut found, reads) = plan_reads(tree, store, &looks, PageUse::Lookup).await?;
+    let fetched = futures::future::try_join_all(reads.iter().map(|(table, frames, members)| {
+        let span = members.iter().fold((RecordId::MAX, RecordId::MIN), |(lo, hi), &i| {
+            let key = looks.looks[i].key;
+            (lo.min(key), hi.max(key))
+        });
         table.read_frame_slices(store, frames.clone(), span)
     }))
     .await?;
     // Each read is sorted: search it for the keys it was made for instead of scanning it.
-    for ((_, _, read_keys), slices) in reads.iter().zip(&fetched) {
+    for ((_, _, members), slices) in reads.iter().zip(&fetched) {
         for slice in slices {
-            extend_with_keys(&mut found, slice, read_keys);
+            looks.extend_with(&mut found, slice, members);
         }
     }
     Ok(found)
@@ -70,9 +74,61 @@ pub async fn read_keys_newer_uncached<E: Entry>(
     store: &dyn Store,
     keys: &[(RecordId, Option<u64>)],
 ) -> Result<Vec<E>, ReadError> {
-    let (mut found, reads) = plan_reads(tree, store, keys, PageUse::Scan).await?;
-    read_uncached(store, &reads, |entries, keys| extend_with_keys(&mut found, entries, keys)).await?;
+    read_looks_uncached(tree, store, &KeyLooks::of(keys)).await
+}
+
+/// Every entry that agrees with one of `probes` in its first `Entry::FILTER_WIDTH` bytes, for a
+/// writer (as `read_keys_uncached`). Tables whose filters hold such prefixes are asked for
+/// exactly them: a lookup of one account tally's group skips the tables that hold only other
+/// groups of its key.
+pub async fn read_prefixes_uncached<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    probes: &[E],
+) -> Result<Vec<E>, ReadError> {
+    let looks = probes.iter().map(|probe| Look { key: probe.key(), bound: None, probe: FilterProbe::of_prefix(probe) });
+    read_looks_uncached(
+        tree,
+        store,
+        &KeyLooks { looks: looks.collect(), bounds: probes.iter().map(filter_prefix_bounds).collect() },
+    )
+    .await
+}
+
+/// The entries of `looks`, for a writer: through no cache.
+async fn read_looks_uncached<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    looks: &KeyLooks<E>,
+) -> Result<Vec<E>, ReadError> {
+    let (mut found, reads) = plan_reads(tree, store, looks, PageUse::Scan).await?;
+    read_uncached(store, &reads, |entries, members| looks.extend_with(&mut found, entries, members)).await?;
     Ok(found)
+}
+
+/// Lookups, each with the entries it wants (`lo..=hi`: a key's, or a filter prefix's).
+struct KeyLooks<E> {
+    looks: Vec<Look>,
+    bounds: Vec<(E, E)>,
+}
+
+impl<E: Entry> KeyLooks<E> {
+    /// Lookups of every entry of each key, above its bound.
+    fn of(keys: &[(RecordId, Option<u64>)]) -> Self {
+        let looks = keys.iter().map(|&(key, bound)| Look { key, bound, probe: FilterProbe::of_key(&key) });
+        KeyLooks {
+            looks: looks.collect(),
+            bounds: keys.iter().map(|(key, _)| (E::min_for_key(*key), E::max_for_key(*key))).collect(),
+        }
+    }
+
+    /// Adds the entries `members` (indices of looks) want from the sorted `entries`.
+    fn extend_with(&self, found: &mut Vec<E>, entries: &[E], members: &[usize]) {
+        for &i in members {
+            let (lo, hi) = &self.bounds[i];
+            found.extend_from_slice(within(entries, lo, hi));
+        }
+    }
 }
 
 /// A writer's uncached lookup decodes at most this many frames a read, with at most
@@ -87,10 +143,10 @@ const UNCACHED_READS_IN_FLIGHT: usize = 4;
 /// (sorted) with what its read was made for to `take`. A table's reads come one after another:
 /// its pieces hold its column models, which are decoded once for them all (a scan caches no
 /// models, and decoding them for each piece was two fifths of a flush's tallies, by profile).
-async fn read_uncached<E: Entry, T>(
+async fn read_uncached<E: Entry>(
     store: &dyn Store,
-    reads: &[Read<E, T>],
-    mut take: impl FnMut(&[E], &T),
+    reads: &[Read<E>],
+    mut take: impl FnMut(&[E], &[usize]),
 ) -> Result<(), ReadError> {
     let mut holder: Option<&Arc<TableHandle<E>>> = None;
     let mut held: Option<Arc<ColumnModels>> = None;
@@ -117,35 +173,28 @@ async fn read_uncached<E: Entry, T>(
     Ok(())
 }
 
-/// One table's frames to read for some keys (or for what else `T` names).
-type Read<E, T = Vec<RecordId>> = (Arc<TableHandle<E>>, Range<usize>, T);
+/// One table's frames to read for some lookups (indices of them).
+type Read<E> = (Arc<TableHandle<E>>, Range<usize>, Vec<usize>);
 
-/// The memtables' entries of `keys`, and the ranged reads that find theirs in tables. A scan's
+/// The memtables' entries of `looks`, and the ranged reads that find theirs in tables. A scan's
 /// filter pages and index chunks go to no cache.
 async fn plan_reads<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
-    keys: &[(RecordId, Option<u64>)],
+    looks: &KeyLooks<E>,
     with: PageUse,
 ) -> Result<(Vec<E>, Vec<Read<E>>), ReadError> {
-    let snapshot = tree.snapshot(keys.iter().map(|(key, _)| (E::min_for_key(*key), E::max_for_key(*key))));
-    snapshot.fetch_metas_for_keys(store, keys).await?;
+    let snapshot = tree.snapshot(looks.bounds.iter().copied());
+    let keys: Vec<(RecordId, Option<u64>)> = looks.looks.iter().map(|look| (look.key, look.bound)).collect();
+    snapshot.fetch_metas_for_keys(store, &keys).await?;
     let mut reads = Vec::new();
-    for (table, keys) in snapshot.tables_for_keys(keys, with) {
-        let bounds = keys.iter().map(|key| (E::min_for_key(*key), E::max_for_key(*key)));
-        let frames = table.frames_overlapping_each(bounds, with)?;
-        for (frames, keys) in coalesce(frames.into_iter().zip(keys).collect()) {
-            reads.push((table.clone(), frames, keys));
+    for (table, members) in snapshot.tables_for_looks(&looks.looks, with) {
+        let frames = table.frames_overlapping_each(members.iter().map(|&i| looks.bounds[i]), with)?;
+        for (frames, members) in coalesce(frames.into_iter().zip(members).collect()) {
+            reads.push((table.clone(), frames, members));
         }
     }
     Ok((snapshot.memtable_entries, reads))
-}
-
-/// Adds the entries of `keys` from the sorted `entries`.
-fn extend_with_keys<E: Entry>(found: &mut Vec<E>, entries: &[E], keys: &[RecordId]) {
-    for key in keys {
-        found.extend_from_slice(within(entries, &E::min_for_key(*key), &E::max_for_key(*key)));
-    }
 }
 
 /// Every entry whose key is in one of `ranges` (each `first..=last`), from memtables and tables,
@@ -172,7 +221,7 @@ pub async fn read_key_ranges<E: Entry>(
         }
     }
     let mut found = snapshot.memtable_entries;
-    read_uncached(store, &reads, |entries, ats: &Vec<usize>| {
+    read_uncached(store, &reads, |entries, ats| {
         for at in ats {
             let (lo, hi) = &bounds[*at];
             found.extend_from_slice(within(entries, lo, hi));
@@ -206,4 +255,88 @@ fn coalesce<T>(mut ranges: Vec<(Range<usize>, T)>) -> Vec<(Range<usize>, Vec<T>)
         }
     }
     runs
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lsm::record::{RunKind, TableRecord};
+    use crate::lsm::table::TableOptions;
+    use crate::lsm::tree::TreeCaches;
+    use crate::model::ids::{AccountTally, Backlink};
+    use std::collections::BTreeSet;
+
+    const TARGET: RecordId = RecordId { rkey: 7, collection: 1, did: 9 };
+    const ACCOUNTS: u64 = 2_000;
+
+    fn tally(account: u64, location: u64, stamp: u64) -> AccountTally {
+        AccountTally::of(account, TARGET, (3, location), stamp, 1)
+    }
+
+    /// Writes `entries` (sorted, unique) as a new run of `tree`.
+    fn install<E: Entry>(tree: &Tree<E>, id: &str, entries: &[E]) {
+        let summary = tree.write_sorted(id, || entries.iter().copied()).unwrap();
+        let record = TableRecord::written(E::TREE, id.to_string(), (id.to_string(), RunKind::Delta), (0, 1), &summary);
+        tree.install(tree.open_table(record).unwrap(), None);
+    }
+
+    /// Every account has a tally of location 1 in the older table, every even one of location 2
+    /// in the newer: a lookup of an account's location 2 asks the older table's filter for that
+    /// identity (not the key both share) and is turned away, and finds exactly its entries.
+    #[test]
+    fn a_prefix_lookup_skips_tables_that_hold_only_other_groups_of_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree: Tree<AccountTally> =
+            Tree::new(dir.path().join("t"), TableOptions::default(), TreeCaches::of_bytes(0, 0)).unwrap();
+        let older: Vec<AccountTally> = (1..=ACCOUNTS).map(|account| tally(account, 1, 1)).collect();
+        let newer: Vec<AccountTally> = (1..=ACCOUNTS).step_by(2).map(|account| tally(account, 2, 2)).collect();
+        install(&tree, "0000000000000001aaaaaaaa", &older);
+        install(&tree, "0000000000000002aaaaaaaa", &newer);
+        tree.insert([tally(4, 2, 3)]);
+        let probes: Vec<AccountTally> = (1..=ACCOUNTS).map(|account| tally(account, 2, 0)).collect();
+        let looks: Vec<Look> =
+            probes.iter().map(|p| Look { key: p.key(), bound: None, probe: FilterProbe::of_prefix(p) }).collect();
+        let snapshot = tree.snapshot([]);
+        let admitted = snapshot.tables_for_looks(&looks, PageUse::Scan);
+        let by_older = admitted.iter().find(|(table, _)| table.record.id.starts_with("0000000000000001"));
+        let false_positives = by_older.map_or(0, |(_, members)| members.len());
+        assert!(false_positives < ACCOUNTS as usize / 20, "{false_positives} lookups read the older table");
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+        let found: BTreeSet<AccountTally> =
+            runtime.block_on(read_prefixes_uncached(&tree, &store, &probes)).unwrap().into_iter().collect();
+        let mut expected: BTreeSet<AccountTally> = newer.iter().copied().collect();
+        expected.insert(tally(4, 2, 3));
+        assert_eq!(found, expected);
+        // A lookup of keys alone cannot ask such filters: it reads both tables, and finds all.
+        let keys: Vec<RecordId> = (1..=ACCOUNTS).map(|account| tally(account, 1, 0).key()).collect();
+        let all: BTreeSet<AccountTally> =
+            runtime.block_on(read_keys(&tree, &store, &keys)).unwrap().into_iter().collect();
+        assert_eq!(all, older.iter().chain(&newer).chain(&[tally(4, 2, 3)]).copied().collect());
+    }
+
+    /// In a tree whose filters hold keys, a prefix lookup asks them for the key and finds every
+    /// entry agreeing in the prefix (here the key itself).
+    #[test]
+    fn a_prefix_lookup_asks_filters_of_keys_for_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree: Tree<Backlink> =
+            Tree::new(dir.path().join("t"), TableOptions::default(), TreeCaches::of_bytes(0, 0)).unwrap();
+        let link = |target: u64, source: u64| Backlink {
+            target: RecordId { rkey: target, collection: 1, did: 2 },
+            source: RecordId { rkey: source, collection: 3, did: 4 },
+            location: 5,
+            source_rev: 6,
+        };
+        let entries: Vec<Backlink> =
+            (1..=500).flat_map(|target| (1..=3).map(move |source| link(target, source))).collect();
+        install(&tree, "0000000000000001aaaaaaaa", &entries);
+        let probes = [link(7, 9), link(501, 1)];
+        assert_eq!(FilterProbe::of_prefix(&probes[0]).key, FilterProbe::of_key(&probes[0].key()).key);
+        let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let mut found = runtime.block_on(read_prefixes_uncached(&tree, &store, &probes)).unwrap();
+        found.sort_unstable();
+        assert_eq!(found, [link(7, 1), link(7, 2), link(7, 3)]);
+    }
 }

@@ -15,8 +15,7 @@ use crate::base::durable::{sync_dir, write_durably};
 use crate::lsm::cache::{Budget, FrameCache};
 use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::Entry;
-use crate::lsm::filter::KeyHash;
-use crate::lsm::handle::{ReadError, TableHandle, fetch_meta_start, fetch_whole_meta};
+use crate::lsm::handle::{FilterProbe, ReadError, TableHandle, fetch_meta_start, fetch_whole_meta};
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::TableRecord;
 use crate::lsm::run::{Run, group_by_shard, shard_hash};
@@ -47,9 +46,9 @@ impl<E: Entry> Snapshot<E> {
     /// The tables that may hold entries whose key is `key`, oldest run first: in each run the
     /// table of the key's shard, when its filter admits the key.
     pub fn tables_for_key(&self, key: &RecordId) -> Vec<Arc<TableHandle<E>>> {
-        let (hash, shard) = (KeyHash::of_record(key), shard_hash::<E>(key));
+        let (probe, shard) = (FilterProbe::of_key(key), shard_hash::<E>(key));
         let tables = self.runs.iter().map(|run| run.table_for_hash(shard));
-        tables.filter(|table| table.may_contain(hash)).cloned().collect()
+        tables.filter(|table| table.may_contain(probe)).cloned().collect()
     }
 
     /// How many entries of `key` there may be: the memtables' ones, and in each table every
@@ -104,36 +103,54 @@ impl<E: Entry> Snapshot<E> {
         keys: &[(RecordId, Option<u64>)],
         with: PageUse,
     ) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
-        let hashes: Vec<(KeyHash, u64)> =
-            keys.iter().map(|(k, _)| (KeyHash::of_record(k), shard_hash::<E>(k))).collect();
-        self.runs.iter().flat_map(|run| keys_by_table(run, keys, &hashes, with)).collect()
+        let looks: Vec<Look> =
+            keys.iter().map(|&(key, bound)| Look { key, bound, probe: FilterProbe::of_key(&key) }).collect();
+        let tables = self.tables_for_looks(&looks, with);
+        tables.into_iter().map(|(table, members)| (table, members.into_iter().map(|i| keys[i].0).collect())).collect()
+    }
+
+    /// `tables_for_keys` for lookups that may ask the filters for more than a key: every table
+    /// that may hold any of `looks`, with the indices of those (ascending), oldest run first.
+    pub fn tables_for_looks(&self, looks: &[Look], with: PageUse) -> Vec<(Arc<TableHandle<E>>, Vec<usize>)> {
+        let shards: Vec<u64> = looks.iter().map(|look| shard_hash::<E>(&look.key)).collect();
+        self.runs.iter().flat_map(|run| looks_by_table(run, looks, &shards, with)).collect()
     }
 }
 
-/// The keys each table of `run` may hold (its shard of them, newer than their bounds, admitted by
-/// its filter); `hashes` are each key's filter hash and shard hash, computed once for all runs.
-fn keys_by_table<E: Entry>(
+/// One lookup as the tables see it: its key (which chooses a compacted run's table), the stamp
+/// its entries must be above to be wanted (`None`: every one), and what the filters are asked.
+#[derive(Debug, Clone, Copy)]
+pub struct Look {
+    pub key: RecordId,
+    pub bound: Option<u64>,
+    pub probe: FilterProbe,
+}
+
+/// The looks each table of `run` may hold (its shard of them, newer than their bounds, admitted
+/// by its filter), as indices into `looks`; `shards` are their shard hashes, computed once for
+/// all runs.
+fn looks_by_table<E: Entry>(
     run: &Run<E>,
-    keys: &[(RecordId, Option<u64>)],
-    hashes: &[(KeyHash, u64)],
+    looks: &[Look],
+    shards: &[u64],
     with: PageUse,
-) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
-    // A table whose entries are all at or below a key's bound has nothing of it that is wanted.
-    let wanted = (0..keys.len())
-        .map(|i| (run.shard_for_hash(hashes[i].1), i))
-        .filter(|&(shard, i)| run.tables[shard].record.has_stamps_above(keys[i].1));
+) -> Vec<(Arc<TableHandle<E>>, Vec<usize>)> {
+    // A table whose entries are all at or below a look's bound has nothing of it that is wanted.
+    let wanted = (0..looks.len())
+        .map(|i| (run.shard_for_hash(shards[i]), i))
+        .filter(|&(shard, i)| run.tables[shard].record.has_stamps_above(looks[i].bound));
     let groups = group_by_shard(wanted);
-    // Every key's filter line is requested before any is tested, so the cache misses overlap
+    // Every look's filter line is requested before any is tested, so the cache misses overlap
     // (this probe loop was 6 % of a warm server's CPU, by profile).
     for (shard, members) in &groups {
-        members.iter().for_each(|&i| run.tables[*shard].prefetch(hashes[i].0));
+        members.iter().for_each(|&i| run.tables[*shard].prefetch(looks[i].probe));
     }
     let admitted_of = |(shard, members): (usize, Vec<usize>)| {
         let table = &run.tables[shard];
-        let probes: Vec<KeyHash> = members.iter().map(|&i| hashes[i].0).collect();
+        let probes: Vec<FilterProbe> = members.iter().map(|&i| looks[i].probe).collect();
         let admitted = table.may_contain_many(&probes, with);
-        let found: Vec<RecordId> =
-            members.iter().zip(admitted).filter_map(|(&i, admitted)| admitted.then_some(keys[i].0)).collect();
+        let found: Vec<usize> =
+            members.iter().zip(admitted).filter_map(|(&i, admitted)| admitted.then_some(i)).collect();
         (!found.is_empty()).then(|| (table.clone(), found))
     };
     groups.into_iter().filter_map(admitted_of).collect()

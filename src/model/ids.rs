@@ -186,8 +186,9 @@ impl HotLink {
 /// How many live backlinks a hot target has from one (source collection, location), and from how
 /// many accounts: the values a flush wrote at `stamp` (the clock it covers), the freshest stamp
 /// winning. Hidden accounts' links are not counted. The tally of (`ALL`, `ALL`) counts every
-/// collection and location together (its `accounts` counts each account once); every hot target
-/// has it, and a target is hot exactly when it has tallies.
+/// collection and location together, its `accounts` the sum of theirs (an account linking from
+/// two of them counts twice: a flush learns an account's count of one group, never whether it has
+/// others); every hot target has it, and a target is hot exactly when it has tallies.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Tally {
     pub target: RecordId,
@@ -211,7 +212,8 @@ impl Tally {
 
     /// The tallies of `target` that `accounts` (its account tallies, one an identity) make,
     /// stamped `stamp`: one a (collection, location) with a live link, sorted, then the whole
-    /// target's, which is there even when no account has one.
+    /// target's (its accounts summed over the groups), which is there even when no account has
+    /// one.
     pub fn of_accounts<'a>(
         target: RecordId,
         accounts: impl Iterator<Item = &'a AccountTally>,
@@ -220,14 +222,13 @@ impl Tally {
         let empty = |collection, location| Tally { target, collection, location, stamp, ..Tally::default() };
         let mut groups: std::collections::BTreeMap<(u64, u64), Tally> = std::collections::BTreeMap::new();
         let mut whole = empty(Self::ALL, Self::ALL);
-        let mut seen = std::collections::HashSet::new();
         for tally in accounts.filter(|tally| tally.records > 0) {
             let (collection, location) = (tally.collection, tally.location);
             let group = groups.entry((collection, location)).or_insert_with(|| empty(collection, location));
             group.records += tally.records;
             group.accounts += 1;
             whole.records += tally.records;
-            whole.accounts += u64::from(seen.insert(tally.account));
+            whole.accounts += 1;
         }
         groups.into_values().chain([whole]).collect()
     }
@@ -352,7 +353,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn tallies_of_accounts_count_each_account_once_for_the_whole_target() {
+    fn tallies_of_accounts_sum_the_groups_for_the_whole_target() {
         let target = RecordId { rkey: 9, collection: 3, did: 1 };
         let of = |account, group, records| AccountTally::of(account, target, group, 5, records);
         let (likes, replies) = ((2, 7), (4, 8));
@@ -366,7 +367,8 @@ mod tests {
             accounts,
         };
         let whole = (Tally::ALL, Tally::ALL);
-        let want = vec![tally(likes, 3, 2), tally(replies, 1, 1), tally(whole, 4, 2)];
+        // Account 10 links from both groups: the whole target's accounts count it twice.
+        let want = vec![tally(likes, 3, 2), tally(replies, 1, 1), tally(whole, 4, 3)];
         assert_eq!(Tally::of_accounts(target, accounts.iter(), 5), want);
         assert_eq!(Tally::of_accounts(target, [].iter(), 5), vec![tally(whole, 0, 0)], "the whole tally stays");
         assert!(Tally::of_accounts(target, [].iter(), 5)[0].is_whole());

@@ -17,7 +17,7 @@ use super::frame::with_encoder;
 use super::paged::{IndexWriter, MetaParts, assemble};
 use super::{FrameInfo, MAX_FRAMES, TableOptions, TableSummary, layout_of};
 use crate::lsm::coder::{ColumnModels, ModelCounts};
-use crate::lsm::entry::Entry;
+use crate::lsm::entry::{Entry, same_filter_prefix};
 use crate::lsm::filter::{FilterBuilder, KeyHash};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::sync::Arc;
@@ -114,7 +114,8 @@ pub struct TableBuilder<E: Entry, W: Write> {
     open: Option<FrameStart<E>>,
     index: IndexWriter<E, Box<dyn Spill>>,
     data_len: u64,
-    /// One hash per distinct key, in order; the filter is built from them at `finish`.
+    /// One hash per distinct filter prefix (`Entry::FILTER_WIDTH`), in order; the filter is built
+    /// from them at `finish`.
     key_hashes: KeyHashes,
     filter_fpr: f64,
     last: Option<E>,
@@ -177,8 +178,8 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         let at = self.pending.len();
         self.pending.resize(at + E::WIDTH, 0);
         entry.encode(&mut self.pending[at..]);
-        if self.last.is_none_or(|last| last.key() != entry.key()) {
-            let hash = KeyHash::of(&self.pending[at..at + E::KEY_WIDTH]);
+        if self.last.is_none_or(|last| !same_filter_prefix(&last, entry)) {
+            let hash = KeyHash::of(&self.pending[at..at + E::FILTER_WIDTH]);
             self.or_fail(|builder| builder.key_hashes.push(hash))?;
         }
         self.last = Some(*entry);

@@ -165,6 +165,9 @@ enum PieceKind {
 /// The fixed header.
 #[derive(Clone, Copy, Debug)]
 struct Header {
+    /// What the filter holds: every entry's first `filter_width` bytes (`Entry::FILTER_WIDTH`,
+    /// or the key in a table written before filter widths).
+    filter_width: usize,
     frames: usize,
     entries: u64,
     data_len: u64,
@@ -318,7 +321,7 @@ pub(super) fn assemble<E: Entry, S: std::io::Read + std::io::Seek>(
     out.extend_from_slice(&META_PAGED_VERSION.to_le_bytes());
     out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
     out.extend_from_slice(&(E::KEY_WIDTH as u16).to_le_bytes());
-    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&written_filter_width::<E>().to_le_bytes());
     out.extend_from_slice(&(index.frames as u32).to_le_bytes());
     out.extend_from_slice(&parts.entries.to_le_bytes());
     out.extend_from_slice(&parts.data_len.to_le_bytes());
@@ -489,6 +492,11 @@ impl<E: Entry> PagedMeta<E> {
 
     pub fn frame_count(&self) -> usize {
         self.header.frames
+    }
+
+    /// Whether the filter holds keys (else longer prefixes: a lookup of a key alone cannot ask it).
+    pub fn filter_holds_keys(&self) -> bool {
+        self.header.filter_width == E::KEY_WIDTH
     }
 
     pub fn filter_shape(&self) -> FilterShape {
@@ -853,6 +861,13 @@ pub fn declared_lengths<E: Entry>(start: &[u8]) -> Result<(u64, u64, u64), Forma
     Ok((header.resident_len() as u64, header.file_len(), header.data_len))
 }
 
+/// The header's filter width: 0 for a filter of keys (so that such metas are as they were before
+/// filter widths), else `Entry::FILTER_WIDTH`.
+fn written_filter_width<E: Entry>() -> u16 {
+    let width = if E::FILTER_WIDTH == E::KEY_WIDTH { 0 } else { E::FILTER_WIDTH };
+    u16::try_from(width).expect("an entry's filter width fits the header")
+}
+
 /// Parses and bounds-checks version 4's fixed header.
 fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
     let mut reader = Reader::new(WHAT, bytes);
@@ -866,7 +881,11 @@ fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
     }
     check_range(WHAT, "entry width", reader.u16()?.into(), E::WIDTH as u64, E::WIDTH as u64)?;
     check_range(WHAT, "key width", reader.u16()?.into(), E::KEY_WIDTH as u64, E::KEY_WIDTH as u64)?;
-    check_range(WHAT, "reserved", reader.u16()?.into(), 0, 0)?;
+    let filter_width = match reader.u16()? {
+        0 => E::KEY_WIDTH,
+        width if usize::from(width) == E::FILTER_WIDTH && E::FILTER_WIDTH != E::KEY_WIDTH => E::FILTER_WIDTH,
+        width => return Err(invalid(WHAT, format!("filter width {width} (0 or {})", E::FILTER_WIDTH))),
+    };
     let frames = reader.u32()? as usize;
     check_range(WHAT, "frame count", frames as u64, 0, MAX_FRAMES as u64)?;
     let entries = reader.u64()?;
@@ -886,6 +905,7 @@ fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
     let filter_len = reader.u64()?;
     let index_len = reader.u64()?;
     let header = Header {
+        filter_width,
         frames,
         entries,
         data_len,

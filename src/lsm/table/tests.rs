@@ -1097,3 +1097,37 @@ fn meta_pages_count_their_bytes() {
     assert!(matches!(cache.get(1, 1), Some(MetaPage::Filter(page)) if page.len() == 64));
     assert_eq!(cache.with(1, 1, |page| page.bytes()), Some(64));
 }
+
+/// A paged meta says what its filter holds (offset 10): 0 for keys, as every table wrote before
+/// filter widths; an account tally table's, its 48-byte identities; any other width is refused,
+/// even under a good checksum.
+#[test]
+fn a_paged_meta_says_what_its_filter_holds() {
+    use super::paged::{MetaCache, PageSource, PagedMeta};
+    use crate::model::ids::AccountTally;
+    let target = RecordId { rkey: 7, collection: 1, did: 9 };
+    let tallies: Vec<AccountTally> =
+        (1..=500u64).flat_map(|a| [1, 2].map(|location| AccountTally::of(a, target, (3, location), 1, 1))).collect();
+    let (_, tally_meta, _) = build(&tallies, &options(4 << 10));
+    let (_, link_meta, _) = build(&realistic_backlinks(2_000, 30, 500, 3), &options(4 << 10));
+    let width = |meta: &[u8]| u16::from_le_bytes([meta[10], meta[11]]);
+    assert_eq!((width(&tally_meta), width(&link_meta)), (48, 0));
+    let open_tallies =
+        |bytes: Vec<u8>| PagedMeta::<AccountTally>::open(PageSource::Memory(bytes.into()), MetaCache::new(0), 1);
+    let links = PagedMeta::<Backlink>::open(PageSource::Memory(link_meta.into()), MetaCache::new(0), 2).unwrap();
+    assert!(links.filter_holds_keys());
+    assert!(!open_tallies(tally_meta.clone()).unwrap().filter_holds_keys());
+    for (declared, holds_keys) in [(0u16, Some(true)), (40, None), (24, None), (64, None)] {
+        let mut meta = tally_meta.clone();
+        meta[10..12].copy_from_slice(&declared.to_le_bytes());
+        let u32_at = |at: usize| u32::from_le_bytes(meta[at..at + 4].try_into().unwrap()) as usize;
+        let sealed = 68 + u32_at(44) + u32_at(48);
+        let checksum = xxh3_64(&meta[..sealed]).to_le_bytes();
+        meta[sealed..sealed + CHECKSUM_LEN].copy_from_slice(&checksum);
+        let opened = open_tallies(meta);
+        assert_eq!(opened.as_ref().ok().map(|m| m.filter_holds_keys()), holds_keys, "width {declared}");
+        if holds_keys.is_none() {
+            assert!(opened.unwrap_err().to_string().contains("filter width"), "width {declared}");
+        }
+    }
+}
