@@ -12,6 +12,7 @@
 //!   decides. Of two entries with the same identity the larger stamp wins, and because the
 //!   stamp follows the identity, duplicates sort next to each other, oldest first.
 
+use crate::lsm::filter::KeyHash;
 use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, RecordId, Revocation, Tally, TreeKind, be_u64};
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -26,6 +27,10 @@ pub trait Entry: Copy + Ord + Eq + Hash + Debug + Send + Sync + 'static {
     /// Encoded size of the prefix a new table's filter holds (`lsm::lookup::read_prefixes_uncached`
     /// looks for whole prefixes; a lookup of a key alone cannot use such a filter).
     const FILTER_WIDTH: usize = Self::KEY_WIDTH;
+    /// Whether a new table's filter also holds each distinct shard prefix (the first
+    /// `SHARD_WIDTH` bytes), so that a read of keys sharing one (`lsm::lookup::read_key_ranges`:
+    /// an account's hot links) skips the tables that hold none of them.
+    const FILTER_HOLDS_SHARDS: bool = false;
     /// Bytes of the key that choose a compacted run's shard (`run::shard_of`): all of it,
     /// unless a tree reads ranges of keys that share a prefix.
     const SHARD_WIDTH: usize = RecordId::WIDTH;
@@ -184,6 +189,9 @@ impl Entry for HotLink {
     const IDENTITY_WIDTH: usize = 56;
     /// The account: all of an account's hot links are in one table of a compacted run.
     const SHARD_WIDTH: usize = 8;
+    /// A flush reads whole the hot links of each account it hides, shows or deletes, in every
+    /// run: most tables of a busy tree (every flush's) hold none of a given account's.
+    const FILTER_HOLDS_SHARDS: bool = true;
     const TREE: TreeKind = TreeKind::Hot;
     /// The source's and the target's.
     const RKEY_OFFSETS: &'static [usize] = &[16, 24];
@@ -384,6 +392,11 @@ pub fn same_filter_prefix<E: Entry>(a: &E, b: &E) -> bool {
 /// Most bytes any entry encodes to (`same_filter_prefix`'s buffers).
 const MAX_ENCODED_WIDTH: usize = 128;
 
+/// The filter hash of the shard prefix of `key` (what `FILTER_HOLDS_SHARDS` filters hold).
+pub fn shard_prefix_hash<E: Entry>(key: &RecordId) -> KeyHash {
+    KeyHash::of(&key.to_bytes()[..E::SHARD_WIDTH])
+}
+
 /// The smallest and largest entries that agree with `probe` in their first `FILTER_WIDTH` bytes.
 pub fn filter_prefix_bounds<E: Entry>(probe: &E) -> (E, E) {
     let mut bytes = encode_to_vec(probe);
@@ -428,6 +441,8 @@ mod tests {
         assert_eq!(ea[E::IDENTITY_WIDTH..E::IDENTITY_WIDTH + 8], a.stamp().to_be_bytes());
         assert!(E::SHARD_WIDTH <= E::KEY_WIDTH && E::KEY_WIDTH <= E::IDENTITY_WIDTH);
         assert!(E::KEY_WIDTH <= E::FILTER_WIDTH && E::FILTER_WIDTH <= E::IDENTITY_WIDTH);
+        // A shard prefix and a filter prefix hash inputs of different lengths: never one input.
+        assert!(!E::FILTER_HOLDS_SHARDS || E::SHARD_WIDTH < E::FILTER_WIDTH);
         let (lo, hi) = filter_prefix_bounds(&a);
         assert_eq!(encode_to_vec(&lo)[..E::FILTER_WIDTH], ea[..E::FILTER_WIDTH]);
         assert_eq!(encode_to_vec(&hi)[..E::FILTER_WIDTH], ea[..E::FILTER_WIDTH]);

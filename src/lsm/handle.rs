@@ -202,6 +202,21 @@ impl<E: Entry> TableHandle<E> {
         hashes.iter().map(|h| h.is_none() || answers.next().expect("one answer a hash")).collect()
     }
 
+    /// For each of `shards` (hashes of shard prefixes, `entry::shard_prefix_hash`), false when
+    /// the filter proves the table holds no key with that prefix; true for all when its filter
+    /// holds no shard prefixes. For a scan, caches no filter page.
+    pub fn may_hold_shards(&self, shards: &[KeyHash], with: PageUse) -> Vec<bool> {
+        match &self.meta {
+            MetaView::Paged(meta) if meta.filter_holds_shards() => {
+                meta.may_contain_many(shards, with).unwrap_or_else(|source| {
+                    let _ = meta_error(&self.meta_name(), source);
+                    vec![true; shards.len()]
+                })
+            }
+            _ => vec![true; shards.len()],
+        }
+    }
+
     /// Starts loading what `may_contain(probe)` will read, for a resident filter (a paged one
     /// reads its page when asked).
     pub fn prefetch(&self, probe: FilterProbe) {

@@ -9,11 +9,12 @@
 //!   stamped above it.
 
 use crate::lsm::coder::ColumnModels;
-use crate::lsm::entry::{Entry, filter_prefix_bounds, within};
+use crate::lsm::entry::{Entry, filter_prefix_bounds, shard_prefix_hash, within};
+use crate::lsm::filter::KeyHash;
 use crate::lsm::handle::{FilterProbe, ReadError, TableHandle};
 use crate::lsm::run::{group_by_shard, shard_hash};
 use crate::lsm::table::PageUse;
-use crate::lsm::tree::{Look, Tree};
+use crate::lsm::tree::{Look, Snapshot, Tree};
 use crate::model::ids::RecordId;
 use crate::store::object::Store;
 use futures::StreamExt;
@@ -199,9 +200,11 @@ async fn plan_reads<E: Entry>(
 
 /// Every entry whose key is in one of `ranges` (each `first..=last`), from memtables and tables,
 /// in no particular order. The keys of a range must agree in their first `E::SHARD_WIDTH` bytes
-/// (an account's hot links), so that one table of each compacted run holds them all. Tables have
-/// no filter of key ranges: each run is asked its frame index, and the frames of all ranges in
-/// one table are read together. For a writer: the frames and index chunks read go to no cache.
+/// (an account's hot links), so that one table of each compacted run holds them all. A table
+/// whose filter holds shard prefixes (`Entry::FILTER_HOLDS_SHARDS`) is skipped for a range it
+/// proves it holds nothing of; the others are asked their frame index. The frames of all ranges
+/// in one table are read together. For a writer: the frames, filter pages and index chunks read
+/// go to no cache.
 pub async fn read_key_ranges<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
@@ -209,17 +212,7 @@ pub async fn read_key_ranges<E: Entry>(
 ) -> Result<Vec<E>, ReadError> {
     let bounds: Vec<(E, E)> = ranges.iter().map(|(first, last)| key_range_bounds(*first, *last)).collect();
     let snapshot = tree.snapshot(bounds.iter().copied());
-    let mut reads = Vec::new();
-    for run in snapshot.runs.iter() {
-        let shards = ranges.iter().enumerate().map(|(at, (first, _))| (run.shard_for_hash(shard_hash::<E>(first)), at));
-        for (shard, ats) in group_by_shard(shards) {
-            let table = &run.tables[shard];
-            let frames = table.frames_overlapping_each(ats.iter().map(|at| bounds[*at]), PageUse::Scan)?;
-            for (frames, ats) in coalesce(frames.into_iter().zip(ats).collect()) {
-                reads.push((table.clone(), frames, ats));
-            }
-        }
-    }
+    let reads = range_reads(&snapshot, ranges, &bounds)?;
     let mut found = snapshot.memtable_entries;
     read_uncached(store, &reads, |entries, ats| {
         for at in ats {
@@ -229,6 +222,30 @@ pub async fn read_key_ranges<E: Entry>(
     })
     .await?;
     Ok(found)
+}
+
+/// The tables' reads of `read_key_ranges`: for each run, the frames of the ranges (`bounds`, one a
+/// range) its table of their shard may hold, coalesced.
+fn range_reads<E: Entry>(
+    snapshot: &Snapshot<E>,
+    ranges: &[(RecordId, RecordId)],
+    bounds: &[(E, E)],
+) -> Result<Vec<Read<E>>, ReadError> {
+    let prefixes: Vec<KeyHash> = ranges.iter().map(|(first, _)| shard_prefix_hash::<E>(first)).collect();
+    let mut reads = Vec::new();
+    for run in snapshot.runs.iter() {
+        let shards = ranges.iter().enumerate().map(|(at, (first, _))| (run.shard_for_hash(shard_hash::<E>(first)), at));
+        for (shard, ats) in group_by_shard(shards) {
+            let table = &run.tables[shard];
+            let held = table.may_hold_shards(&ats.iter().map(|&at| prefixes[at]).collect::<Vec<_>>(), PageUse::Scan);
+            let ats: Vec<usize> = ats.into_iter().zip(held).filter_map(|(at, held)| held.then_some(at)).collect();
+            let frames = table.frames_overlapping_each(ats.iter().map(|at| bounds[*at]), PageUse::Scan)?;
+            for (frames, ats) in coalesce(frames.into_iter().zip(ats).collect()) {
+                reads.push((table.clone(), frames, ats));
+            }
+        }
+    }
+    Ok(reads)
 }
 
 /// The smallest and largest entries of the keys `first..=last`, which must agree in their first
@@ -263,7 +280,7 @@ mod tests {
     use crate::lsm::record::{RunKind, TableRecord};
     use crate::lsm::table::TableOptions;
     use crate::lsm::tree::TreeCaches;
-    use crate::model::ids::{AccountTally, Backlink};
+    use crate::model::ids::{AccountTally, Backlink, HotLink};
     use std::collections::BTreeSet;
 
     const TARGET: RecordId = RecordId { rkey: 7, collection: 1, did: 9 };
@@ -313,6 +330,45 @@ mod tests {
         let all: BTreeSet<AccountTally> =
             runtime.block_on(read_keys(&tree, &store, &keys)).unwrap().into_iter().collect();
         assert_eq!(all, older.iter().chain(&newer).chain(&[tally(4, 2, 3)]).copied().collect());
+    }
+
+    /// Every account has hot links in the older table, every other one in the newer: a read of
+    /// an account's whole range skips the newer table when it holds none of them (its filter
+    /// holds each account's prefix), and finds every entry, memtables' too.
+    #[test]
+    fn a_range_read_skips_tables_that_hold_nothing_of_its_shard() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree: Tree<HotLink> =
+            Tree::new(dir.path().join("t"), TableOptions::default(), TreeCaches::of_bytes(0, 0)).unwrap();
+        let hot = |account: u64, rkey: u64, stamp: u64| {
+            let source = RecordId { rkey, collection: 3, did: account };
+            HotLink::of(Backlink { target: TARGET, source, location: 1, source_rev: stamp })
+        };
+        let older: Vec<HotLink> = (1..=ACCOUNTS).flat_map(|a| (1..=3).map(move |r| hot(a, r, 1))).collect();
+        let newer: Vec<HotLink> = (2..=ACCOUNTS).step_by(2).map(|a| hot(a, 9, 2)).collect();
+        install(&tree, "0000000000000001aaaaaaaa", &older);
+        install(&tree, "0000000000000002aaaaaaaa", &newer);
+        tree.insert([hot(3, 7, 3)]);
+        let odd: Vec<(RecordId, RecordId)> = (1..=ACCOUNTS).step_by(2).map(HotLink::account_keys).collect();
+        let bounds: Vec<(HotLink, HotLink)> = odd.iter().map(|(first, last)| key_range_bounds(*first, *last)).collect();
+        let snapshot = tree.snapshot(bounds.iter().copied());
+        let reads = range_reads(&snapshot, &odd, &bounds).unwrap();
+        let of_newer: usize = reads
+            .iter()
+            .filter(|(table, _, _)| table.record.id.starts_with("0000000000000002"))
+            .map(|(_, _, ats)| ats.len())
+            .sum();
+        assert!(of_newer < ACCOUNTS as usize / 40, "{of_newer} of {} ranges read the newer table", odd.len());
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+        let found: BTreeSet<HotLink> =
+            runtime.block_on(read_key_ranges(&tree, &store, &odd)).unwrap().into_iter().collect();
+        let mut expected: BTreeSet<HotLink> = older.iter().filter(|h| h.account % 2 == 1).copied().collect();
+        expected.insert(hot(3, 7, 3));
+        assert_eq!(found, expected);
+        let all: Vec<(RecordId, RecordId)> = (1..=ACCOUNTS).map(HotLink::account_keys).collect();
+        let found = runtime.block_on(read_key_ranges(&tree, &store, &all)).unwrap();
+        assert_eq!(found.len(), older.len() + newer.len() + 1, "every account's links, from both tables");
     }
 
     /// In a tree whose filters hold keys, a prefix lookup asks them for the key and finds every

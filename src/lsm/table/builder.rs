@@ -17,7 +17,7 @@ use super::frame::with_encoder;
 use super::paged::{IndexWriter, MetaParts, assemble};
 use super::{FrameInfo, MAX_FRAMES, TableOptions, TableSummary, layout_of};
 use crate::lsm::coder::{ColumnModels, ModelCounts};
-use crate::lsm::entry::{Entry, same_filter_prefix};
+use crate::lsm::entry::{Entry, same_filter_prefix, shard_prefix_hash};
 use crate::lsm::filter::{FilterBuilder, KeyHash};
 use std::io::{self, Read, Seek, SeekFrom, Write};
 use std::sync::Arc;
@@ -180,6 +180,11 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
         entry.encode(&mut self.pending[at..]);
         if self.last.is_none_or(|last| !same_filter_prefix(&last, entry)) {
             let hash = KeyHash::of(&self.pending[at..at + E::FILTER_WIDTH]);
+            self.or_fail(|builder| builder.key_hashes.push(hash))?;
+        }
+        let new_shard = |last: E| last.key().to_bytes()[..E::SHARD_WIDTH] != entry.key().to_bytes()[..E::SHARD_WIDTH];
+        if E::FILTER_HOLDS_SHARDS && self.last.is_none_or(new_shard) {
+            let hash = shard_prefix_hash::<E>(&entry.key());
             self.or_fail(|builder| builder.key_hashes.push(hash))?;
         }
         self.last = Some(*entry);

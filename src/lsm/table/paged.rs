@@ -168,6 +168,8 @@ struct Header {
     /// What the filter holds: every entry's first `filter_width` bytes (`Entry::FILTER_WIDTH`,
     /// or the key in a table written before filter widths).
     filter_width: usize,
+    /// Whether the filter also holds each distinct shard prefix (`Entry::FILTER_HOLDS_SHARDS`).
+    filter_holds_shards: bool,
     frames: usize,
     entries: u64,
     data_len: u64,
@@ -330,7 +332,7 @@ pub(super) fn assemble<E: Entry, S: std::io::Read + std::io::Seek>(
     out.extend_from_slice(&(PAGE_BLOCKS as u16).to_le_bytes());
     out.extend_from_slice(&(shape.blocks as u32).to_le_bytes());
     out.extend_from_slice(&(CHUNK_FRAMES as u16).to_le_bytes());
-    out.extend_from_slice(&[0, 0]);
+    out.extend_from_slice(&written_shard_filter_width::<E>().to_le_bytes());
     out.extend_from_slice(&(directory.len() as u32).to_le_bytes());
     out.extend_from_slice(&(models.as_ref().map_or(0, Vec::len) as u32).to_le_bytes());
     out.extend_from_slice(&((blocks.len() + pages * CHECKSUM_LEN) as u64).to_le_bytes());
@@ -497,6 +499,11 @@ impl<E: Entry> PagedMeta<E> {
     /// Whether the filter holds keys (else longer prefixes: a lookup of a key alone cannot ask it).
     pub fn filter_holds_keys(&self) -> bool {
         self.header.filter_width == E::KEY_WIDTH
+    }
+
+    /// Whether the filter also holds each distinct shard prefix.
+    pub fn filter_holds_shards(&self) -> bool {
+        self.header.filter_holds_shards
     }
 
     pub fn filter_shape(&self) -> FilterShape {
@@ -868,6 +875,13 @@ fn written_filter_width<E: Entry>() -> u16 {
     u16::try_from(width).expect("an entry's filter width fits the header")
 }
 
+/// The header's shard filter width: 0 for a filter without shard prefixes, else
+/// `Entry::SHARD_WIDTH`.
+fn written_shard_filter_width<E: Entry>() -> u16 {
+    let width = if E::FILTER_HOLDS_SHARDS { E::SHARD_WIDTH } else { 0 };
+    u16::try_from(width).expect("an entry's shard width fits the header")
+}
+
 /// Parses and bounds-checks version 4's fixed header.
 fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
     let mut reader = Reader::new(WHAT, bytes);
@@ -899,13 +913,18 @@ fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
     let blocks = reader.u32()? as usize;
     check_range(WHAT, "filter blocks", blocks as u64, 1, MAX_BLOCKS as u64)?;
     check_range(WHAT, "chunk frames", reader.u16()?.into(), CHUNK_FRAMES as u64, CHUNK_FRAMES as u64)?;
-    check_range(WHAT, "reserved", reader.u16()?.into(), 0, 0)?;
+    let filter_holds_shards = match reader.u16()? {
+        0 => false,
+        width if usize::from(width) == E::SHARD_WIDTH && E::FILTER_HOLDS_SHARDS => true,
+        width => return Err(invalid(WHAT, format!("shard filter width {width} (0 or {})", E::SHARD_WIDTH))),
+    };
     let directory_len = reader.u32()? as usize;
     let models_len = reader.u32()? as usize;
     let filter_len = reader.u64()?;
     let index_len = reader.u64()?;
     let header = Header {
         filter_width,
+        filter_holds_shards,
         frames,
         entries,
         data_len,

@@ -1098,6 +1098,44 @@ fn meta_pages_count_their_bytes() {
     assert_eq!(cache.with(1, 1, |page| page.bytes()), Some(64));
 }
 
+/// Rewrites the u16 at `at` of a paged meta and seals its resident part again, so that only the
+/// field is wrong.
+fn with_header_field(meta: &[u8], at: usize, value: u16) -> Vec<u8> {
+    let mut meta = meta.to_vec();
+    meta[at..at + 2].copy_from_slice(&value.to_le_bytes());
+    let u32_at = |at: usize| u32::from_le_bytes(meta[at..at + 4].try_into().unwrap()) as usize;
+    let sealed = 68 + u32_at(44) + u32_at(48);
+    let checksum = xxh3_64(&meta[..sealed]).to_le_bytes();
+    meta[sealed..sealed + CHECKSUM_LEN].copy_from_slice(&checksum);
+    meta
+}
+
+/// A hot-link table's filter also holds its accounts (offset 42: the shard width, 8); other
+/// tables' say 0, and any other width is refused.
+#[test]
+fn a_paged_meta_says_whether_its_filter_holds_shards() {
+    use super::paged::{MetaCache, PageSource, PagedMeta};
+    use crate::model::ids::HotLink;
+    let links = realistic_backlinks(2_000, 30, 500, 3);
+    let hot: Vec<HotLink> = {
+        let mut hot: Vec<HotLink> = links.iter().map(|link| HotLink::of(*link)).collect();
+        hot.sort_unstable();
+        hot
+    };
+    let (_, hot_meta, _) = build(&hot, &options(4 << 10));
+    let (_, link_meta, _) = build(&links, &options(4 << 10));
+    let width = |meta: &[u8]| u16::from_le_bytes([meta[42], meta[43]]);
+    assert_eq!((width(&hot_meta), width(&link_meta)), (8, 0));
+    let open_hot = |bytes: Vec<u8>| PagedMeta::<HotLink>::open(PageSource::Memory(bytes.into()), MetaCache::new(0), 1);
+    assert!(open_hot(hot_meta.clone()).unwrap().filter_holds_shards());
+    assert!(!open_hot(with_header_field(&hot_meta, 42, 0)).unwrap().filter_holds_shards());
+    let refused = open_hot(with_header_field(&hot_meta, 42, 4)).unwrap_err();
+    assert!(refused.to_string().contains("shard filter width"), "{refused}");
+    let open_links =
+        |bytes: Vec<u8>| PagedMeta::<Backlink>::open(PageSource::Memory(bytes.into()), MetaCache::new(0), 2);
+    assert!(open_links(with_header_field(&link_meta, 42, 24)).is_err(), "links hold no shard prefixes");
+}
+
 /// A paged meta says what its filter holds (offset 10): 0 for keys, as every table wrote before
 /// filter widths; an account tally table's, its 48-byte identities; any other width is refused,
 /// even under a good checksum.
@@ -1118,13 +1156,7 @@ fn a_paged_meta_says_what_its_filter_holds() {
     assert!(links.filter_holds_keys());
     assert!(!open_tallies(tally_meta.clone()).unwrap().filter_holds_keys());
     for (declared, holds_keys) in [(0u16, Some(true)), (40, None), (24, None), (64, None)] {
-        let mut meta = tally_meta.clone();
-        meta[10..12].copy_from_slice(&declared.to_le_bytes());
-        let u32_at = |at: usize| u32::from_le_bytes(meta[at..at + 4].try_into().unwrap()) as usize;
-        let sealed = 68 + u32_at(44) + u32_at(48);
-        let checksum = xxh3_64(&meta[..sealed]).to_le_bytes();
-        meta[sealed..sealed + CHECKSUM_LEN].copy_from_slice(&checksum);
-        let opened = open_tallies(meta);
+        let opened = open_tallies(with_header_field(&tally_meta, 10, declared));
         assert_eq!(opened.as_ref().ok().map(|m| m.filter_holds_keys()), holds_keys, "width {declared}");
         if holds_keys.is_none() {
             assert!(opened.unwrap_err().to_string().contains("filter width"), "width {declared}");
