@@ -355,8 +355,8 @@ impl Index {
 
     /// The account tallies `by_account` (sorted, one per key) makes of the current ones (read
     /// only for the accounts not read whole, one (collection, location) at a time), and what they
-    /// change in the tallies (added to `differences`): a tally's accounts change when an
-    /// account's count goes to or from 0, and the whole target's by the sum of those changes.
+    /// change in the groups' tallies (added to `differences`): a tally's accounts change when an
+    /// account's count goes to or from 0.
     async fn account_tallies_after(
         &self,
         by_account: Vec<(AccountKey, Counted)>,
@@ -389,15 +389,9 @@ impl Index {
             if before == after {
                 continue;
             }
-            let change = Change {
-                records: after as i64 - before as i64,
-                accounts: i64::from(after > 0) - i64::from(before > 0),
-            };
-            for tally in [(target, collection, location), (target, Tally::ALL, Tally::ALL)] {
-                let sum = differences.entry(tally).or_default();
-                sum.records += change.records;
-                sum.accounts += change.accounts;
-            }
+            let change = differences.entry((target, collection, location)).or_default();
+            change.records += after as i64 - before as i64;
+            change.accounts += i64::from(after > 0) - i64::from(before > 0);
             written.push(AccountTally::of(account, target, (collection, location), clock, after));
         }
         Ok(written)
@@ -445,7 +439,9 @@ impl Index {
         Ok(Revocations::of(read_keys_newer_uncached(&self.thresholds, self.store.as_ref(), &keys).await?))
     }
 
-    /// The tallies `differences` make of the current ones.
+    /// The tallies `differences` (of groups) make of the current ones, and the whole tally of
+    /// each of their targets, summed from all of its groups: it never drifts from them, whatever
+    /// a binary before these sums kept there (each account once over its groups).
     async fn tallies_after(
         &self,
         differences: BTreeMap<TallyKey, Change>,
@@ -453,22 +449,35 @@ impl Index {
     ) -> Result<Vec<Tally>, IndexError> {
         let mut targets: Vec<RecordId> = differences.keys().map(|(target, _, _)| *target).collect();
         targets.dedup();
-        let current: HashMap<TallyKey, Tally> =
+        let mut groups: BTreeMap<TallyKey, Tally> =
             freshest(read_keys_uncached(&self.tallies, self.store.as_ref(), &targets).await?)
                 .into_iter()
+                .filter(|tally| !tally.is_whole())
                 .map(|tally| ((tally.target, tally.collection, tally.location), tally))
                 .collect();
         let mut tallies = Vec::new();
         for (key, change) in differences {
             let (target, collection, location) = key;
-            let old = current.get(&key).copied().unwrap_or_default();
+            let old = groups.get(&key).copied().unwrap_or_default();
             let records = old.records as i64 + change.records;
             let accounts = old.accounts as i64 + change.accounts;
             if records < 0 || accounts < 0 || accounts > records {
                 return Err(missing_links(target, records.min(accounts)));
             }
             let (records, accounts) = (records as u64, accounts as u64);
-            tallies.push(Tally { target, collection, location, stamp: clock, records, accounts });
+            let tally = Tally { target, collection, location, stamp: clock, records, accounts };
+            groups.insert(key, tally);
+            tallies.push(tally);
+        }
+        for target in targets {
+            let of_target = groups.range((target, 0, 0)..=(target, u64::MAX, u64::MAX)).map(|(_, tally)| tally);
+            let mut whole =
+                Tally { target, collection: Tally::ALL, location: Tally::ALL, stamp: clock, ..Tally::default() };
+            for tally in of_target {
+                whole.records += tally.records;
+                whole.accounts += tally.accounts;
+            }
+            tallies.push(whole);
         }
         Ok(tallies)
     }
@@ -629,6 +638,48 @@ mod tests {
     fn link(target: u64, rkey: u64, source_rev: u64) -> Backlink {
         let target = RecordId { did: target, collection: 1, rkey: 1 };
         Backlink { target, source: RecordId { did: 7, collection: 2, rkey }, location: 3, source_rev }
+    }
+
+    /// A whole tally that is not its groups' sum (as a binary that counted each account once over
+    /// its groups wrote it) is replaced by the sum at the target's next change.
+    #[test]
+    fn a_flush_writes_the_whole_tally_as_its_groups_sum() {
+        use crate::model::operation::{Operation, RecordOp, RecordRef};
+        const POST: &str = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/3kaaaaaaaaaaa";
+        let dir = tempfile::tempdir().unwrap();
+        let options = crate::index::IndexOptions { hot_target_entries: 8, ..Default::default() };
+        let index = crate::index::open_in_dir(dir.path(), options);
+        let subject = serde_json::json!({"subject": {"uri": POST, "cid": "bafyreib2rxk3rybloqtqwbo"}});
+        let like_and_repost = |account: u64| {
+            for collection in ["app.bsky.feed.like", "app.bsky.feed.repost"] {
+                let rkey = crate::model::tid::format_tid(1_700_000_000_000_000 + account);
+                let record_ref = RecordRef {
+                    did: format!("did:plc:{account:024}").into(),
+                    collection: collection.into(),
+                    rkey: rkey.into(),
+                };
+                index.apply(&Operation::Create(RecordOp { record_ref, record: subject.clone() }), None).unwrap();
+            }
+        };
+        (0..20).for_each(like_and_repost);
+        index.flush().unwrap();
+        let target = index.lookup_target(&crate::model::syntax::parse_target(POST).unwrap()).unwrap().unwrap();
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let whole = |index: &Index| {
+            let tallies = runtime.block_on(index.tallies_of(target)).unwrap().expect("the post is hot");
+            let (wholes, groups): (Vec<Tally>, Vec<Tally>) = tallies.into_iter().partition(Tally::is_whole);
+            let sum = groups.iter().fold((0, 0), |(r, a), t| (r + t.records, a + t.accounts));
+            ((wholes[0].records, wholes[0].accounts), sum)
+        };
+        assert_eq!(whole(&index), ((40, 40), (40, 40)));
+        // Each account once over its two groups, as before the sums.
+        let stamp = runtime.block_on(index.tallies_of(target)).unwrap().unwrap()[0].stamp + 1;
+        let older = Tally { target, collection: Tally::ALL, location: Tally::ALL, stamp, records: 40, accounts: 20 };
+        index.tallies.insert([older]);
+        assert_eq!(whole(&index).0, (40, 20));
+        (20..25).for_each(like_and_repost);
+        index.flush().unwrap();
+        assert_eq!(whole(&index), ((50, 50), (50, 50)));
     }
 
     #[test]
