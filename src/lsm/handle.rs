@@ -165,10 +165,11 @@ impl<E: Entry> TableHandle<E> {
     }
 
     /// What this table's filter is asked for `probe`: its key's hash, or for a filter of longer
-    /// prefixes (`Entry::FILTER_WIDTH`) the prefix's; `None` when the probe names no prefix.
+    /// prefixes (`Entry::FILTER_WIDTH`) the prefix's; `None` when the probe names no prefix, or
+    /// the meta is a partial copy (which holds only the filter pages key lookups fetched).
     fn filter_hash(&self, probe: FilterProbe) -> Option<KeyHash> {
         match &self.meta {
-            MetaView::Paged(meta) if !meta.filter_holds_keys() => probe.prefix,
+            MetaView::Paged(meta) if !meta.filter_holds_keys() => probe.prefix.filter(|_| meta.partial().is_none()),
             _ => Some(probe.key),
         }
     }
@@ -204,10 +205,11 @@ impl<E: Entry> TableHandle<E> {
 
     /// For each of `shards` (hashes of shard prefixes, `entry::shard_prefix_hash`), false when
     /// the filter proves the table holds no key with that prefix; true for all when its filter
-    /// holds no shard prefixes. For a scan, caches no filter page.
+    /// holds no shard prefixes, or its meta is a partial copy (whose filter pages are fetched
+    /// for key lookups only). For a scan, caches no filter page.
     pub fn may_hold_shards(&self, shards: &[KeyHash], with: PageUse) -> Vec<bool> {
         match &self.meta {
-            MetaView::Paged(meta) if meta.filter_holds_shards() => {
+            MetaView::Paged(meta) if meta.filter_holds_shards() && meta.partial().is_none() => {
                 meta.may_contain_many(shards, with).unwrap_or_else(|source| {
                     let _ = meta_error(&self.meta_name(), source);
                     vec![true; shards.len()]

@@ -1,12 +1,16 @@
-//! Point reads: every entry of a few keys, from a tree's memtables and tables, in one concurrent
-//! round of ranged reads (a query's revocation round, the many-to-many forward round).
+//! Point reads: every entry of a few keys (or of a few filter prefixes, `Entry::FILTER_WIDTH`),
+//! from a tree's memtables and tables, in one concurrent round of ranged reads (a query's
+//! revocation round, the many-to-many forward round, a flush's tallies); and a writer's reads of
+//! whole key ranges sharing a shard prefix (an account's hot links).
 //!
 //! Invariants:
-//! - Only tables whose filter admits a key are read, and of each only the frames that can hold
-//!   it; frames of several keys in one table that touch or overlap are fetched by one read.
-//! - Every copy of every key asked for, in the snapshot taken at one instant, is returned (in no
-//!   particular order): choosing among copies is the caller's. With a bound on a key, every copy
-//!   stamped above it.
+//! - Only tables whose filter admits a lookup are read (a filter of keys asked for the key, one
+//!   of longer prefixes for the prefix, or nothing when the lookup names no prefix), and of each
+//!   only the frames that can hold it; frames of several lookups in one table that touch or
+//!   overlap are fetched by one read.
+//! - Every copy of every key (or prefix) asked for, in the snapshot taken at one instant, is
+//!   returned (in no particular order): choosing among copies is the caller's. With a bound on a
+//!   key, every copy stamped above it.
 
 use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::{Entry, filter_prefix_bounds, shard_prefix_hash, within};
