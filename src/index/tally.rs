@@ -471,13 +471,7 @@ impl Index {
         }
         for target in targets {
             let of_target = groups.range((target, 0, 0)..=(target, u64::MAX, u64::MAX)).map(|(_, tally)| tally);
-            let mut whole =
-                Tally { target, collection: Tally::ALL, location: Tally::ALL, stamp: clock, ..Tally::default() };
-            for tally in of_target {
-                whole.records += tally.records;
-                whole.accounts += tally.accounts;
-            }
-            tallies.push(whole);
+            tallies.push(Tally::whole_of(target, of_target, clock));
         }
         Ok(tallies)
     }

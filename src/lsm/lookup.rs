@@ -15,7 +15,7 @@
 use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::{Entry, filter_prefix_bounds, shard_prefix_hash, within};
 use crate::lsm::filter::KeyHash;
-use crate::lsm::handle::{FilterProbe, ReadError, TableHandle};
+use crate::lsm::handle::{ReadError, TableHandle};
 use crate::lsm::run::{group_by_shard, shard_hash};
 use crate::lsm::table::PageUse;
 use crate::lsm::tree::{Look, Snapshot, Tree};
@@ -91,13 +91,11 @@ pub async fn read_prefixes_uncached<E: Entry>(
     store: &dyn Store,
     probes: &[E],
 ) -> Result<Vec<E>, ReadError> {
-    let looks = probes.iter().map(|probe| Look { key: probe.key(), bound: None, probe: FilterProbe::of_prefix(probe) });
-    read_looks_uncached(
-        tree,
-        store,
-        &KeyLooks { looks: looks.collect(), bounds: probes.iter().map(filter_prefix_bounds).collect() },
-    )
-    .await
+    let looks = KeyLooks {
+        looks: probes.iter().map(Look::of_prefix).collect(),
+        bounds: probes.iter().map(filter_prefix_bounds).collect(),
+    };
+    read_looks_uncached(tree, store, &looks).await
 }
 
 /// The entries of `looks`, for a writer: through no cache.
@@ -120,19 +118,23 @@ struct KeyLooks<E> {
 impl<E: Entry> KeyLooks<E> {
     /// Lookups of every entry of each key, above its bound.
     fn of(keys: &[(RecordId, Option<u64>)]) -> Self {
-        let looks = keys.iter().map(|&(key, bound)| Look { key, bound, probe: FilterProbe::of_key(&key) });
         KeyLooks {
-            looks: looks.collect(),
+            looks: keys.iter().map(|&(key, bound)| Look::of_key(key, bound)).collect(),
             bounds: keys.iter().map(|(key, _)| (E::min_for_key(*key), E::max_for_key(*key))).collect(),
         }
     }
 
     /// Adds the entries `members` (indices of looks) want from the sorted `entries`.
     fn extend_with(&self, found: &mut Vec<E>, entries: &[E], members: &[usize]) {
-        for &i in members {
-            let (lo, hi) = &self.bounds[i];
-            found.extend_from_slice(within(entries, lo, hi));
-        }
+        extend_within(found, entries, &self.bounds, members);
+    }
+}
+
+/// Adds the entries of the sorted `entries` within `bounds[i]` (`lo..=hi`) for each of `members`.
+fn extend_within<E: Entry>(found: &mut Vec<E>, entries: &[E], bounds: &[(E, E)], members: &[usize]) {
+    for &i in members {
+        let (lo, hi) = &bounds[i];
+        found.extend_from_slice(within(entries, lo, hi));
     }
 }
 
@@ -218,13 +220,7 @@ pub async fn read_key_ranges<E: Entry>(
     let snapshot = tree.snapshot(bounds.iter().copied());
     let reads = range_reads(&snapshot, ranges, &bounds)?;
     let mut found = snapshot.memtable_entries;
-    read_uncached(store, &reads, |entries, ats| {
-        for at in ats {
-            let (lo, hi) = &bounds[*at];
-            found.extend_from_slice(within(entries, lo, hi));
-        }
-    })
-    .await?;
+    read_uncached(store, &reads, |entries, ats| extend_within(&mut found, entries, &bounds, ats)).await?;
     Ok(found)
 }
 
@@ -281,6 +277,7 @@ fn coalesce<T>(mut ranges: Vec<(Range<usize>, T)>) -> Vec<(Range<usize>, Vec<T>)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lsm::handle::FilterProbe;
     use crate::lsm::record::{RunKind, TableRecord};
     use crate::lsm::table::TableOptions;
     use crate::lsm::tree::TreeCaches;
@@ -315,8 +312,7 @@ mod tests {
         install(&tree, "0000000000000002aaaaaaaa", &newer);
         tree.insert([tally(4, 2, 3)]);
         let probes: Vec<AccountTally> = (1..=ACCOUNTS).map(|account| tally(account, 2, 0)).collect();
-        let looks: Vec<Look> =
-            probes.iter().map(|p| Look { key: p.key(), bound: None, probe: FilterProbe::of_prefix(p) }).collect();
+        let looks: Vec<Look> = probes.iter().map(Look::of_prefix).collect();
         let snapshot = tree.snapshot([]);
         let admitted = snapshot.tables_for_looks(&looks, PageUse::Scan);
         let by_older = admitted.iter().find(|(table, _)| table.record.id.starts_with("0000000000000001"));

@@ -103,8 +103,7 @@ impl<E: Entry> Snapshot<E> {
         keys: &[(RecordId, Option<u64>)],
         with: PageUse,
     ) -> Vec<(Arc<TableHandle<E>>, Vec<RecordId>)> {
-        let looks: Vec<Look> =
-            keys.iter().map(|&(key, bound)| Look { key, bound, probe: FilterProbe::of_key(&key) }).collect();
+        let looks: Vec<Look> = keys.iter().map(|&(key, bound)| Look::of_key(key, bound)).collect();
         let tables = self.tables_for_looks(&looks, with);
         tables.into_iter().map(|(table, members)| (table, members.into_iter().map(|i| keys[i].0).collect())).collect()
     }
@@ -124,6 +123,18 @@ pub struct Look {
     pub key: RecordId,
     pub bound: Option<u64>,
     pub probe: FilterProbe,
+}
+
+impl Look {
+    /// Every entry of `key` stamped above `bound`.
+    pub fn of_key(key: RecordId, bound: Option<u64>) -> Self {
+        Look { key, bound, probe: FilterProbe::of_key(&key) }
+    }
+
+    /// Every entry that agrees with `probe` in its first `Entry::FILTER_WIDTH` bytes.
+    pub fn of_prefix<E: Entry>(probe: &E) -> Self {
+        Look { key: probe.key(), bound: None, probe: FilterProbe::of_prefix(probe) }
+    }
 }
 
 /// The looks each table of `run` may hold (its shard of them, newer than their bounds, admitted

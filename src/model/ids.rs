@@ -221,16 +221,24 @@ impl Tally {
     ) -> Vec<Tally> {
         let empty = |collection, location| Tally { target, collection, location, stamp, ..Tally::default() };
         let mut groups: std::collections::BTreeMap<(u64, u64), Tally> = std::collections::BTreeMap::new();
-        let mut whole = empty(Self::ALL, Self::ALL);
         for tally in accounts.filter(|tally| tally.records > 0) {
             let (collection, location) = (tally.collection, tally.location);
             let group = groups.entry((collection, location)).or_insert_with(|| empty(collection, location));
             group.records += tally.records;
             group.accounts += 1;
-            whole.records += tally.records;
-            whole.accounts += 1;
         }
+        let whole = Self::whole_of(target, groups.values(), stamp);
         groups.into_values().chain([whole]).collect()
+    }
+
+    /// The whole tally of `target`, stamped `stamp`: its groups' records and accounts summed.
+    pub fn whole_of<'a>(target: RecordId, groups: impl Iterator<Item = &'a Tally>, stamp: u64) -> Tally {
+        let mut whole = Tally { target, collection: Self::ALL, location: Self::ALL, stamp, ..Tally::default() };
+        for group in groups {
+            whole.records += group.records;
+            whole.accounts += group.accounts;
+        }
+        whole
     }
 }
 

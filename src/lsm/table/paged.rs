@@ -165,9 +165,9 @@ enum PieceKind {
 /// The fixed header.
 #[derive(Clone, Copy, Debug)]
 struct Header {
-    /// What the filter holds: every entry's first `filter_width` bytes (`Entry::FILTER_WIDTH`,
-    /// or the key in a table written before filter widths).
-    filter_width: usize,
+    /// Whether the filter holds each entry's first `Entry::FILTER_WIDTH` bytes, longer than its
+    /// key (else it holds keys, as every table written before filter widths).
+    filter_holds_prefixes: bool,
     /// Whether the filter also holds each distinct shard prefix (`Entry::FILTER_HOLDS_SHARDS`).
     filter_holds_shards: bool,
     frames: usize,
@@ -323,7 +323,7 @@ pub(super) fn assemble<E: Entry, S: std::io::Read + std::io::Seek>(
     out.extend_from_slice(&META_PAGED_VERSION.to_le_bytes());
     out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
     out.extend_from_slice(&(E::KEY_WIDTH as u16).to_le_bytes());
-    out.extend_from_slice(&written_filter_width::<E>().to_le_bytes());
+    out.extend_from_slice(&declared_width(prefix_width::<E>()).to_le_bytes());
     out.extend_from_slice(&(index.frames as u32).to_le_bytes());
     out.extend_from_slice(&parts.entries.to_le_bytes());
     out.extend_from_slice(&parts.data_len.to_le_bytes());
@@ -332,7 +332,7 @@ pub(super) fn assemble<E: Entry, S: std::io::Read + std::io::Seek>(
     out.extend_from_slice(&(PAGE_BLOCKS as u16).to_le_bytes());
     out.extend_from_slice(&(shape.blocks as u32).to_le_bytes());
     out.extend_from_slice(&(CHUNK_FRAMES as u16).to_le_bytes());
-    out.extend_from_slice(&written_shard_filter_width::<E>().to_le_bytes());
+    out.extend_from_slice(&declared_width(shard_width::<E>()).to_le_bytes());
     out.extend_from_slice(&(directory.len() as u32).to_le_bytes());
     out.extend_from_slice(&(models.as_ref().map_or(0, Vec::len) as u32).to_le_bytes());
     out.extend_from_slice(&((blocks.len() + pages * CHECKSUM_LEN) as u64).to_le_bytes());
@@ -498,7 +498,7 @@ impl<E: Entry> PagedMeta<E> {
 
     /// Whether the filter holds keys (else longer prefixes: a lookup of a key alone cannot ask it).
     pub fn filter_holds_keys(&self) -> bool {
-        self.header.filter_width == E::KEY_WIDTH
+        !self.header.filter_holds_prefixes
     }
 
     /// Whether the filter also holds each distinct shard prefix.
@@ -868,18 +868,30 @@ pub fn declared_lengths<E: Entry>(start: &[u8]) -> Result<(u64, u64, u64), Forma
     Ok((header.resident_len() as u64, header.file_len(), header.data_len))
 }
 
-/// The header's filter width: 0 for a filter of keys (so that such metas are as they were before
-/// filter widths), else `Entry::FILTER_WIDTH`.
-fn written_filter_width<E: Entry>() -> u16 {
-    let width = if E::FILTER_WIDTH == E::KEY_WIDTH { 0 } else { E::FILTER_WIDTH };
-    u16::try_from(width).expect("an entry's filter width fits the header")
+/// A header field declaring an optional filter content of `width` bytes: 0 when there is none
+/// (as every table wrote before such fields), else the width.
+fn declared_width(width: Option<usize>) -> u16 {
+    u16::try_from(width.unwrap_or(0)).expect("an entry's widths fit the header")
 }
 
-/// The header's shard filter width: 0 for a filter without shard prefixes, else
-/// `Entry::SHARD_WIDTH`.
-fn written_shard_filter_width<E: Entry>() -> u16 {
-    let width = if E::FILTER_HOLDS_SHARDS { E::SHARD_WIDTH } else { 0 };
-    u16::try_from(width).expect("an entry's shard width fits the header")
+/// Reads a field `declared_width` wrote: whether it declares `expected` (0 declares nothing; any
+/// other value than `expected` is refused).
+fn declares_width(reader: &mut Reader, field: &str, expected: Option<usize>) -> Result<bool, FormatError> {
+    match reader.u16()? {
+        0 => Ok(false),
+        width if Some(usize::from(width)) == expected => Ok(true),
+        width => Err(invalid(WHAT, format!("{field} {width} (0 or {})", expected.unwrap_or(0)))),
+    }
+}
+
+/// What the filter of a new table of `E` holds beyond its keys: longer prefixes
+/// (`Entry::FILTER_WIDTH`), and shard prefixes (`Entry::FILTER_HOLDS_SHARDS`).
+fn prefix_width<E: Entry>() -> Option<usize> {
+    (E::FILTER_WIDTH != E::KEY_WIDTH).then_some(E::FILTER_WIDTH)
+}
+
+fn shard_width<E: Entry>() -> Option<usize> {
+    E::FILTER_HOLDS_SHARDS.then_some(E::SHARD_WIDTH)
 }
 
 /// Parses and bounds-checks version 4's fixed header.
@@ -895,11 +907,7 @@ fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
     }
     check_range(WHAT, "entry width", reader.u16()?.into(), E::WIDTH as u64, E::WIDTH as u64)?;
     check_range(WHAT, "key width", reader.u16()?.into(), E::KEY_WIDTH as u64, E::KEY_WIDTH as u64)?;
-    let filter_width = match reader.u16()? {
-        0 => E::KEY_WIDTH,
-        width if usize::from(width) == E::FILTER_WIDTH && E::FILTER_WIDTH != E::KEY_WIDTH => E::FILTER_WIDTH,
-        width => return Err(invalid(WHAT, format!("filter width {width} (0 or {})", E::FILTER_WIDTH))),
-    };
+    let filter_holds_prefixes = declares_width(&mut reader, "filter width", prefix_width::<E>())?;
     let frames = reader.u32()? as usize;
     check_range(WHAT, "frame count", frames as u64, 0, MAX_FRAMES as u64)?;
     let entries = reader.u64()?;
@@ -913,17 +921,13 @@ fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
     let blocks = reader.u32()? as usize;
     check_range(WHAT, "filter blocks", blocks as u64, 1, MAX_BLOCKS as u64)?;
     check_range(WHAT, "chunk frames", reader.u16()?.into(), CHUNK_FRAMES as u64, CHUNK_FRAMES as u64)?;
-    let filter_holds_shards = match reader.u16()? {
-        0 => false,
-        width if usize::from(width) == E::SHARD_WIDTH && E::FILTER_HOLDS_SHARDS => true,
-        width => return Err(invalid(WHAT, format!("shard filter width {width} (0 or {})", E::SHARD_WIDTH))),
-    };
+    let filter_holds_shards = declares_width(&mut reader, "shard filter width", shard_width::<E>())?;
     let directory_len = reader.u32()? as usize;
     let models_len = reader.u32()? as usize;
     let filter_len = reader.u64()?;
     let index_len = reader.u64()?;
     let header = Header {
-        filter_width,
+        filter_holds_prefixes,
         filter_holds_shards,
         frames,
         entries,
