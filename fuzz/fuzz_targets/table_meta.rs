@@ -12,13 +12,13 @@
 //!   re-encode to themselves; its frame ranges and byte ranges stay in bounds, and reading frames
 //!   from data of the wrong length is an error, not a panic; checking a data file against it
 //!   (`verify_data_file`) fails for zeros or another length, without panicking.
-//! - A built table decodes to exactly its entries (meta and frames), its filter admits every key,
+//! - A built table decodes to exactly its entries (meta and frames), its filter admits every key (or prefix),
 //!   and `frames_for_key` covers every entry of the key.
 #![no_main]
 
 mod common;
 
-use backlinks::lsm::entry::Entry;
+use backlinks::lsm::entry::{Entry, encode_to_vec, shard_prefix_hash};
 use backlinks::lsm::filter::KeyHash;
 use backlinks::lsm::table::{FormatError, TableMeta, decode_frames, verify_data_file};
 use backlinks::model::ids::{AccountTally, Backlink, HotLink, Revocation, Tally};
@@ -86,9 +86,14 @@ fn check_build<E: Entry>(bytes: &[u8], modelled: bool) {
     }
 }
 
-/// The filter admits the entry's key, and the frames `frames_for_key` names hold the entry.
+/// The filter admits what it holds of the entry (its first `FILTER_WIDTH` bytes, and its shard
+/// prefix for a tree whose filters hold those), and the frames `frames_for_key` names hold it.
 fn check_key_lookup<E: Entry>(meta: &TableMeta<E>, data: &[u8], entry: &E) {
-    assert!(meta.may_contain(KeyHash::of_record(&entry.key())), "the filter rejects a key it holds");
+    let prefix = KeyHash::of(&encode_to_vec(entry)[..E::FILTER_WIDTH]);
+    assert!(meta.may_contain(prefix), "the filter rejects a prefix it holds");
+    if E::FILTER_HOLDS_SHARDS {
+        assert!(meta.may_contain(shard_prefix_hash::<E>(&entry.key())), "the filter rejects a shard it holds");
+    }
     let range = meta.frames_for_key(entry.key());
     let (start, end) = meta.byte_range(range.clone());
     let mut found = Vec::new();
