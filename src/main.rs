@@ -615,6 +615,13 @@ async fn import(args: ImportArgs) -> anyhow::Result<()> {
         "flushes": report.flushes,
         "flushSeconds": seconds(&index.counters.flush_micros),
         "tallySeconds": seconds(&index.counters.tally_micros),
+        "tallyReadSeconds": {
+            "hotLinksOfRecords": seconds(&index.counters.tally_reads.hot_link_keys_micros),
+            "hotLinksOfAccounts": seconds(&index.counters.tally_reads.hot_link_accounts_micros),
+            "revocations": seconds(&index.counters.tally_reads.revocations_micros),
+            "accountTallies": seconds(&index.counters.tally_reads.account_tallies_micros),
+            "promotions": seconds(&index.counters.tally_reads.promotions_micros),
+        },
         "compactions": finished.merges,
         "compactionSeconds": seconds(&index.counters.compaction_micros),
         "clock": index.position().clock,

@@ -230,6 +230,31 @@ fn index_registry(index: &Index) -> Registry {
             "Of the flushes' time, keeping hot targets' tallies",
             &counters.tally_micros,
         ),
+        (
+            "flush_tally_hot_link_reads_microseconds",
+            "Of the tallies' time, reading the installed hot links of single records",
+            &counters.tally_reads.hot_link_keys_micros,
+        ),
+        (
+            "flush_tally_account_hot_link_reads_microseconds",
+            "Of the tallies' time, reading the installed hot links of whole accounts",
+            &counters.tally_reads.hot_link_accounts_micros,
+        ),
+        (
+            "flush_tally_revocation_reads_microseconds",
+            "Of the tallies' time, reading the revocations of installed hot links",
+            &counters.tally_reads.revocations_micros,
+        ),
+        (
+            "flush_tally_account_reads_microseconds",
+            "Of the tallies' time, reading account tallies",
+            &counters.tally_reads.account_tallies_micros,
+        ),
+        (
+            "flush_tally_promotion_microseconds",
+            "Of the tallies' time, checking and promoting targets",
+            &counters.tally_reads.promotions_micros,
+        ),
         ("flush_bytes", "Bytes of table files written by flushes", &counters.flush_bytes),
         ("compactions", "Merges of runs", &counters.compactions),
         ("compaction_duration_microseconds", "Time spent merging runs", &counters.compaction_micros),

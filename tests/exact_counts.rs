@@ -232,6 +232,14 @@ fn a_target_with_a_million_live_backlinks_counts_exactly_under_every_change() {
     world.check(POST, "deleted and updated");
     world.check(OTHER_POST, "updated to the other post");
 
+    // Records changed in the flush that hides and deletes accounts, by accounts all over the
+    // DIDs: it reads the hot links of those accounts whole in more than one batch, and each of
+    // these records' with its DID's batch.
+    for account in (29..ACCOUNTS).step_by(97) {
+        world.delete((account, 5));
+        world.write((account, 7), OTHER_POST, true); // A repost, as the other post's others.
+        world.write((account, RECORDS_PER_ACCOUNT + 1), POST, false);
+    }
     for account in (7..ACCOUNTS).step_by(250) {
         world.account(account, false, Some("deleted"));
     }

@@ -406,7 +406,16 @@ async fn health_metrics_lexicons_and_unknown_routes() {
         let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
-    for name in ["flush_bytes", "flush_duration_microseconds", "compaction_read_bytes", "upload_bytes"] {
+    let tally_reads = ["hot_link", "account_hot_link", "revocation", "account"]
+        .map(|part| format!("flush_tally_{part}_reads_microseconds"));
+    let names = [
+        "flush_bytes",
+        "flush_duration_microseconds",
+        "flush_tally_promotion_microseconds",
+        "compaction_read_bytes",
+        "upload_bytes",
+    ];
+    for name in names.iter().map(|name| name.to_string()).chain(tally_reads) {
         assert_eq!(value(&format!("backlinks_{name}_total")), 0, "{name}");
     }
     assert!(value("backlinks_table_reads_total{source=\"local\"}") > 0, "{text}");

@@ -198,6 +198,8 @@ pub struct WriteCounters {
     pub flush_bytes: AtomicU64,
     /// Of the flushes' time, what keeping the hot targets' tallies and hot links took.
     pub tally_micros: AtomicU64,
+    /// Of that, what its reads of installed tables took, by what they read.
+    pub tally_reads: TallyReadTimes,
     /// Time spent by merges, compressed bytes they read and wrote.
     pub compaction_micros: AtomicU64,
     pub compaction_bytes_in: AtomicU64,
@@ -209,6 +211,22 @@ pub struct WriteCounters {
     pub retired_files_kept_for_publish: AtomicU64,
     /// Bytes of local data copies evicted by the cache budget.
     pub cache_evicted_bytes: AtomicU64,
+}
+
+/// Of a flush's tallies, the time its reads of installed tables took, by what they read: the rest
+/// of `WriteCounters::tally_micros` is computing the differences and the tallies written.
+#[derive(Debug, Default)]
+pub struct TallyReadTimes {
+    /// The installed hot links of the flush's sources and of the records it revokes.
+    pub hot_link_keys_micros: AtomicU64,
+    /// The installed hot links of the accounts it reads whole (deleted, hidden or shown).
+    pub hot_link_accounts_micros: AtomicU64,
+    /// The revocations that may kill those installed hot links.
+    pub revocations_micros: AtomicU64,
+    /// The account tallies of the (account, target, collection, location)s the flush changes.
+    pub account_tallies_micros: AtomicU64,
+    /// Promotions: the candidates' entry bounds, the promoted targets' backlinks.
+    pub promotions_micros: AtomicU64,
 }
 
 /// Adds the time since `started` to a microsecond counter.

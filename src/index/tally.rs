@@ -32,13 +32,16 @@
 //!   and of the accounts it revokes or shows or hides. Each is live or not before (installed
 //!   tables, revocations up to `tables_clock`, committed account states) and after (with the
 //!   flush's memtables and account changes); neither the order of its operations nor a replay of
-//!   them changes the result. Identities of different accounts never meet, so it works through
-//!   them a batch of accounts at a time (`batches`), holding one batch's installed hot links.
+//!   them changes the result. Identities of different accounts never meet, so it reads the
+//!   hot links of the accounts it reads whole a batch of accounts at a time (`batches`),
+//!   holding one batch's; its lookups of single keys (its sources' hot links, the account
+//!   tallies it changes) are made once for the whole flush, so that each table's filter pages
+//!   are read once, not once a batch.
 //! - A promotion reads the target's backlinks as of the flush's clock (installed tables and the
 //!   frozen memtable; the active one holds only later stamps) and writes its hot links and
 //!   tallies from them. The differences of that flush never touch the targets it promotes.
 
-use super::{Index, IndexError};
+use super::{Index, IndexError, add_elapsed};
 use crate::liveness::{KnownRevocations, Revocable, revocation_keys};
 use crate::lsm::compaction;
 use crate::lsm::entry::Entry;
@@ -54,6 +57,8 @@ use crate::model::ids::{AccountTally, Backlink, HotLink, RecordId, Revocation, T
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::RangeInclusive;
 use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
 
 /// Default of `IndexOptions::hot_target_entries`: a quarter of the default exact scan limit, so
 /// that a target is promoted well before a count would have to estimate it.
@@ -271,32 +276,50 @@ impl Index {
     }
 
     async fn hot_writes_of(&self, ops: &FlushedOps<'_>, hot: &HashSet<RecordId>) -> Result<HotWrites, IndexError> {
-        let promoted = self.promotions(ops, hot).await?;
+        let times = &self.counters.tally_reads;
+        let promoted = timed(&times.promotions_micros, self.promotions(ops, hot)).await?;
         let flushed: Vec<Backlink> =
             compaction::freshest(ops.links().filter(|link| hot.contains(&link.target))).collect();
         let mut visibility = self.visibility(ops, ops.accounts.iter().map(|(did, _)| *did))?;
         let (keys, accounts) = hot_reads(ops, &flushed, &visibility);
         let mut differences: BTreeMap<TallyKey, Change> = BTreeMap::new();
         let mut account_tallies = Vec::new();
-        for batch in batches(&keys, &accounts) {
-            let flushed: Vec<Backlink> =
-                flushed.iter().filter(|link| batch.dids.contains(&link.source.did)).copied().collect();
-            let installed = self.installed_hot_links(batch.keys, batch.accounts).await?;
+        // Lookups of keys spread over the whole flush are made once for it, not once a batch: a
+        // batch's keys hash all over each table's filter, so each batch would read nearly every
+        // filter page again. Only the whole accounts' hot links (what a batch bounds) are read
+        // a batch at a time.
+        let of_sources = timed(&times.hot_link_keys_micros, self.installed_hot_links_of(&keys)).await?;
+        let mut changed = Vec::new();
+        for batch in batches(&accounts) {
+            let of_batch = |link: &&Backlink| batch.dids.contains(&link.source.did);
+            let flushed: Vec<Backlink> = flushed.iter().filter(of_batch).copied().collect();
+            let of_accounts =
+                timed(&times.hot_link_accounts_micros, self.installed_hot_links_whole(batch.accounts)).await?;
+            let installed = freshest(of_sources.iter().filter(of_batch).copied().chain(of_accounts).collect());
             let (links, whole) = ((&flushed[..], &installed[..]), batch.accounts);
-            let by_account = self.differences_by_account(ops, links, whole, &mut visibility).await?;
-            account_tallies.extend(self.account_tallies_after(by_account, ops.clock, &mut differences).await?);
+            for (key, counted) in self.differences_by_account(ops, links, whole, &mut visibility).await? {
+                match counted {
+                    Counted::Whole { before, after } => {
+                        account_tallies.extend(account_tally_change(key, (before, after), ops.clock, &mut differences))
+                    }
+                    Counted::Changed(difference) => changed.push((key, difference)),
+                }
+            }
         }
+        account_tallies.extend(self.account_tallies_after(changed, ops.clock, &mut differences).await?);
         let mut writes = HotWrites {
             links: flushed.into_iter().filter_map(|link| link.settle_by(ops.revocations)).map(HotLink::of).collect(),
             tallies: self.tallies_after(differences, ops.clock).await?,
             account_tallies,
             promoted: Vec::new(),
         };
+        let promoting = Instant::now();
         for target in promoted {
             if self.promote(target, ops, &mut writes).await? {
                 writes.promoted.push(target);
             }
         }
+        add_elapsed(&times.promotions_micros, promoting);
         writes.links.sort_unstable();
         writes.links.dedup();
         writes.tallies.sort_unstable();
@@ -318,7 +341,9 @@ impl Index {
     ) -> Result<Vec<(AccountKey, Counted)>, IndexError> {
         // Only an installed copy needs the installed revocations: they are all older than the
         // flush's stamps, so the flush's own revocations alone decide a copy it writes.
-        let revocations = self.revocations_of(installed.iter().copied()).await?;
+        let revocations =
+            timed(&self.counters.tally_reads.revocations_micros, self.revocations_of(installed.iter().copied()))
+                .await?;
         let dids = flushed.iter().chain(installed).map(|link| link.source.did);
         visibility.committed.extend(self.catalog.account_states(self.maybe_not_active(dids))?);
         let mut differences = Vec::new();
@@ -353,46 +378,33 @@ impl Index {
         Ok(differences)
     }
 
-    /// The account tallies `by_account` (sorted, one per key) makes of the current ones (read
-    /// only for the accounts not read whole, one (collection, location) at a time), and what they
-    /// change in the groups' tallies (added to `differences`): a tally's accounts change when an
-    /// account's count goes to or from 0.
+    /// The account tallies `changed` (one per key: how its count changes) makes of the current
+    /// ones, read one (collection, location) at a time, and what they change in the groups'
+    /// tallies (added to `differences`).
     async fn account_tallies_after(
         &self,
-        by_account: Vec<(AccountKey, Counted)>,
+        changed: Vec<(AccountKey, i64)>,
         clock: u64,
         differences: &mut BTreeMap<TallyKey, Change>,
     ) -> Result<Vec<AccountTally>, IndexError> {
-        let probes: Vec<AccountTally> = by_account
+        let probes: Vec<AccountTally> = changed
             .iter()
-            .filter(|(_, counted)| matches!(counted, Counted::Changed(_)))
             .map(|&((target, account, collection, location), _)| {
                 AccountTally::of(account, target, (collection, location), 0, 0)
             })
             .collect();
+        let reading = read_prefixes_uncached(&self.account_tallies, self.store.as_ref(), &probes);
         let current: HashMap<AccountKey, u64> =
-            freshest(read_prefixes_uncached(&self.account_tallies, self.store.as_ref(), &probes).await?)
+            freshest(timed(&self.counters.tally_reads.account_tallies_micros, reading).await?)
                 .into_iter()
                 .map(|tally| ((tally.target(), tally.account, tally.collection, tally.location), tally.records))
                 .collect();
         let mut written = Vec::new();
-        for (key, counted) in by_account {
-            let (target, account, collection, location) = key;
-            let (before, after) = match counted {
-                Counted::Whole { before, after } => (before, after),
-                Counted::Changed(difference) => {
-                    let before = current.get(&key).copied().unwrap_or(0);
-                    let after = before as i64 + difference;
-                    (before, u64::try_from(after).map_err(|_| missing_links(target, after))?)
-                }
-            };
-            if before == after {
-                continue;
-            }
-            let change = differences.entry((target, collection, location)).or_default();
-            change.records += after as i64 - before as i64;
-            change.accounts += i64::from(after > 0) - i64::from(before > 0);
-            written.push(AccountTally::of(account, target, (collection, location), clock, after));
+        for (key, difference) in changed {
+            let before = current.get(&key).copied().unwrap_or(0);
+            let after = before as i64 + difference;
+            let after = u64::try_from(after).map_err(|_| missing_links(key.0, after))?;
+            written.extend(account_tally_change(key, (before, after), clock, differences));
         }
         Ok(written)
     }
@@ -417,17 +429,17 @@ impl Index {
         dids
     }
 
-    /// The installed hot links of `keys` (sources) and of `accounts` (whole): as backlinks, the
-    /// freshest copy of each identity, sorted.
-    async fn installed_hot_links(&self, keys: &[RecordId], accounts: &[u64]) -> Result<Vec<Backlink>, IndexError> {
-        let store = self.store.as_ref();
-        let mut found = read_keys_uncached(&self.hot, store, keys).await?;
+    /// The installed hot links of `keys` (sources): as backlinks, every copy found.
+    async fn installed_hot_links_of(&self, keys: &[RecordId]) -> Result<Vec<Backlink>, IndexError> {
+        let found = read_keys_uncached(&self.hot, self.store.as_ref(), keys).await?;
+        Ok(found.into_iter().map(HotLink::backlink).collect())
+    }
+
+    /// The installed hot links of `accounts` (whole): as backlinks, every copy found.
+    async fn installed_hot_links_whole(&self, accounts: &[u64]) -> Result<Vec<Backlink>, IndexError> {
         let ranges: Vec<(RecordId, RecordId)> = accounts.iter().map(|did| HotLink::account_keys(*did)).collect();
-        found.extend(read_key_ranges(&self.hot, store, &ranges).await?);
-        let mut installed: Vec<Backlink> = found.into_iter().map(HotLink::backlink).collect();
-        installed.sort_unstable();
-        compaction::keep_freshest(&mut installed);
-        Ok(installed)
+        let found = read_key_ranges(&self.hot, self.store.as_ref(), &ranges).await?;
+        Ok(found.into_iter().map(HotLink::backlink).collect())
     }
 
     /// The revocations of the sources of `links` and of their repositories that may kill one of
@@ -562,29 +574,26 @@ fn hot_reads(ops: &FlushedOps<'_>, flushed: &[Backlink], visibility: &Visibility
     (keys, accounts.into_iter().collect())
 }
 
-/// One part of a flush's hot-tree reads: the keys and whole accounts of the DIDs in `dids`.
+/// One part of a flush's hot-tree reads: the DIDs it covers and their whole accounts.
 #[derive(Debug, PartialEq)]
 struct Batch<'a> {
     dids: RangeInclusive<u64>,
-    keys: &'a [RecordId],
     accounts: &'a [u64],
 }
 
-/// `keys` and `accounts` (as `hot_reads` gives them) cut into parts by DID, each with at most
-/// `ACCOUNTS_PER_BATCH` whole accounts, covering every DID once, in order.
-fn batches<'a>(keys: &'a [RecordId], accounts: &'a [u64]) -> Vec<Batch<'a>> {
+/// The DIDs cut into ranges, each with at most `ACCOUNTS_PER_BATCH` of `accounts` (sorted, unique,
+/// as `hot_reads` gives them), covering every DID once, in order.
+fn batches(accounts: &[u64]) -> Vec<Batch<'_>> {
     let mut batches = Vec::new();
-    let (mut keys, mut from) = (keys, 0);
+    let mut from = 0;
     let mut parts = accounts.chunks(ACCOUNTS_PER_BATCH).peekable();
     while let Some(part) = parts.next() {
         let last = if parts.peek().is_some() { *part.last().expect("chunks are not empty") } else { u64::MAX };
-        let split = keys.partition_point(|key| HotLink::source_of_key(*key).did <= last);
-        batches.push(Batch { dids: from..=last, keys: &keys[..split], accounts: part });
-        keys = &keys[split..];
+        batches.push(Batch { dids: from..=last, accounts: part });
         from = last.saturating_add(1);
     }
     if batches.is_empty() {
-        batches.push(Batch { dids: 0..=u64::MAX, keys, accounts: &[] });
+        batches.push(Batch { dids: 0..=u64::MAX, accounts: &[] });
     }
     batches
 }
@@ -610,6 +619,33 @@ fn identities<'a>(flushed: &'a [Backlink], installed: &'a [Backlink]) -> impl It
         let installed = installed.next_if(|link| identity_of(link) == next).map(stamp_of);
         Some((next, Copies { installed, flushed }))
     })
+}
+
+/// The account tally of `key` whose count goes from `before` to `after`, if it changes, and what
+/// it changes in its group's tally (added to `differences`): the group's accounts change when an
+/// account's count goes to or from 0.
+fn account_tally_change(
+    key: AccountKey,
+    (before, after): (u64, u64),
+    clock: u64,
+    differences: &mut BTreeMap<TallyKey, Change>,
+) -> Option<AccountTally> {
+    if before == after {
+        return None;
+    }
+    let (target, account, collection, location) = key;
+    let change = differences.entry((target, collection, location)).or_default();
+    change.records += after as i64 - before as i64;
+    change.accounts += i64::from(after > 0) - i64::from(before > 0);
+    Some(AccountTally::of(account, target, (collection, location), clock, after))
+}
+
+/// Runs `work`, adding the time it took to `counter`.
+async fn timed<T>(counter: &AtomicU64, work: impl Future<Output = T>) -> T {
+    let started = Instant::now();
+    let done = work.await;
+    add_elapsed(counter, started);
+    done
 }
 
 /// The freshest copy of each identity among `found` (any order).
@@ -679,10 +715,7 @@ mod tests {
     #[test]
     fn batches_cover_every_did_once_with_a_bounded_number_of_accounts() {
         let accounts: Vec<u64> = (1..=2 * ACCOUNTS_PER_BATCH as u64 + 5).map(|i| i * 10).collect();
-        let key = |did: u64, rkey: u64| HotLink::key_of(RecordId { rkey, collection: 4, did });
-        let mut keys = vec![key(3, 1), key(10, 1), key(10, 2), key(2_565, 9), key(2_570, 1), key(u64::MAX, 1)];
-        keys.sort_unstable();
-        let cut = batches(&keys, &accounts);
+        let cut = batches(&accounts);
         assert_eq!(cut.len(), 3);
         assert_eq!(*cut[0].dids.start(), 0);
         assert_eq!(*cut[2].dids.end(), u64::MAX);
@@ -692,12 +725,9 @@ mod tests {
         for batch in &cut {
             assert!(batch.accounts.len() <= ACCOUNTS_PER_BATCH);
             assert!(batch.accounts.iter().all(|did| batch.dids.contains(did)));
-            assert!(batch.keys.iter().all(|key| batch.dids.contains(&HotLink::source_of_key(*key).did)));
         }
-        assert_eq!(cut.iter().flat_map(|batch| batch.keys.iter().copied()).collect::<Vec<_>>(), keys);
         assert_eq!(cut.iter().flat_map(|batch| batch.accounts.iter().copied()).collect::<Vec<_>>(), accounts);
-        let alone = batches(&keys, &[]);
-        assert_eq!(alone, vec![Batch { dids: 0..=u64::MAX, keys: &keys, accounts: &[] }]);
+        assert_eq!(batches(&[]), vec![Batch { dids: 0..=u64::MAX, accounts: &[] }]);
     }
 
     #[test]
