@@ -284,10 +284,9 @@ impl Index {
         let (keys, accounts) = hot_reads(ops, &flushed, &visibility);
         let mut differences: BTreeMap<TallyKey, Change> = BTreeMap::new();
         let mut account_tallies = Vec::new();
-        // Lookups of keys spread over the whole flush are made once for it, not once a batch: a
-        // batch's keys hash all over each table's filter, so each batch would read nearly every
-        // filter page again. Only the whole accounts' hot links (what a batch bounds) are read
-        // a batch at a time.
+        // Lookups of single keys are made once for the flush, not once a batch (each batch's keys
+        // hash all over each table's filter, so batches would read the same filter pages again).
+        // Only the whole accounts' hot links, which a batch bounds, are read a batch at a time.
         let of_sources = timed(&times.hot_link_keys_micros, self.installed_hot_links_of(&keys)).await?;
         let mut changed = Vec::new();
         for batch in batches(&accounts) {
