@@ -231,7 +231,7 @@ fn index_registry(index: &Index) -> Registry {
             &counters.tally_micros,
         ),
         (
-            "flush_tally_hot_link_reads_microseconds",
+            "flush_tally_record_hot_link_reads_microseconds",
             "Of the tallies' time, reading the installed hot links of single records",
             &counters.tally_reads.hot_link_keys_micros,
         ),
@@ -246,7 +246,7 @@ fn index_registry(index: &Index) -> Registry {
             &counters.tally_reads.revocations_micros,
         ),
         (
-            "flush_tally_account_reads_microseconds",
+            "flush_tally_account_tally_reads_microseconds",
             "Of the tallies' time, reading account tallies",
             &counters.tally_reads.account_tallies_micros,
         ),

@@ -406,7 +406,7 @@ async fn health_metrics_lexicons_and_unknown_routes() {
         let line = text.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in {text}"));
         line.rsplit(' ').next().unwrap().parse().unwrap()
     };
-    let tally_reads = ["hot_link", "account_hot_link", "revocation", "account"]
+    let tally_reads = ["record_hot_link", "account_hot_link", "revocation", "account_tally"]
         .map(|part| format!("flush_tally_{part}_reads_microseconds"));
     let names = [
         "flush_bytes",
