@@ -15,7 +15,7 @@
 use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::{Entry, filter_prefix_bounds, shard_prefix_hash, within};
 use crate::lsm::filter::KeyHash;
-use crate::lsm::handle::{ReadError, TableHandle};
+use crate::lsm::handle::{FilterProbe, ReadError, TableHandle};
 use crate::lsm::run::{group_by_shard, shard_hash};
 use crate::lsm::table::PageUse;
 use crate::lsm::tree::{Look, Snapshot, Tree};
@@ -86,16 +86,44 @@ pub async fn read_keys_newer_uncached<E: Entry>(
 /// writer (as `read_keys_uncached`). Tables whose filters hold such prefixes are asked for
 /// exactly them: a lookup of one account tally's group skips the tables that hold only other
 /// groups of its key.
+///
+/// The lookups are planned and read in parts of about `MAX_LOOKS_PER_PART`, all against one
+/// snapshot: a lookup's plan takes some 300 bytes, and a flush may ask for as many account
+/// tallies as it holds links (a million at the default `memtable_bytes`). A part is the probes whose filter hashes fall in one slice of the hash space, and
+/// the high bits of that hash choose a filter's block: each part reads its own slice of every
+/// filter's pages, so the parts together read each filter page about once, as one plan would.
 pub async fn read_prefixes_uncached<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
     probes: &[E],
 ) -> Result<Vec<E>, ReadError> {
-    let looks = KeyLooks {
-        looks: probes.iter().map(Look::of_prefix).collect(),
-        bounds: probes.iter().map(filter_prefix_bounds).collect(),
-    };
-    read_looks_uncached(tree, store, &looks).await
+    let mut snapshot = tree.snapshot(probes.iter().map(filter_prefix_bounds));
+    let parts = probes.len().div_ceil(MAX_LOOKS_PER_PART).max(1);
+    let part_of: Vec<usize> = probes.iter().map(|probe| filter_slice(probe, parts)).collect();
+    let mut found = std::mem::take(&mut snapshot.memtable_entries);
+    for part in 0..parts {
+        let of_part = || probes.iter().zip(&part_of).filter(|&(_, &of)| of == part).map(|(probe, _)| probe);
+        let looks = KeyLooks {
+            looks: of_part().map(Look::of_prefix).collect(),
+            bounds: of_part().map(filter_prefix_bounds).collect(),
+        };
+        let reads = table_reads(&snapshot, store, &looks, PageUse::Scan).await?;
+        read_uncached(store, &reads, |entries, members| looks.extend_with(&mut found, entries, members)).await?;
+    }
+    Ok(found)
+}
+
+/// About the most lookups `read_prefixes_uncached` plans at once (some 20 MiB of plan). A flush at
+/// 100 M links asks for tens of thousands: one or two parts. Smaller parts (16,384) did not lower
+/// the import's peak there and took a seventh more time, each part reading its frames and
+/// frame-index chunks on its own.
+const MAX_LOOKS_PER_PART: usize = 1 << 16;
+
+/// Which of `parts` equal slices of the filter hash space `probe`'s prefix hash falls in (the
+/// slices are ordered as the filter blocks they choose).
+fn filter_slice<E: Entry>(probe: &E, parts: usize) -> usize {
+    let hash = FilterProbe::of_prefix(probe).prefix.expect("a prefix probe names its prefix");
+    hash.block_index(parts)
 }
 
 /// The entries of `looks`, for a writer: through no cache.
@@ -192,6 +220,17 @@ async fn plan_reads<E: Entry>(
     with: PageUse,
 ) -> Result<(Vec<E>, Vec<Read<E>>), ReadError> {
     let snapshot = tree.snapshot(looks.bounds.iter().copied());
+    let reads = table_reads(&snapshot, store, looks, with).await?;
+    Ok((snapshot.memtable_entries, reads))
+}
+
+/// The ranged reads that find the entries of `looks` in the tables of `snapshot`.
+async fn table_reads<E: Entry>(
+    snapshot: &Snapshot<E>,
+    store: &dyn Store,
+    looks: &KeyLooks<E>,
+    with: PageUse,
+) -> Result<Vec<Read<E>>, ReadError> {
     let keys: Vec<(RecordId, Option<u64>)> = looks.looks.iter().map(|look| (look.key, look.bound)).collect();
     snapshot.fetch_metas_for_keys(store, &keys).await?;
     let mut reads = Vec::new();
@@ -201,7 +240,7 @@ async fn plan_reads<E: Entry>(
             reads.push((table.clone(), frames, members));
         }
     }
-    Ok((snapshot.memtable_entries, reads))
+    Ok(reads)
 }
 
 /// Every entry whose key is in one of `ranges` (each `first..=last`), from memtables and tables,
@@ -369,6 +408,36 @@ mod tests {
         let all: Vec<(RecordId, RecordId)> = (1..=ACCOUNTS).map(HotLink::account_keys).collect();
         let found = runtime.block_on(read_key_ranges(&tree, &store, &all)).unwrap();
         assert_eq!(found.len(), older.len() + newer.len() + 1, "every account's links, from both tables");
+    }
+
+    /// More probes than one part plans: they are cut by their filter hashes into parts that
+    /// together hold each probe once, and every entry of every probe is found, in tables and in
+    /// the memtable alike.
+    #[test]
+    fn a_prefix_lookup_of_many_probes_reads_them_in_parts_and_finds_every_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree: Tree<AccountTally> =
+            Tree::new(dir.path().join("t"), TableOptions::default(), TreeCaches::of_bytes(0, 0)).unwrap();
+        let accounts = 2 * MAX_LOOKS_PER_PART as u64 + 1_000;
+        let older: Vec<AccountTally> = (1..=accounts).map(|account| tally(account, 1, 1)).collect();
+        let newer: Vec<AccountTally> = (1..=accounts).step_by(3).map(|account| tally(account, 2, 2)).collect();
+        install(&tree, "0000000000000001aaaaaaaa", &older);
+        install(&tree, "0000000000000002aaaaaaaa", &newer);
+        tree.insert([tally(5, 2, 3)]);
+        let probes: Vec<AccountTally> =
+            (1..=accounts).flat_map(|account| [tally(account, 1, 0), tally(account, 2, 0)]).collect();
+        let parts = probes.len().div_ceil(MAX_LOOKS_PER_PART);
+        let mut sizes = vec![0; parts];
+        probes.iter().for_each(|probe| sizes[filter_slice(probe, parts)] += 1);
+        assert!(sizes.iter().all(|&size| size > 0 && size < 2 * MAX_LOOKS_PER_PART), "{sizes:?}");
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+        let mut found = runtime.block_on(read_prefixes_uncached(&tree, &store, &probes)).unwrap();
+        found.sort_unstable();
+        let mut expected: Vec<AccountTally> = older.iter().chain(&newer).copied().collect();
+        expected.push(tally(5, 2, 3));
+        expected.sort_unstable();
+        assert_eq!(found, expected);
     }
 
     /// In a tree whose filters hold keys, a prefix lookup asks them for the key and finds every
