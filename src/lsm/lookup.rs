@@ -89,9 +89,10 @@ pub async fn read_keys_newer_uncached<E: Entry>(
 ///
 /// The lookups are planned and read in parts of about `MAX_LOOKS_PER_PART`, all against one
 /// snapshot: a lookup's plan takes some 300 bytes, and a flush may ask for as many account
-/// tallies as it holds links (a million at the default `memtable_bytes`). A part is the probes whose filter hashes fall in one slice of the hash space, and
-/// the high bits of that hash choose a filter's block: each part reads its own slice of every
-/// filter's pages, so the parts together read each filter page about once, as one plan would.
+/// tallies as it holds links (a million at the default `memtable_bytes`). A part is the probes
+/// whose prefix hashes fall in one slice of the hash space; in filters that hold the prefixes (the
+/// account tallies') the high bits of that hash choose the block, so each part reads its own slice
+/// of every filter's pages and the parts together read each page about once, as one plan would.
 pub async fn read_prefixes_uncached<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
@@ -115,8 +116,8 @@ pub async fn read_prefixes_uncached<E: Entry>(
 
 /// About the most lookups `read_prefixes_uncached` plans at once (some 20 MiB of plan). A flush at
 /// 100 M links asks for tens of thousands: one or two parts. Smaller parts (16,384) did not lower
-/// the import's peak there and took a seventh more time, each part reading its frames and
-/// frame-index chunks on its own.
+/// the import's peak there, and those reads took a sixth more time: each part reads its frames
+/// and frame-index chunks on its own.
 const MAX_LOOKS_PER_PART: usize = 1 << 16;
 
 /// Which of `parts` equal slices of the filter hash space `probe`'s prefix hash falls in (the
