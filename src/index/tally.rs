@@ -287,14 +287,19 @@ impl Index {
         // Lookups of single keys are made once for the flush, not once a batch (each batch's keys
         // hash all over each table's filter, so batches would read the same filter pages again).
         // Only the whole accounts' hot links, which a batch bounds, are read a batch at a time.
-        let of_sources = timed(&times.hot_link_keys_micros, self.installed_hot_links_of(&keys)).await?;
+        let mut of_sources = timed(&times.hot_link_keys_micros, self.installed_hot_links_of(&keys)).await?;
+        of_sources.sort_unstable_by_key(|link| link.source.did);
+        let mut sources_left = &of_sources[..];
         let mut changed = Vec::new();
         for batch in batches(&accounts) {
             let of_batch = |link: &&Backlink| batch.dids.contains(&link.source.did);
             let flushed: Vec<Backlink> = flushed.iter().filter(of_batch).copied().collect();
+            let (of_batch_sources, rest) =
+                sources_left.split_at(sources_left.partition_point(|link| link.source.did <= *batch.dids.end()));
+            sources_left = rest;
             let of_accounts =
                 timed(&times.hot_link_accounts_micros, self.installed_hot_links_whole(batch.accounts)).await?;
-            let installed = freshest(of_sources.iter().filter(of_batch).copied().chain(of_accounts).collect());
+            let installed = freshest(of_batch_sources.iter().copied().chain(of_accounts).collect());
             let (links, whole) = ((&flushed[..], &installed[..]), batch.accounts);
             for (key, counted) in self.differences_by_account(ops, links, whole, &mut visibility).await? {
                 match counted {
@@ -428,7 +433,7 @@ impl Index {
         dids
     }
 
-    /// The installed hot links of `keys` (sources): as backlinks, every copy found.
+    /// The installed hot links of `keys` (sources): as backlinks, every copy found, in no order.
     async fn installed_hot_links_of(&self, keys: &[RecordId]) -> Result<Vec<Backlink>, IndexError> {
         let found = read_keys_uncached(&self.hot, self.store.as_ref(), keys).await?;
         Ok(found.into_iter().map(HotLink::backlink).collect())
