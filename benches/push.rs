@@ -10,7 +10,8 @@
 //!
 //! `cargo bench --bench push` (EVENTS=N SUBSCRIBERS=N to change the size; RATE=N to pace the
 //! stream at N events/s instead of full speed, which reports how far ingest ends behind the
-//! stream and the server's CPU). Subscribers run in this process, on the same two cores as the
+//! stream and the server's CPU; ROUNDS=N to repeat the three runs and report the median change
+//! and its range, as one run on a shared VM is noise). Subscribers run in this process, on the same two cores as the
 //! server: the figures include their cost.
 
 #[path = "../tests/support/jetstream_server.rs"]
@@ -202,13 +203,36 @@ fn main() {
             .unwrap(),
     };
     let runtime = &runtimes;
-    println!("push bench: {} events, {subscribers} subscribers", lines.len());
-    let (rate_off, _) = run(runtime, &lines, last, None, &targets, &dids);
-    let (rate_alone, _) = run(runtime, &lines, last, Some(0), &targets, &dids);
-    let (rate_with, idle_rss) = run(runtime, &lines, last, Some(subscribers), &targets, &dids);
+    let rounds = setting("ROUNDS", 1).max(1);
+    println!("push bench: {} events, {subscribers} subscribers, {rounds} rounds", lines.len());
     let change = |rate: f64, base: f64| (rate / base - 1.0) * 100.0;
-    println!("push on, no subscribers: {:+.1} % events/s against push off", change(rate_alone, rate_off));
-    println!("{subscribers} subscribers: {:+.1} % events/s against none; {idle_rss}", change(rate_with, rate_alone));
+    let (mut push_changes, mut subscriber_changes) = (vec![], vec![]);
+    for round in 1..=rounds {
+        // The three runs of a round follow each other, so that a drift of the machine's speed
+        // (a shared VM) touches the comparisons within a round least.
+        let (rate_off, _) = run(runtime, &lines, last, None, &targets, &dids);
+        let (rate_alone, _) = run(runtime, &lines, last, Some(0), &targets, &dids);
+        let (rate_with, idle_rss) = run(runtime, &lines, last, Some(subscribers), &targets, &dids);
+        push_changes.push(change(rate_alone, rate_off));
+        subscriber_changes.push(change(rate_with, rate_alone));
+        println!(
+            "round {round}: events/s push off {rate_off:.0}, push on {rate_alone:.0}, {subscribers} subscribers {rate_with:.0}: push on {:+.1} % against off, subscribers {:+.1} % against none; {idle_rss}",
+            push_changes[round - 1],
+            subscriber_changes[round - 1],
+        );
+    }
+    println!("push on, no subscribers: {} % events/s against push off", summary(&mut push_changes));
+    println!("{subscribers} subscribers: {} % events/s against none", summary(&mut subscriber_changes));
+}
+
+/// "median (lowest .. highest)" of the rounds' figures.
+fn summary(figures: &mut [f64]) -> String {
+    figures.sort_by(f64::total_cmp);
+    let median = match figures.len() % 2 {
+        1 => figures[figures.len() / 2],
+        _ => (figures[figures.len() / 2 - 1] + figures[figures.len() / 2]) / 2.0,
+    };
+    format!("median {median:+.1} ({:+.1} .. {:+.1})", figures[0], figures[figures.len() - 1])
 }
 
 struct Runtimes {
@@ -238,17 +262,22 @@ fn run(
     let before = serve.rss_kib();
     let delivered = Arc::new(AtomicU64::new(0));
     let cut = Arc::new(AtomicU64::new(0));
+    // Frames of account events (hide, show): every subscriber gets every one.
+    let accounts = Arc::new(AtomicU64::new(0));
     let mut seed = 42;
     for _ in 0..subscribers {
         let url = format!("ws://{}{SUBSCRIBE}?{}", serve.addr, random_filter(&mut seed, targets, dids));
         let (socket, _) = runtime.clients.block_on(tokio_tungstenite::connect_async(url)).unwrap();
-        let (delivered, cut) = (delivered.clone(), cut.clone());
+        let (delivered, cut, accounts) = (delivered.clone(), cut.clone(), accounts.clone());
         runtime.clients.spawn(async move {
             let (_, mut read) = socket.split();
             while let Some(Ok(message)) = read.next().await {
                 if let tokio_tungstenite::tungstenite::Message::Text(text) = message {
                     if text.contains("\"op\":\"error\"") {
                         cut.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if text.starts_with("{\"op\":\"hide\"") || text.starts_with("{\"op\":\"show\"") {
+                        accounts.fetch_add(1, Ordering::Relaxed);
                     }
                     delivered.fetch_add(1, Ordering::Relaxed);
                 }
@@ -280,9 +309,10 @@ fn run(
         rate => format!(", ends {:.2} s after the stream", seconds - lines.len() as f64 / rate as f64),
     };
     println!(
-        "{subscribers} subscribers: {seconds:.1} s, {events_per_second:.0} events/s{behind}; server CPU {cpu:.1} s ({:.0} µs per event); {sent} frames delivered ({:.0}/s), {} cut off; RSS after {} KiB",
+        "{subscribers} subscribers: {seconds:.1} s, {events_per_second:.0} events/s{behind}; server CPU {cpu:.1} s ({:.0} µs per event); {sent} frames delivered ({:.0}/s, {} of them hide or show), {} cut off; RSS after {} KiB",
         cpu * 1e6 / lines.len() as f64,
         sent as f64 / seconds,
+        accounts.load(Ordering::Relaxed),
         cut.load(Ordering::Relaxed),
         serve.rss_kib()
     );
