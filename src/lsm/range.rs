@@ -14,6 +14,10 @@
 //!   the range's first key: about `want` entries a run plus a frame (plus the entries of the
 //!   range's first key, when it fills frames). It reads the frame index 64 frames at a time,
 //!   fetching what a partial meta lacks before reading it.
+//! - A read cut between entries (`read_entries_part`, ascending) is the same walk with entries
+//!   for keys: its part is every entry of the range below its frontier (an entry, itself not
+//!   covered), so one key's entries too many to hold at once are read a bounded part at a time.
+//!   Copies of one identity differ in their stamps, so a frontier may fall between them.
 
 use crate::lsm::entry::{Entry, within};
 use crate::lsm::handle::{ReadError, TableHandle};
@@ -42,6 +46,22 @@ pub struct RangePart<E> {
     pub frontier: Option<RecordId>,
 }
 
+/// What one read of a range cut between entries found.
+#[derive(Debug)]
+pub struct EntriesPart<E> {
+    /// Every entry of the range below `frontier`, sorted.
+    pub entries: Vec<E>,
+    /// The entry where the part ends, not covered; `None` when the part is the whole range.
+    pub frontier: Option<E>,
+}
+
+/// Where a walk may end a part: between two keys, or between two entries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cut {
+    Keys,
+    Entries,
+}
+
 /// Reads the entries `lo..=hi` of `tree` from the end `direction` names, about `want` a table
 /// (module invariants).
 pub async fn read_range_part<E: Entry>(
@@ -51,6 +71,39 @@ pub async fn read_range_part<E: Entry>(
     direction: Direction,
     want: usize,
 ) -> Result<RangePart<E>, ReadError> {
+    let (mut entries, frontiers) = read_part(tree, store, (lo, hi), direction, want, Cut::Keys).await?;
+    let frontier = frontiers.map(|frontier| frontier.key()).reduce(|a, b| match direction {
+        Direction::Ascending => a.min(b),
+        Direction::Descending => a.max(b),
+    });
+    entries.retain(|entry| is_covered(entry.key(), frontier, direction));
+    Ok(RangePart { entries, frontier })
+}
+
+/// Reads the entries `lo..=hi` of `tree` in ascending order, about `want` a table, the part
+/// ending between two entries (module invariants): the next part starts at its frontier.
+pub async fn read_entries_part<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    (lo, hi): (E, E),
+    want: usize,
+) -> Result<EntriesPart<E>, ReadError> {
+    let (mut entries, frontiers) = read_part(tree, store, (lo, hi), Direction::Ascending, want, Cut::Entries).await?;
+    let frontier = frontiers.min();
+    entries.retain(|entry| frontier.is_none_or(|frontier| *entry < frontier));
+    Ok(EntriesPart { entries, frontier })
+}
+
+/// The entries `lo..=hi` of the frames each table's plan takes and of the memtables, sorted, and
+/// each plan's frontier: the first entry of the first frame it did not take.
+async fn read_part<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    (lo, hi): (E, E),
+    direction: Direction,
+    want: usize,
+    cut: Cut,
+) -> Result<(Vec<E>, impl Iterator<Item = E>), ReadError> {
     assert!(lo <= hi, "an empty range");
     let (first, last) = (lo.key(), hi.key());
     assert_eq!(first.to_bytes()[..E::SHARD_WIDTH], last.to_bytes()[..E::SHARD_WIDTH], "keys of two shards");
@@ -58,7 +111,7 @@ pub async fn read_range_part<E: Entry>(
     let shard = shard_hash::<E>(&first);
     let tables: Vec<Arc<TableHandle<E>>> = snapshot.runs.iter().map(|run| run.table_for_hash(shard).clone()).collect();
     let plans = futures::future::try_join_all(
-        tables.iter().map(|table| plan_table(table, store, (lo, hi), direction, want.max(1))),
+        tables.iter().map(|table| plan_table(table, store, (lo, hi), direction, want.max(1), cut)),
     )
     .await?;
     let plans: Vec<Plan<E>> = plans.into_iter().flatten().collect();
@@ -66,17 +119,13 @@ pub async fn read_range_part<E: Entry>(
         plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone(), (first, last))),
     )
     .await?;
-    let frontier = plans.iter().filter_map(|plan| plan.frontier).reduce(|a, b| match direction {
-        Direction::Ascending => a.min(b),
-        Direction::Descending => a.max(b),
-    });
     let mut entries = snapshot.memtable_entries;
     for slice in reads.iter().flatten() {
         entries.extend_from_slice(within(slice, &lo, &hi));
     }
-    entries.retain(|entry| lo <= *entry && *entry <= hi && is_covered(entry.key(), frontier, direction));
+    entries.retain(|entry| lo <= *entry && *entry <= hi);
     entries.sort_unstable();
-    Ok(RangePart { entries, frontier })
+    Ok((entries, plans.into_iter().filter_map(|plan| plan.frontier)))
 }
 
 /// Whether the entries of `key` lie in the part a read with `frontier` covered.
@@ -88,25 +137,32 @@ fn is_covered(key: RecordId, frontier: Option<RecordId>, direction: Direction) -
     }
 }
 
-/// The frames of one table a read takes, and the key where they stop short of the range's far
-/// end.
+/// The frames of one table a read takes, and the first entry of the frame where they stop short
+/// of the range's far end.
 struct Plan<E: Entry> {
     table: Arc<TableHandle<E>>,
     frames: Range<usize>,
-    frontier: Option<RecordId>,
+    frontier: Option<E>,
 }
 
 /// The frames of `table` overlapping `lo..=hi` from the `direction` end until they hold `want`
 /// entries; `None` when none overlap. Ascending, they stop before a frame that starts a key
-/// past `lo`'s (every entry below that key is in the frames taken); descending, at a frame
-/// that starts a key short of `hi`'s (every entry above that key is in the frames taken).
+/// past `lo`'s (every entry below that key is in the frames taken), or cut between entries, a
+/// frame that starts past `lo`; descending, at a frame that starts a key short of `hi`'s (every
+/// entry above that key is in the frames taken).
 async fn plan_table<E: Entry>(
     table: &Arc<TableHandle<E>>,
     store: &dyn Store,
     (lo, hi): (E, E),
     direction: Direction,
     want: usize,
+    cut: Cut,
 ) -> Result<Option<Plan<E>>, ReadError> {
+    assert!(cut == Cut::Keys || direction == Direction::Ascending, "entries are cut ascending only");
+    let starts_past_lo = |first: &E| match cut {
+        Cut::Keys => first.key() > lo.key(),
+        Cut::Entries => *first > lo,
+    };
     table.fetch_meta_for_range_ends(store, lo, hi).await?;
     let all = table.frames_overlapping(&lo, &hi)?;
     if all.is_empty() {
@@ -119,8 +175,8 @@ async fn plan_table<E: Entry>(
             let mut end = all.start;
             while end < all.end {
                 for info in frame_infos(table, store, end..(end + CHUNK_FRAMES).min(all.end)).await? {
-                    if taken >= want && info.first.key() > lo.key() {
-                        return plan(all.start..end, Some(info.first.key()));
+                    if taken >= want && starts_past_lo(&info.first) {
+                        return plan(all.start..end, Some(info.first));
                     }
                     taken += info.entries as usize;
                     end += 1;
@@ -135,7 +191,7 @@ async fn plan_table<E: Entry>(
                     taken += info.entries as usize;
                     start -= 1;
                     if taken >= want && info.first.key() < hi.key() && start > all.start {
-                        return plan(start..all.end, Some(info.first.key()));
+                        return plan(start..all.end, Some(info.first));
                     }
                 }
             }
@@ -160,7 +216,7 @@ mod tests {
     use crate::lsm::record::{RunKind, TableRecord};
     use crate::lsm::table::TableOptions;
     use crate::lsm::tree::TreeCaches;
-    use crate::model::ids::{AccountTally, RecordId, TreeKind};
+    use crate::model::ids::{AccountTally, Backlink, RecordId, TreeKind};
     use proptest::prelude::*;
 
     const TARGETS: [RecordId; 2] =
@@ -245,8 +301,68 @@ mod tests {
         }
     }
 
+    fn backlink((rkey, location, stamp): (u64, u64, u64)) -> Backlink {
+        Backlink { target: TARGETS[0], source: RecordId { rkey, collection: 2, did: 5 }, location, source_rev: stamp }
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(48))]
+
+        /// One key's entries (a target's backlinks, copies of one identity with other stamps
+        /// among them) over runs and a memtable, walked a part at a time cut between entries:
+        /// each part is exactly the range's entries from where it starts to below its frontier,
+        /// holds about `want` a table, and the walk reaches the range's end.
+        #[test]
+        fn a_walk_cut_between_entries_reads_every_entry_of_one_key_once(
+            runs in proptest::collection::vec(proptest::collection::vec((1..200u64, 1..3u64, 1..4u64), 0..150), 0..4),
+            memtable in proptest::collection::vec((1..200u64, 1..3u64, 1..4u64), 0..20),
+            want in 0..40usize,
+        ) {
+            let dir = tempfile::tempdir().unwrap();
+            let options = TableOptions { frame_bytes: 4 * Backlink::WIDTH, ..TableOptions::default() };
+            let tree: Tree<Backlink> = Tree::new(dir.path().join("t"), options, TreeCaches::of_bytes(0, 0)).unwrap();
+            let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+            let mut everything: Vec<Backlink> = memtable.iter().copied().map(backlink).collect();
+            everything.sort_unstable();
+            everything.dedup();
+            for (at, run) in runs.iter().enumerate() {
+                let mut entries: Vec<Backlink> = run.iter().copied().map(backlink).collect();
+                entries.sort_unstable();
+                entries.dedup();
+                everything.extend(&entries);
+                let id = format!("{:016x}aaaaaaaa", at + 1);
+                let summary = tree.write_sorted(&id, || entries.iter().copied()).unwrap();
+                let record = TableRecord::written(TreeKind::Links, id.clone(), (id, RunKind::Delta), (0, 1), &summary);
+                tree.install(tree.open_table(record).unwrap(), None);
+            }
+            tree.insert(memtable.iter().copied().map(backlink));
+            everything.sort_unstable();
+            let (mut lo, hi) = (Backlink::min_for_key(TARGETS[0]), Backlink::max_for_key(TARGETS[0]));
+            let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let mut walked = Vec::new();
+            for _ in 0..1_000 {
+                let part = runtime.block_on(read_entries_part(&tree, &store, (lo, hi), want)).unwrap();
+                let expected: Vec<Backlink> = everything
+                    .iter()
+                    .filter(|e| lo <= **e && part.frontier.is_none_or(|frontier| **e < frontier))
+                    .copied()
+                    .collect();
+                prop_assert_eq!(&part.entries, &expected);
+                walked.extend(part.entries.iter().copied());
+                let bound = runs.len() * (want.max(1) + 8) + memtable.len();
+                prop_assert!(part.entries.len() <= bound, "{} entries for {want}", part.entries.len());
+                let Some(frontier) = part.frontier else {
+                    walked.dedup();
+                    let mut all = everything.clone();
+                    all.dedup();
+                    prop_assert_eq!(walked, all);
+                    return Ok(());
+                };
+                prop_assert!(frontier > lo && frontier <= hi, "each part covers at least one entry more");
+                lo = frontier;
+            }
+            prop_assert!(false, "the walk never ended");
+        }
 
         /// Over runs of tables of a few entries a frame (an account's entries often straddle two)
         /// and a memtable, each part read holds exactly every copy of the range's entries in the
