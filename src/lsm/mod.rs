@@ -18,5 +18,6 @@ pub mod range;
 pub mod record;
 pub mod run;
 pub mod scan;
+pub mod sorter;
 pub mod table;
 pub mod tree;

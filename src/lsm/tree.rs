@@ -480,7 +480,7 @@ impl<E: Entry> TableWriter<E> {
 
 /// A spill file named after `beside` with `extension`, unlinked at once: it disappears with its
 /// last handle, crash or not. Unbuffered: its writers write and read large pieces.
-fn anonymous_spill(beside: &Path, extension: &str) -> std::io::Result<File> {
+pub(super) fn anonymous_spill(beside: &Path, extension: &str) -> std::io::Result<File> {
     let path = beside.with_extension(extension);
     let file = File::options().read(true).write(true).create(true).truncate(true).open(&path)?;
     std::fs::remove_file(&path)?;
