@@ -192,6 +192,8 @@ impl Harness {
                 ..CompactionOptions::default()
             },
             hot_target_entries: 3,
+            // Promotions read a target's backlinks and sort what they make a few at a time.
+            promotion_entries: 4,
             ..IndexOptions::default()
         }
     }

@@ -72,9 +72,10 @@ impl FlushJob<'_> {
         if let Some((memtable, id)) = &self.thresholds {
             thresholds = Some(index.write_table(&index.thresholds, id, || memtable.iter().copied())?);
         }
-        let hot_links = index.write_new_table(&index.hot, &hot.links)?;
-        let tallies = index.write_new_table(&index.tallies, &hot.tallies)?;
-        let account_tallies = index.write_new_table(&index.account_tallies, &hot.account_tallies)?;
+        let hot_links = index.write_new_table(&index.hot, || hot.all_links())?;
+        let tallies = index.write_new_table(&index.tallies, || hot.tallies.iter().copied())?;
+        let account_tallies = index.write_new_table(&index.account_tallies, || hot.all_account_tallies())?;
+        hot.promoted.check()?;
         let tables = [&links, &forward]
             .into_iter()
             .filter_map(Flushed::record)
@@ -102,7 +103,7 @@ impl FlushJob<'_> {
         if let Some(record) = tallies {
             index.tallies.install(index.tallies.open_table(record)?, None);
         }
-        index.promoted(&hot.promoted);
+        index.promoted(&hot.promoted.targets);
         index.tables_clock.fetch_max(flush.position.clock, Ordering::Release);
         index.counters.flushes.fetch_add(1, Ordering::Relaxed);
         let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
@@ -251,14 +252,18 @@ impl Index {
         Ok(())
     }
 
-    /// Writes sorted, unique entries that no memtable held (the flush's hot links and tallies)
-    /// as a new table of `tree`, if there are any.
-    fn write_new_table<E: Entry>(&self, tree: &Tree<E>, entries: &[E]) -> Result<Option<TableRecord>, IndexError> {
-        if entries.is_empty() {
+    /// Writes sorted, unique entries that no memtable held (the flush's hot links and tallies,
+    /// given twice by `entries`) as a new table of `tree`, if there are any.
+    fn write_new_table<E: Entry, I: Iterator<Item = E>>(
+        &self,
+        tree: &Tree<E>,
+        entries: impl Fn() -> I,
+    ) -> Result<Option<TableRecord>, IndexError> {
+        if entries().next().is_none() {
             return Ok(None);
         }
         let id = self.new_table_id(&mut self.writer.lock().expect("writer lock poisoned"))?;
-        self.write_table(tree, &id, || entries.iter().copied()).map(Some)
+        self.write_table(tree, &id, entries).map(Some)
     }
 
     /// Writes a flush's sorted, unique entries (given twice by `entries`) as table `id` of `tree`.

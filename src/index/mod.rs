@@ -38,6 +38,7 @@ mod compact;
 mod flush;
 mod follow;
 mod gc;
+mod promote;
 mod publish;
 mod reads;
 mod render;
@@ -100,6 +101,9 @@ pub struct IndexOptions {
     /// A target with at least this many entries gets its counts kept (`tally`): counts of it are
     /// exact without reading its links.
     pub hot_target_entries: u64,
+    /// Most entries a promotion holds at once of each kind it reads or sorts (`promote`): the
+    /// backlinks of a part of a target, its hot links, its account tallies.
+    pub promotion_entries: usize,
 }
 
 impl Default for IndexOptions {
@@ -116,6 +120,7 @@ impl Default for IndexOptions {
             meta_cache_bytes: DEFAULT_META_CACHE_BYTES,
             read_only: false,
             hot_target_entries: DEFAULT_HOT_TARGET_ENTRIES,
+            promotion_entries: promote::DEFAULT_PROMOTION_ENTRIES,
         }
     }
 }

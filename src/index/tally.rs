@@ -41,6 +41,7 @@
 //!   frozen memtable; the active one holds only later stamps) and writes its hot links and
 //!   tallies from them. The differences of that flush never touch the targets it promotes.
 
+use super::promote::{Promoted, Promotions, consolidated, merge_sorted};
 use super::{Index, IndexError, add_elapsed};
 use crate::liveness::{KnownRevocations, Revocable, revocation_keys};
 use crate::lsm::compaction;
@@ -50,7 +51,7 @@ use crate::lsm::lookup::{
     read_key_ranges, read_keys, read_keys_newer_uncached, read_keys_uncached, read_prefixes_uncached,
 };
 use crate::lsm::memtable::Memtable;
-use crate::lsm::range::{Direction, RangePart, read_range_part};
+use crate::lsm::range::{Direction, RangePart, read_entries_part, read_range_part};
 use crate::lsm::table::PageUse;
 use crate::model::account::AccountState;
 use crate::model::ids::{AccountTally, Backlink, HotLink, RecordId, Revocation, Tally};
@@ -109,7 +110,6 @@ pub(super) struct FlushedOps<'a> {
 }
 
 /// What a flush adds to the hot tree and the tallies.
-#[derive(Debug, Default)]
 pub(super) struct HotWrites {
     /// Sorted, unique.
     pub links: Vec<HotLink>,
@@ -117,7 +117,20 @@ pub(super) struct HotWrites {
     pub tallies: Vec<Tally>,
     /// Sorted, one per identity.
     pub account_tallies: Vec<AccountTally>,
-    pub promoted: Vec<RecordId>,
+    /// The promoted targets' hot links and tallies (their tallies are also in `tallies`).
+    pub promoted: Promoted,
+}
+
+impl HotWrites {
+    /// The hot links to write, the flush's own and its promotions', in order.
+    pub fn all_links(&self) -> impl Iterator<Item = HotLink> + '_ {
+        merge_sorted(self.links.iter().copied(), self.promoted.links.merged())
+    }
+
+    /// The account tallies to write, the flush's own and its promotions', in order.
+    pub fn all_account_tallies(&self) -> impl Iterator<Item = AccountTally> + '_ {
+        merge_sorted(self.account_tallies.iter().copied(), consolidated(self.promoted.account_tallies.merged()))
+    }
 }
 
 /// (target, source, location): what copies of one link share.
@@ -311,19 +324,21 @@ impl Index {
             }
         }
         account_tallies.extend(self.account_tallies_after(changed, ops.clock, &mut differences).await?);
+        let promoting = Instant::now();
+        let mut promotions = Promotions::new(&self.hot, &self.account_tallies, self.promotion_entries(), ops.clock);
+        for target in promoted {
+            self.promote(target, ops, &mut promotions).await?;
+        }
+        let promoted = promotions.finish()?;
+        add_elapsed(&times.promotions_micros, promoting);
+        let mut tallies = self.tallies_after(differences, ops.clock).await?;
+        tallies.extend(promoted.tallies.iter().copied());
         let mut writes = HotWrites {
             links: flushed.into_iter().filter_map(|link| link.settle_by(ops.revocations)).map(HotLink::of).collect(),
-            tallies: self.tallies_after(differences, ops.clock).await?,
+            tallies,
             account_tallies,
-            promoted: Vec::new(),
+            promoted,
         };
-        let promoting = Instant::now();
-        for target in promoted {
-            if self.promote(target, ops, &mut writes).await? {
-                writes.promoted.push(target);
-            }
-        }
-        add_elapsed(&times.promotions_micros, promoting);
         writes.links.sort_unstable();
         writes.links.dedup();
         writes.tallies.sort_unstable();
@@ -521,44 +536,58 @@ impl Index {
         Ok(promoted)
     }
 
-    /// Writes the hot links and tallies of `target` as of the flush's clock; false when it has no
-    /// live backlink (then it is not promoted: its count is exact and cheap).
-    async fn promote(
+    /// Most entries a promotion holds at once of each kind.
+    fn promotion_entries(&self) -> usize {
+        self.options.promotion_entries.max(1)
+    }
+
+    /// Adds the hot links and account tallies of `target` as of the flush's clock to
+    /// `promotions`, reading its backlinks a part at a time (in key order: the copies of one
+    /// identity are next to each other, those a part ends among wait for the next); promoted
+    /// unless it has no live backlink (then its count is exact and cheap).
+    async fn promote(&self, target: RecordId, ops: &FlushedOps<'_>, promotions: &mut Promotions) -> Result<(), IndexError> {
+        let (mut lo, hi) = (Backlink::min_for_key(target), Backlink::max_for_key(target));
+        let mut waiting: Vec<Backlink> = Vec::new();
+        let mut any_live = false;
+        loop {
+            let (store, want) = (self.store.as_ref(), self.promotion_entries());
+            let part = read_entries_part(&self.links, store, (lo, hi), want, PageUse::Scan).await?;
+            let mut copies = std::mem::take(&mut waiting);
+            copies.extend(part.entries.into_iter().filter(|link| link.source_rev <= ops.clock));
+            if part.frontier.is_some()
+                && let Some(last) = copies.last().copied()
+            {
+                waiting = copies.split_off(copies.partition_point(|link| !link.same_identity(&last)));
+            }
+            compaction::keep_freshest(&mut copies);
+            any_live |= self.promote_part(copies, ops, promotions).await?;
+            match part.frontier {
+                Some(frontier) => lo = frontier,
+                None => break,
+            }
+        }
+        if any_live {
+            promotions.promoted(target);
+        }
+        Ok(())
+    }
+
+    /// Adds the live ones of `copies` (sorted, one copy an identity, every copy of each read);
+    /// whether there were any.
+    async fn promote_part(
         &self,
-        target: RecordId,
+        mut copies: Vec<Backlink>,
         ops: &FlushedOps<'_>,
-        writes: &mut HotWrites,
+        promotions: &mut Promotions,
     ) -> Result<bool, IndexError> {
-        let mut copies = read_keys_uncached(&self.links, self.store.as_ref(), &[target]).await?;
-        copies.retain(|link| link.source_rev <= ops.clock);
-        copies.sort_unstable();
-        compaction::keep_freshest(&mut copies);
         let revocations = self.revocations_of(copies.iter().copied()).await?;
         copies.retain(|link| revocations.survives(link.source, link.source_rev, ops.clock));
-        let live = copies;
-        if live.is_empty() {
-            return Ok(false);
-        }
         let visibility =
-            self.visibility(ops, self.maybe_not_active(live.iter().map(|link| link.source.did)).into_iter())?;
-        let mut visible: Vec<(u64, u64, u64)> = live
-            .iter()
-            .filter(|link| !visibility.hidden_after(link.source.did))
-            .map(|link| (link.source.did, link.source.collection, link.location))
-            .collect();
-        visible.sort_unstable();
-        let accounts: Vec<AccountTally> = visible
-            .chunk_by(|a, b| a == b)
-            .map(|group| {
-                let (did, collection, location) = group[0];
-                AccountTally::of(did, target, (collection, location), ops.clock, group.len() as u64)
-            })
-            .collect();
-        // Every hot target has its whole tally, even one whose live links are all hidden.
-        writes.tallies.extend(Tally::of_accounts(target, accounts.iter(), ops.clock));
-        writes.account_tallies.extend(accounts);
-        writes.links.extend(live.into_iter().map(HotLink::of));
-        Ok(true)
+            self.visibility(ops, self.maybe_not_active(copies.iter().map(|link| link.source.did)).into_iter())?;
+        for link in &copies {
+            promotions.add(*link, !visibility.hidden_after(link.source.did))?;
+        }
+        Ok(!copies.is_empty())
     }
 }
 

@@ -71,7 +71,7 @@ pub async fn read_range_part<E: Entry>(
     direction: Direction,
     want: usize,
 ) -> Result<RangePart<E>, ReadError> {
-    let (mut entries, frontiers) = read_part(tree, store, (lo, hi), direction, want, Cut::Keys).await?;
+    let (mut entries, frontiers) = read_part(tree, store, (lo, hi), direction, want, (Cut::Keys, PageUse::Lookup)).await?;
     let frontier = frontiers.map(|frontier| frontier.key()).reduce(|a, b| match direction {
         Direction::Ascending => a.min(b),
         Direction::Descending => a.max(b),
@@ -81,14 +81,17 @@ pub async fn read_range_part<E: Entry>(
 }
 
 /// Reads the entries `lo..=hi` of `tree` in ascending order, about `want` a table, the part
-/// ending between two entries (module invariants): the next part starts at its frontier.
+/// ending between two entries (module invariants): the next part starts at its frontier. `with`
+/// says whether the pages and frames it reads are cached (a flush's reads are not).
 pub async fn read_entries_part<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
     (lo, hi): (E, E),
     want: usize,
+    with: PageUse,
 ) -> Result<EntriesPart<E>, ReadError> {
-    let (mut entries, frontiers) = read_part(tree, store, (lo, hi), Direction::Ascending, want, Cut::Entries).await?;
+    let cut = (Cut::Entries, with);
+    let (mut entries, frontiers) = read_part(tree, store, (lo, hi), Direction::Ascending, want, cut).await?;
     let frontier = frontiers.min();
     entries.retain(|entry| frontier.is_none_or(|frontier| *entry < frontier));
     Ok(EntriesPart { entries, frontier })
@@ -102,7 +105,7 @@ async fn read_part<E: Entry>(
     (lo, hi): (E, E),
     direction: Direction,
     want: usize,
-    cut: Cut,
+    (cut, with): (Cut, PageUse),
 ) -> Result<(Vec<E>, impl Iterator<Item = E>), ReadError> {
     assert!(lo <= hi, "an empty range");
     let (first, last) = (lo.key(), hi.key());
@@ -111,17 +114,28 @@ async fn read_part<E: Entry>(
     let shard = shard_hash::<E>(&first);
     let tables: Vec<Arc<TableHandle<E>>> = snapshot.runs.iter().map(|run| run.table_for_hash(shard).clone()).collect();
     let plans = futures::future::try_join_all(
-        tables.iter().map(|table| plan_table(table, store, (lo, hi), direction, want.max(1), cut)),
+        tables.iter().map(|table| plan_table(table, store, (lo, hi), direction, want.max(1), (cut, with))),
     )
     .await?;
     let plans: Vec<Plan<E>> = plans.into_iter().flatten().collect();
-    let reads = futures::future::try_join_all(
-        plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone(), (first, last))),
-    )
-    .await?;
     let mut entries = snapshot.memtable_entries;
-    for slice in reads.iter().flatten() {
-        entries.extend_from_slice(within(slice, &lo, &hi));
+    match with {
+        PageUse::Lookup => {
+            let reads = futures::future::try_join_all(
+                plans.iter().map(|plan| plan.table.read_frame_slices(store, plan.frames.clone(), (first, last))),
+            )
+            .await?;
+            for slice in reads.iter().flatten() {
+                entries.extend_from_slice(within(slice, &lo, &hi));
+            }
+        }
+        PageUse::Scan => {
+            let reads = futures::future::try_join_all(
+                plans.iter().map(|plan| plan.table.read_frames_with(store, plan.frames.clone(), PageUse::Scan)),
+            )
+            .await?;
+            entries.extend(reads.into_iter().flatten());
+        }
     }
     entries.retain(|entry| lo <= *entry && *entry <= hi);
     entries.sort_unstable();
@@ -156,7 +170,7 @@ async fn plan_table<E: Entry>(
     (lo, hi): (E, E),
     direction: Direction,
     want: usize,
-    cut: Cut,
+    (cut, with): (Cut, PageUse),
 ) -> Result<Option<Plan<E>>, ReadError> {
     assert!(cut == Cut::Keys || direction == Direction::Ascending, "entries are cut ascending only");
     let starts_past_lo = |first: &E| match cut {
@@ -164,7 +178,7 @@ async fn plan_table<E: Entry>(
         Cut::Entries => *first > lo,
     };
     table.fetch_meta_for_range_ends(store, lo, hi).await?;
-    let all = table.frames_overlapping(&lo, &hi)?;
+    let all = table.frames_overlapping_each([(lo, hi)], with)?.pop().expect("one range asked");
     if all.is_empty() {
         return Ok(None);
     }
@@ -174,7 +188,7 @@ async fn plan_table<E: Entry>(
         Direction::Ascending => {
             let mut end = all.start;
             while end < all.end {
-                for info in frame_infos(table, store, end..(end + CHUNK_FRAMES).min(all.end)).await? {
+                for info in frame_infos(table, store, end..(end + CHUNK_FRAMES).min(all.end), with).await? {
                     if taken >= want && starts_past_lo(&info.first) {
                         return plan(all.start..end, Some(info.first));
                     }
@@ -187,7 +201,7 @@ async fn plan_table<E: Entry>(
             let mut start = all.end;
             while start > all.start {
                 let window = start.saturating_sub(CHUNK_FRAMES).max(all.start)..start;
-                for info in frame_infos(table, store, window).await?.iter().rev() {
+                for info in frame_infos(table, store, window, with).await?.iter().rev() {
                     taken += info.entries as usize;
                     start -= 1;
                     if taken >= want && info.first.key() < hi.key() && start > all.start {
@@ -205,9 +219,10 @@ async fn frame_infos<E: Entry>(
     table: &TableHandle<E>,
     store: &dyn Store,
     frames: Range<usize>,
+    with: PageUse,
 ) -> Result<Vec<FrameInfo<E>>, ReadError> {
     table.fetch_meta_for_frames(store, frames.clone()).await?;
-    table.frame_infos(frames, PageUse::Lookup)
+    table.frame_infos(frames, with)
 }
 
 #[cfg(test)]
@@ -341,7 +356,8 @@ mod tests {
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let mut walked = Vec::new();
             for _ in 0..1_000 {
-                let part = runtime.block_on(read_entries_part(&tree, &store, (lo, hi), want)).unwrap();
+                let with = if want % 2 == 0 { PageUse::Scan } else { PageUse::Lookup };
+                let part = runtime.block_on(read_entries_part(&tree, &store, (lo, hi), want, with)).unwrap();
                 let expected: Vec<Backlink> = everything
                     .iter()
                     .filter(|e| lo <= **e && part.frontier.is_none_or(|frontier| **e < frontier))

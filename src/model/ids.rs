@@ -219,16 +219,9 @@ impl Tally {
         accounts: impl Iterator<Item = &'a AccountTally>,
         stamp: u64,
     ) -> Vec<Tally> {
-        let empty = |collection, location| Tally { target, collection, location, stamp, ..Tally::default() };
-        let mut groups: std::collections::BTreeMap<(u64, u64), Tally> = std::collections::BTreeMap::new();
-        for tally in accounts.filter(|tally| tally.records > 0) {
-            let (collection, location) = (tally.collection, tally.location);
-            let group = groups.entry((collection, location)).or_insert_with(|| empty(collection, location));
-            group.records += tally.records;
-            group.accounts += 1;
-        }
-        let whole = Self::whole_of(target, groups.values(), stamp);
-        groups.into_values().chain([whole]).collect()
+        let mut groups = TallyGroups::default();
+        accounts.for_each(|tally| groups.add(tally));
+        groups.tallies(target, stamp)
     }
 
     /// The whole tally of `target`, stamped `stamp`: its groups' records and accounts summed.
@@ -239,6 +232,32 @@ impl Tally {
             whole.accounts += group.accounts;
         }
         whole
+    }
+}
+
+/// The tallies of one target summed from its account tallies, one at a time (what
+/// `Tally::of_accounts` makes, for account tallies that come in no order of their own).
+#[derive(Debug, Default)]
+pub struct TallyGroups {
+    /// (collection, location) -> (records, accounts).
+    groups: std::collections::BTreeMap<(u64, u64), (u64, u64)>,
+}
+
+impl TallyGroups {
+    pub fn add(&mut self, tally: &AccountTally) {
+        if tally.records > 0 {
+            let group = self.groups.entry((tally.collection, tally.location)).or_default();
+            group.0 += tally.records;
+            group.1 += 1;
+        }
+    }
+
+    /// One tally a group with a live link, sorted, then the whole target's.
+    pub fn tallies(self, target: RecordId, stamp: u64) -> Vec<Tally> {
+        let tally = |((collection, location), (records, accounts))| Tally { target, collection, location, stamp, records, accounts };
+        let groups: Vec<Tally> = self.groups.into_iter().map(tally).collect();
+        let whole = Tally::whole_of(target, groups.iter(), stamp);
+        groups.into_iter().chain([whole]).collect()
     }
 }
 
