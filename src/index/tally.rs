@@ -38,8 +38,9 @@
 //!   tallies it changes) are made once for the whole flush, so that each table's filter pages
 //!   are read once, not once a batch.
 //! - A promotion reads the target's backlinks as of the flush's clock (installed tables and the
-//!   frozen memtable; the active one holds only later stamps) and writes its hot links and
-//!   tallies from them. The differences of that flush never touch the targets it promotes.
+//!   frozen memtable; the active one holds only later stamps), a part at a time, and writes its
+//!   hot links and tallies from them (`promote`: sorted outside memory). The differences of that
+//!   flush never touch the targets it promotes.
 
 use super::promote::{Promoted, Promotions, consolidated, merge_sorted};
 use super::{Index, IndexError, add_elapsed};
@@ -545,7 +546,12 @@ impl Index {
     /// `promotions`, reading its backlinks a part at a time (in key order: the copies of one
     /// identity are next to each other, those a part ends among wait for the next); promoted
     /// unless it has no live backlink (then its count is exact and cheap).
-    async fn promote(&self, target: RecordId, ops: &FlushedOps<'_>, promotions: &mut Promotions) -> Result<(), IndexError> {
+    async fn promote(
+        &self,
+        target: RecordId,
+        ops: &FlushedOps<'_>,
+        promotions: &mut Promotions,
+    ) -> Result<(), IndexError> {
         let (mut lo, hi) = (Backlink::min_for_key(target), Backlink::max_for_key(target));
         let mut waiting: Vec<Backlink> = Vec::new();
         let mut any_live = false;

@@ -71,7 +71,8 @@ pub async fn read_range_part<E: Entry>(
     direction: Direction,
     want: usize,
 ) -> Result<RangePart<E>, ReadError> {
-    let (mut entries, frontiers) = read_part(tree, store, (lo, hi), direction, want, (Cut::Keys, PageUse::Lookup)).await?;
+    let (mut entries, frontiers) =
+        read_part(tree, store, (lo, hi), direction, want, (Cut::Keys, PageUse::Lookup)).await?;
     let frontier = frontiers.map(|frontier| frontier.key()).reduce(|a, b| match direction {
         Direction::Ascending => a.min(b),
         Direction::Descending => a.max(b),

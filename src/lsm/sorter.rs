@@ -199,7 +199,14 @@ mod tests {
     use proptest::prelude::*;
 
     fn link(account: u64, rkey: u64) -> HotLink {
-        HotLink { account, collection: 1, rkey, target: RecordId { rkey: 3, collection: 1, did: 2 }, location: 1, source_rev: 1 }
+        HotLink {
+            account,
+            collection: 1,
+            rkey,
+            target: RecordId { rkey: 3, collection: 1, did: 2 },
+            location: 1,
+            source_rev: 1,
+        }
     }
 
     #[test]

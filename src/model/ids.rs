@@ -254,7 +254,14 @@ impl TallyGroups {
 
     /// One tally a group with a live link, sorted, then the whole target's.
     pub fn tallies(self, target: RecordId, stamp: u64) -> Vec<Tally> {
-        let tally = |((collection, location), (records, accounts))| Tally { target, collection, location, stamp, records, accounts };
+        let tally = |((collection, location), (records, accounts))| Tally {
+            target,
+            collection,
+            location,
+            stamp,
+            records,
+            accounts,
+        };
         let groups: Vec<Tally> = self.groups.into_iter().map(tally).collect();
         let whole = Tally::whole_of(target, groups.iter(), stamp);
         groups.into_iter().chain([whole]).collect()
