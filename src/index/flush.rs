@@ -72,9 +72,10 @@ impl FlushJob<'_> {
         if let Some((memtable, id)) = &self.thresholds {
             thresholds = Some(index.write_table(&index.thresholds, id, || memtable.iter().copied())?);
         }
-        let hot_links = index.write_new_table(&index.hot, || hot.all_links())?;
-        let tallies = index.write_new_table(&index.tallies, || hot.tallies.iter().copied())?;
-        let account_tallies = index.write_new_table(&index.account_tallies, || hot.all_account_tallies())?;
+        let hot_links = index.write_new_table(&index.hot, hot.has_links(), || hot.all_links())?;
+        let tallies = index.write_new_table(&index.tallies, !hot.tallies.is_empty(), || hot.tallies.iter().copied())?;
+        let account_tallies =
+            index.write_new_table(&index.account_tallies, hot.has_account_tallies(), || hot.all_account_tallies())?;
         hot.promoted.check()?;
         let tables = [&links, &forward]
             .into_iter()
@@ -253,13 +254,15 @@ impl Index {
     }
 
     /// Writes sorted, unique entries that no memtable held (the flush's hot links and tallies,
-    /// given twice by `entries`) as a new table of `tree`, if there are any.
+    /// given twice by `entries`) as a new table of `tree`, if there are any (`any`: said by the
+    /// caller, as asking `entries` would start reading what a promotion spilled).
     fn write_new_table<E: Entry, I: Iterator<Item = E>>(
         &self,
         tree: &Tree<E>,
+        any: bool,
         entries: impl Fn() -> I,
     ) -> Result<Option<TableRecord>, IndexError> {
-        if entries().next().is_none() {
+        if !any {
             return Ok(None);
         }
         let id = self.new_table_id(&mut self.writer.lock().expect("writer lock poisoned"))?;

@@ -43,8 +43,6 @@ pub(super) struct Promoted {
     pub links: Sorted<HotLink>,
     /// Unit account tallies: `consolidated` makes the written ones.
     pub account_tallies: Sorted<AccountTally>,
-    /// Sorted.
-    pub tallies: Vec<Tally>,
     pub targets: Vec<RecordId>,
 }
 
@@ -75,8 +73,8 @@ impl Promotions {
         self.targets.push(target);
     }
 
-    /// Sorts what was added and sums the promoted targets' tallies.
-    pub fn finish(self) -> Result<Promoted, IndexError> {
+    /// Sorts what was added; with the promoted targets' tallies, sorted.
+    pub fn finish(self) -> Result<(Promoted, Vec<Tally>), IndexError> {
         let links = self.links.finish().map_err(io_err(&self.dirs.0))?;
         let account_tallies = self.account_tallies.finish().map_err(io_err(&self.dirs.1))?;
         let mut groups: BTreeMap<RecordId, TallyGroups> =
@@ -88,7 +86,7 @@ impl Promotions {
         let mut tallies: Vec<Tally> =
             groups.into_iter().flat_map(|(target, groups)| groups.tallies(target, self.clock)).collect();
         tallies.sort_unstable();
-        Ok(Promoted { dirs: self.dirs, links, account_tallies, tallies, targets: self.targets })
+        Ok((Promoted { dirs: self.dirs, links, account_tallies, targets: self.targets }, tallies))
     }
 }
 

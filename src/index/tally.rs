@@ -118,11 +118,19 @@ pub(super) struct HotWrites {
     pub tallies: Vec<Tally>,
     /// Sorted, one per identity.
     pub account_tallies: Vec<AccountTally>,
-    /// The promoted targets' hot links and tallies (their tallies are also in `tallies`).
+    /// The promoted targets' hot links and account tallies (their tallies are in `tallies`).
     pub promoted: Promoted,
 }
 
 impl HotWrites {
+    pub fn has_links(&self) -> bool {
+        !(self.links.is_empty() && self.promoted.links.is_empty())
+    }
+
+    pub fn has_account_tallies(&self) -> bool {
+        !(self.account_tallies.is_empty() && self.promoted.account_tallies.is_empty())
+    }
+
     /// The hot links to write, the flush's own and its promotions', in order.
     pub fn all_links(&self) -> impl Iterator<Item = HotLink> + '_ {
         merge_sorted(self.links.iter().copied(), self.promoted.links.merged())
@@ -330,10 +338,10 @@ impl Index {
         for target in promoted {
             self.promote(target, ops, &mut promotions).await?;
         }
-        let promoted = promotions.finish()?;
+        let (promoted, promoted_tallies) = promotions.finish()?;
         add_elapsed(&times.promotions_micros, promoting);
         let mut tallies = self.tallies_after(differences, ops.clock).await?;
-        tallies.extend(promoted.tallies.iter().copied());
+        tallies.extend(promoted_tallies);
         let mut writes = HotWrites {
             links: flushed.into_iter().filter_map(|link| link.settle_by(ops.revocations)).map(HotLink::of).collect(),
             tallies,
@@ -553,10 +561,10 @@ impl Index {
         promotions: &mut Promotions,
     ) -> Result<(), IndexError> {
         let (mut lo, hi) = (Backlink::min_for_key(target), Backlink::max_for_key(target));
+        let (store, want) = (self.store.as_ref(), self.promotion_entries());
         let mut waiting: Vec<Backlink> = Vec::new();
         let mut any_live = false;
         loop {
-            let (store, want) = (self.store.as_ref(), self.promotion_entries());
             let part = read_entries_part(&self.links, store, (lo, hi), want, PageUse::Scan).await?;
             let mut copies = std::mem::take(&mut waiting);
             copies.extend(part.entries.into_iter().filter(|link| link.source_rev <= ops.clock));
