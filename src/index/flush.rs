@@ -76,7 +76,7 @@ impl FlushJob<'_> {
         let tallies = index.write_new_table(&index.tallies, !hot.tallies.is_empty(), || hot.tallies.iter().copied())?;
         let account_tallies =
             index.write_new_table(&index.account_tallies, hot.has_account_tallies(), || hot.all_account_tallies())?;
-        hot.promoted.check()?;
+        hot.check()?;
         let tables = [&links, &forward]
             .into_iter()
             .filter_map(Flushed::record)

@@ -36,28 +36,33 @@
 //!   hot links of the accounts it reads whole a batch of accounts at a time (`batches`),
 //!   holding one batch's; its lookups of single keys (its sources' hot links, the account
 //!   tallies it changes) are made once for the whole flush, so that each table's filter pages
-//!   are read once, not once a batch.
+//!   are read once, not once a batch; the account tallies' in parts of the filter hash space
+//!   (`prefix_parts`), each holding what it reads only while it is computed. The account
+//!   tallies it writes go through an external sort (`lsm::sorter`): those of the accounts it
+//!   reads whole grow with how many hot targets each links to, not with the flush.
 //! - A promotion reads the target's backlinks as of the flush's clock (installed tables and the
 //!   frozen memtable; the active one holds only later stamps), a part at a time, and writes its
 //!   hot links and tallies from them (`promote`: sorted outside memory). The differences of that
 //!   flush never touch the targets it promotes.
 
 use super::promote::{Promoted, Promotions, consolidated, merge_sorted};
-use super::{Index, IndexError, add_elapsed};
+use super::{Index, IndexError, add_elapsed, io_err};
 use crate::liveness::{KnownRevocations, Revocable, revocation_keys};
 use crate::lsm::compaction;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::ReadError;
 use crate::lsm::lookup::{
-    read_key_ranges, read_keys, read_keys_newer_uncached, read_keys_uncached, read_prefixes_uncached,
+    prefix_parts, read_key_ranges, read_keys, read_keys_newer_uncached, read_keys_uncached, read_prefixes_uncached,
 };
 use crate::lsm::memtable::Memtable;
 use crate::lsm::range::{Direction, RangePart, read_entries_part, read_range_part};
+use crate::lsm::sorter::{Sorted, Sorter};
 use crate::lsm::table::PageUse;
 use crate::model::account::AccountState;
 use crate::model::ids::{AccountTally, Backlink, HotLink, RecordId, Revocation, Tally};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::RangeInclusive;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
@@ -116,10 +121,13 @@ pub(super) struct HotWrites {
     pub links: Vec<HotLink>,
     /// Sorted, one per identity.
     pub tallies: Vec<Tally>,
-    /// Sorted, one per identity.
-    pub account_tallies: Vec<AccountTally>,
+    /// One per identity: the account tallies of a flush's whole accounts grow with how many hot
+    /// targets those accounts link to, so they are sorted outside memory past a bound.
+    pub account_tallies: Sorted<AccountTally>,
     /// The promoted targets' hot links and account tallies (their tallies are in `tallies`).
     pub promoted: Promoted,
+    /// Where `account_tallies` spills (for errors).
+    account_tallies_dir: PathBuf,
 }
 
 impl HotWrites {
@@ -131,6 +139,12 @@ impl HotWrites {
         !(self.account_tallies.is_empty() && self.promoted.account_tallies.is_empty())
     }
 
+    /// Reports a read error of the sorts' spills met while their tables were written.
+    pub fn check(&self) -> Result<(), IndexError> {
+        self.account_tallies.check().map_err(io_err(self.account_tallies_dir.as_path()))?;
+        self.promoted.check()
+    }
+
     /// The hot links to write, the flush's own and its promotions', in order.
     pub fn all_links(&self) -> impl Iterator<Item = HotLink> + '_ {
         merge_sorted(self.links.iter().copied(), self.promoted.links.merged())
@@ -138,7 +152,7 @@ impl HotWrites {
 
     /// The account tallies to write, the flush's own and its promotions', in order.
     pub fn all_account_tallies(&self) -> impl Iterator<Item = AccountTally> + '_ {
-        merge_sorted(self.account_tallies.iter().copied(), consolidated(self.promoted.account_tallies.merged()))
+        merge_sorted(self.account_tallies.merged(), consolidated(self.promoted.account_tallies.merged()))
     }
 }
 
@@ -305,7 +319,12 @@ impl Index {
         let mut visibility = self.visibility(ops, ops.accounts.iter().map(|(did, _)| *did))?;
         let (keys, accounts) = hot_reads(ops, &flushed, &visibility);
         let mut differences: BTreeMap<TallyKey, Change> = BTreeMap::new();
-        let mut account_tallies = Vec::new();
+        let mut account_tallies = Sorter::beside(&self.account_tallies, "flush", self.promotion_entries());
+        let tallies_dir = self.account_tallies.dir().to_path_buf();
+        let mut write = |tally: Option<AccountTally>| match tally {
+            Some(tally) => account_tallies.push(tally).map_err(io_err(&tallies_dir)),
+            None => Ok(()),
+        };
         // Lookups of single keys are made once for the flush, not once a batch (each batch's keys
         // hash all over each table's filter, so batches would read the same filter pages again).
         // Only the whole accounts' hot links, which a batch bounds, are read a batch at a time.
@@ -326,13 +345,14 @@ impl Index {
             for (key, counted) in self.differences_by_account(ops, links, whole, &mut visibility).await? {
                 match counted {
                     Counted::Whole { before, after } => {
-                        account_tallies.extend(account_tally_change(key, (before, after), ops.clock, &mut differences))
+                        write(account_tally_change(key, (before, after), ops.clock, &mut differences))?
                     }
                     Counted::Changed(difference) => changed.push((key, difference)),
                 }
             }
         }
-        account_tallies.extend(self.account_tallies_after(changed, ops.clock, &mut differences).await?);
+        self.account_tallies_after(changed, ops.clock, &mut differences, &mut write).await?;
+        let account_tallies = account_tallies.finish().map_err(io_err(&tallies_dir))?;
         let promoting = Instant::now();
         let mut promotions = Promotions::new(&self.hot, &self.account_tallies, self.promotion_entries(), ops.clock);
         for target in promoted {
@@ -347,11 +367,11 @@ impl Index {
             tallies,
             account_tallies,
             promoted,
+            account_tallies_dir: tallies_dir,
         };
         writes.links.sort_unstable();
         writes.links.dedup();
         writes.tallies.sort_unstable();
-        writes.account_tallies.sort_unstable();
         Ok(writes)
     }
 
@@ -407,34 +427,35 @@ impl Index {
     }
 
     /// The account tallies `changed` (one per key: how its count changes) makes of the current
-    /// ones, read one (collection, location) at a time, and what they change in the groups'
+    /// ones, read one (collection, location) at a time and a part of them at a time
+    /// (`prefix_parts`: what a part holds is bounded), and what they change in the groups'
     /// tallies (added to `differences`).
     async fn account_tallies_after(
         &self,
         changed: Vec<(AccountKey, i64)>,
         clock: u64,
         differences: &mut BTreeMap<TallyKey, Change>,
-    ) -> Result<Vec<AccountTally>, IndexError> {
-        let probes: Vec<AccountTally> = changed
-            .iter()
-            .map(|&((target, account, collection, location), _)| {
-                AccountTally::of(account, target, (collection, location), 0, 0)
-            })
-            .collect();
-        let reading = read_prefixes_uncached(&self.account_tallies, self.store.as_ref(), &probes);
-        let current: HashMap<AccountKey, u64> =
-            freshest(timed(&self.counters.tally_reads.account_tallies_micros, reading).await?)
-                .into_iter()
-                .map(|tally| ((tally.target(), tally.account, tally.collection, tally.location), tally.records))
-                .collect();
-        let mut written = Vec::new();
-        for (key, difference) in changed {
-            let before = current.get(&key).copied().unwrap_or(0);
-            let after = before as i64 + difference;
-            let after = u64::try_from(after).map_err(|_| missing_links(key.0, after))?;
-            written.extend(account_tally_change(key, (before, after), clock, differences));
+        write: &mut impl FnMut(Option<AccountTally>) -> Result<(), IndexError>,
+    ) -> Result<(), IndexError> {
+        let probe_of = |&((target, account, collection, location), _): &(AccountKey, i64)| {
+            AccountTally::of(account, target, (collection, location), 0, 0)
+        };
+        for part in prefix_parts(changed, probe_of) {
+            let probes: Vec<AccountTally> = part.iter().map(probe_of).collect();
+            let reading = read_prefixes_uncached(&self.account_tallies, self.store.as_ref(), &probes);
+            let current: HashMap<AccountKey, u64> =
+                freshest(timed(&self.counters.tally_reads.account_tallies_micros, reading).await?)
+                    .into_iter()
+                    .map(|tally| ((tally.target(), tally.account, tally.collection, tally.location), tally.records))
+                    .collect();
+            for (key, difference) in part {
+                let before = current.get(&key).copied().unwrap_or(0);
+                let after = before as i64 + difference;
+                let after = u64::try_from(after).map_err(|_| missing_links(key.0, after))?;
+                write(account_tally_change(key, (before, after), clock, differences))?;
+            }
         }
-        Ok(written)
+        Ok(())
     }
 
     /// The committed account states of `dids`, and the flush's last change of each account.

@@ -87,34 +87,36 @@ pub async fn read_keys_newer_uncached<E: Entry>(
 /// exactly them: a lookup of one account tally's group skips the tables that hold only other
 /// groups of its key.
 ///
-/// The lookups are planned and read in parts of about `MAX_LOOKS_PER_PART`, all against one
-/// snapshot: a lookup's plan takes some 300 bytes, and a flush may ask for as many account
-/// tallies as it holds links (a million at the default `memtable_bytes`). A part is the probes
-/// whose prefix hashes fall in one slice of the hash space; in filters that hold the prefixes (the
-/// account tallies') the high bits of that hash choose the block, so each part reads its own slice
-/// of every filter's pages and the parts together read each page about once, as one plan would.
+/// The lookups are planned at once, some 300 bytes each: a caller with many (a flush may ask for
+/// as many account tallies as it holds links, a million at the default `memtable_bytes`) reads
+/// them in `prefix_parts`.
 pub async fn read_prefixes_uncached<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
     probes: &[E],
 ) -> Result<Vec<E>, ReadError> {
-    let mut snapshot = tree.snapshot(probes.iter().map(filter_prefix_bounds));
-    let parts = probes.len().div_ceil(MAX_LOOKS_PER_PART).max(1);
-    let part_of: Vec<usize> = probes.iter().map(|probe| filter_slice(probe, parts)).collect();
-    let mut found = std::mem::take(&mut snapshot.memtable_entries);
-    for part in 0..parts {
-        let of_part = || probes.iter().zip(&part_of).filter(|&(_, &of)| of == part).map(|(probe, _)| probe);
-        let looks = KeyLooks {
-            looks: of_part().map(Look::of_prefix).collect(),
-            bounds: of_part().map(filter_prefix_bounds).collect(),
-        };
-        let reads = table_reads(&snapshot, store, &looks, PageUse::Scan).await?;
-        read_uncached(store, &reads, |entries, members| looks.extend_with(&mut found, entries, members)).await?;
-    }
-    Ok(found)
+    let looks = KeyLooks {
+        looks: probes.iter().map(Look::of_prefix).collect(),
+        bounds: probes.iter().map(filter_prefix_bounds).collect(),
+    };
+    read_looks_uncached(tree, store, &looks).await
 }
 
-/// About the most lookups `read_prefixes_uncached` plans at once (some 20 MiB of plan). A flush at
+/// `items` cut into parts of about `MAX_LOOKS_PER_PART`, to read their probes (`probe_of`) with
+/// `read_prefixes_uncached` a part at a time: a part is the items whose prefix hashes fall in
+/// one slice of the hash space, in slice order. In filters that hold the prefixes (the account
+/// tallies') the high bits of that hash choose the block, so each part reads its own slice of
+/// every filter's pages and the parts together read each page about once, as one plan would.
+pub fn prefix_parts<T, E: Entry>(items: Vec<T>, probe_of: impl Fn(&T) -> E) -> Vec<Vec<T>> {
+    let count = items.len().div_ceil(MAX_LOOKS_PER_PART).max(1);
+    let mut parts: Vec<Vec<T>> = (0..count).map(|_| Vec::new()).collect();
+    for item in items {
+        parts[filter_slice(&probe_of(&item), count)].push(item);
+    }
+    parts
+}
+
+/// About the most lookups a part of `prefix_parts` holds (some 20 MiB of plan). A flush at
 /// 100 M links asks for tens of thousands: one or two parts. Smaller parts (16,384) did not lower
 /// the import's peak there, and those reads took a sixth more time (likely each part reading
 /// its frames and frame-index chunks on its own; not profiled).
@@ -444,7 +446,13 @@ mod tests {
         }
         let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
         let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
-        let mut found = runtime.block_on(read_prefixes_uncached(&tree, &store, &probes)).unwrap();
+        let by_part = prefix_parts(probes.clone(), |probe| *probe);
+        assert_eq!(by_part.iter().map(Vec::len).collect::<Vec<_>>(), sizes);
+        let mut found = Vec::new();
+        for part in &by_part {
+            assert!(part.iter().all(|probe| filter_slice(probe, parts) == filter_slice(&part[0], parts)));
+            found.extend(runtime.block_on(read_prefixes_uncached(&tree, &store, part)).unwrap());
+        }
         found.sort_unstable();
         let mut expected: Vec<AccountTally> = older.iter().chain(&newer).copied().collect();
         expected.push(tally(5, 2, 3));
