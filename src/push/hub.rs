@@ -12,6 +12,12 @@
 //! - A member gets the events with cursors above its `after`, in cursor order, each once:
 //!   `position` (the newest cursor handed out) only moves under the state lock, and `join`
 //!   admits a subscriber only once it has read the log up to `position` itself.
+//! - Account events (`hide`, `show`) concern every member, link events only some: a member's
+//!   account events are held back until its next link event (then sent before it, in cursor
+//!   order), until they have waited `HOLD_ACCOUNT_EVENTS`, or until it holds a share of its
+//!   queue (`HELD_SHARE`). Order is kept and nothing is lost (a member that leaves with some
+//!   held resumes from its last cursor, before them); only their latency grows, and a member
+//!   wakes about once a hold for account events instead of in nearly every round.
 //! - At most `max_subscribers` subscriptions exist at once (`admit`).
 //! - Delivery yields to ingest: the hub's task and the subscribers' connections run on
 //!   `delivery_runtime`, whose threads run at `DELIVERY_NICE`, the lowest priority that still
@@ -32,6 +38,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
+use tokio::time::Instant;
 use tokio_tungstenite::tungstenite::Utf8Bytes;
 
 /// How long the hub waits for the log before looking whether it was dropped (its task also ends
@@ -43,6 +50,14 @@ const HUB_WAIT: Duration = Duration::from_millis(200);
 const HUB_LINGER: Duration = Duration::from_millis(50);
 /// Most log entries the hub dispatches in one round (then it lets the connections run).
 const MAX_DISPATCH_ENTRIES: usize = 1_024;
+/// How long an account event (`hide`, `show`) may wait for a member's next link event before it
+/// is sent on its own. Account events match every filter, so sent at once they would wake every
+/// member in nearly every round at full speed (half the frames of the benchmark's workload);
+/// held, they ride along with the member's link events, or wake it once this long.
+const HOLD_ACCOUNT_EVENTS: Duration = Duration::from_secs(1);
+/// Most account events held for one member, past which they are sent at once: a small share of
+/// its queue (`buffer_events / HELD_SHARE`), so that a batch with them never fills it alone.
+const HELD_SHARE: usize = 4;
 /// Most threads the delivery runtime runs (one per core below that).
 const MAX_DELIVERY_THREADS: usize = 4;
 
@@ -118,6 +133,29 @@ struct Member {
     /// Events sent and not yet taken by the connection: never more than `buffer_events`.
     queued: Arc<AtomicUsize>,
     cut: Arc<Cut>,
+    /// Account events not sent yet, in cursor order, and when the first of them was held.
+    held: Vec<Delivery>,
+    held_since: Option<Instant>,
+}
+
+impl Member {
+    /// Holds an account event back (module invariants), unless it holds enough already.
+    fn hold(&mut self, delivery: Delivery, now: Instant, limit: usize) -> Option<Vec<Delivery>> {
+        self.held.push(delivery);
+        self.held_since.get_or_insert(now);
+        (self.held.len() >= limit).then(|| self.release())
+    }
+
+    /// The account events held back, which go before anything later.
+    fn release(&mut self) -> Vec<Delivery> {
+        self.held_since = None;
+        std::mem::take(&mut self.held)
+    }
+
+    /// Whether its held account events have waited long enough to be sent on their own.
+    fn hold_expired(&self, now: Instant) -> bool {
+        self.held_since.is_some_and(|since| now.duration_since(since) >= HOLD_ACCOUNT_EVENTS)
+    }
 }
 
 #[derive(Default)]
@@ -327,7 +365,9 @@ impl Hub {
         let id = state.next_id;
         state.next_id += 1;
         state.routes.add(id, &filter);
-        state.members.insert(id, Member { filter, after, queue, queued: queued.clone(), cut: cut.clone() });
+        let member =
+            Member { filter, after, queue, queued: queued.clone(), cut: cut.clone(), held: vec![], held_since: None };
+        state.members.insert(id, member);
         Join::Joined(Subscription { hub: self.clone(), id, queue: receiver, queued, cut })
     }
 
@@ -350,14 +390,22 @@ impl Hub {
 
     /// Hands the entries' events to the members they concern: one batch per member, so that a
     /// connection wakes and writes once for all it got (the more the hub lags, the larger the
-    /// batches and the cheaper each event).
+    /// batches and the cheaper each event). A member woken by a batch gets the account events it
+    /// holds too; one that is not, only once they have waited `HOLD_ACCOUNT_EVENTS` (with no
+    /// entries, a dispatch only sends those).
     fn dispatch(&self, entries: Vec<Entry>) {
         let mut state = self.lock();
+        let now = Instant::now();
         let mut batches: HashMap<u64, Vec<Delivery>> = HashMap::new();
         for entry in entries {
             let entry = Arc::new(entry);
-            route_entry(&state, &entry, &mut batches);
+            route_entry(&mut state, &entry, (now, self.hold_limit()), &mut batches);
             state.position = state.position.max(entry.last_cursor());
+        }
+        for (id, member) in &mut state.members {
+            if !member.held.is_empty() && (batches.contains_key(id) || member.hold_expired(now)) {
+                batches.entry(*id).or_default().extend(member.release());
+            }
         }
         for (id, batch) in batches {
             let Some(member) = state.members.get(&id) else { continue };
@@ -375,6 +423,10 @@ impl Hub {
         }
     }
 
+    fn hold_limit(&self) -> usize {
+        (self.options.buffer_events / HELD_SHARE).max(1)
+    }
+
     /// Cuts every member off: the hub could not follow the log.
     fn cut_everyone(&self, reason: &'static str) {
         let state = self.lock();
@@ -388,21 +440,35 @@ impl Hub {
 }
 
 /// Adds the entry's events to the batches of the members they concern (rendering each event's
-/// frame once, for all of them).
-fn route_entry(state: &HubState, entry: &Arc<Entry>, batches: &mut HashMap<u64, Vec<Delivery>>) {
+/// frame once, for all of them): a link event after the account events its member held, an
+/// account event to what its member holds.
+fn route_entry(
+    state: &mut HubState,
+    entry: &Arc<Entry>,
+    (now, hold_limit): (Instant, usize),
+    batches: &mut HashMap<u64, Vec<Delivery>>,
+) {
     for (index, event) in entry.events().enumerate() {
+        let is_link = matches!(event, PushEvent::Link { .. });
         let candidates = match event {
             PushEvent::Link { link, .. } => state.routes.candidates(&link.target),
             PushEvent::Hide { .. } | PushEvent::Show { .. } => state.members.keys().copied().collect(),
         };
         let mut frame: Option<Utf8Bytes> = None;
         for id in candidates {
-            let Some(member) = state.members.get(&id) else { continue };
+            let Some(member) = state.members.get_mut(&id) else { continue };
             if event.cursor() <= member.after || !member.filter.matches(&event) || member.cut.reason().is_some() {
                 continue;
             }
             let frame = frame.get_or_insert_with(|| event.to_json().into()).clone();
-            batches.entry(id).or_default().push(Delivery { entry: entry.clone(), index, frame });
+            let delivery = Delivery { entry: entry.clone(), index, frame };
+            if is_link {
+                let batch = batches.entry(id).or_default();
+                batch.extend(member.release());
+                batch.push(delivery);
+            } else if let Some(released) = member.hold(delivery, now, hold_limit) {
+                batches.entry(id).or_default().extend(released);
+            }
         }
     }
 }
@@ -443,6 +509,8 @@ async fn follow_log(hub: Weak<Hub>, from: i64) {
                 tokio::task::yield_now().await;
             }
             Ok(_) => {
+                // Sends the account events that waited long enough for a link event.
+                hub.dispatch(Vec::new());
                 drop(hub);
                 // Wakes now and then to see whether the hub is gone.
                 if tokio::time::timeout(HUB_WAIT, log.published_past(last)).await.is_ok() {
@@ -475,6 +543,11 @@ mod tests {
         let created = vec![Link { target: target.into(), location: "$.subject".into() }];
         let source = format!("at://did:plc:liker/app.bsky.feed.like/{cursor}");
         let change = Change::Links { source, rev: None, account_before: None, deleted: vec![], created, kept: vec![] };
+        Entry { first_cursor: cursor, time_us: cursor, identity: cursor as u64, change }
+    }
+
+    fn hide(cursor: i64) -> Entry {
+        let change = Change::Hide { did: "did:plc:liker".into(), status: "deactivated".into() };
         Entry { first_cursor: cursor, time_us: cursor, identity: cursor as u64, change }
     }
 
@@ -546,6 +619,47 @@ mod tests {
         log.publish().unwrap();
         wait(6);
         assert_eq!(cursors(&mut ahead), [6]);
+    }
+
+    #[test]
+    fn account_events_wait_for_a_link_event_a_hold_or_a_share_of_the_queue() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
+        let mut log = ChangeLog::open(dir.path(), options).unwrap();
+        let delivery = tokio::runtime::Runtime::new().unwrap();
+        let options = HubOptions { max_subscribers: 2, buffer_events: 16 };
+        let hub = Hub::start(log.shared().clone(), options, Arc::new(PushCounters::default()), delivery.handle());
+        let Join::Joined(mut post) = hub.join(filter(&[("target", POST)]), 0) else { panic!("joins at the start") };
+        let Join::Joined(mut other) = hub.join(filter(&[("target", OTHER)]), 0) else { panic!("joins at the start") };
+        let publish = |log: &mut ChangeLog, entries: Vec<Entry>| {
+            let last = entries.last().unwrap().last_cursor();
+            for entry in &entries {
+                log.append(entry).unwrap();
+            }
+            log.publish().unwrap();
+            while hub.position() < last {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let cursors = |subscription: &mut Subscription| -> Vec<i64> {
+            subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
+        };
+        let started = Instant::now();
+        publish(&mut log, vec![hide(1), like(2, POST), hide(3)]);
+        assert_eq!(cursors(&mut post), [1, 2, 3], "held account events go before a link event, in order");
+        if started.elapsed() < HOLD_ACCOUNT_EVENTS {
+            assert_eq!(cursors(&mut other), [0i64; 0], "held: no link event for it yet");
+        }
+        let mut waited = vec![];
+        while waited.len() < 2 && started.elapsed() < HOLD_ACCOUNT_EVENTS * 10 {
+            std::thread::sleep(Duration::from_millis(20));
+            waited.extend(cursors(&mut other));
+        }
+        assert_eq!(waited, [1, 3], "sent on their own once they have waited the hold");
+        assert!(started.elapsed() >= HOLD_ACCOUNT_EVENTS);
+        let held_at_most = 16 / HELD_SHARE;
+        publish(&mut log, (4..4 + held_at_most as i64).map(hide).collect());
+        assert_eq!(cursors(&mut other).len(), held_at_most, "a share of the queue is sent at once");
     }
 
     #[test]
