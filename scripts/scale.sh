@@ -10,8 +10,8 @@
 #
 # Environment: SCALE_DIR (default a temporary directory), SEED (1), ACCOUNT_LINKS (500),
 # ACCOUNTS (fixed account count, e.g. 40000000), TARGETS (3000 query targets), LOAD_SECONDS (20),
-# RTT_MS (20, the cold phase), BINARIES (a directory holding backlinks, backlinks-workload and
-# suite; default: build them).
+# RTT_MS (20, the cold phase), RSS_EVERY (2, seconds between the import's memory samples),
+# BINARIES (a directory holding backlinks, backlinks-workload and suite; default: build them).
 #
 # Write amplification is the bytes the import wrote to the file system (local tables, state and,
 # with a local-directory bucket, the uploads) over the live bucket bytes it left.
@@ -25,6 +25,7 @@ ACCOUNT_LINKS=${ACCOUNT_LINKS:-500}
 TARGET_COUNT=${TARGETS:-3000}
 SECONDS_PER_PHASE=${LOAD_SECONDS:-20}
 RTT_MS=${RTT_MS:-20}
+RSS_EVERY=${RSS_EVERY:-2}
 step() { echo "scale: $*" >&2; }
 
 scripts/private-binaries.sh "$SCALE_DIR/bin" "${BINARIES:-}"
@@ -37,17 +38,18 @@ seconds_of() { awk -F: '{ s = 0; for (i = 1; i <= NF; i++) s = s * 60 + $i; prin
 # Peak RSS (VmHWM, KiB) of a running process.
 peak_kib() { awk '/VmHWM/ { print $2 }' "/proc/$1/status"; }
 
-# The import's memory every 10 s, to set its peak beside the progress lines in import.log:
-# seconds, anonymous and file-backed resident KiB.
+# The import's memory every RSS_EVERY seconds, to set its peak beside the progress lines and
+# merges in import.log: seconds, anonymous and file-backed resident KiB, and the high-water mark
+# so far (VmHWM), whose rises place the short spikes that samples of the RSS miss.
 sample_rss() {
     local pid="" started
     started=$(date +%s)
     until pid=$(pgrep -n -f -- "^$BIN import - --data-dir $1"); do sleep 0.2; done
-    echo -e "seconds\tanon_kib\tfile_kib"
+    echo -e "seconds\tanon_kib\tfile_kib\thwm_kib"
     while [ -r "/proc/$pid/status" ]; do
-        awk -v s="$(( $(date +%s) - started ))" '/RssAnon/ { a = $2 } /RssFile/ { f = $2 } END { if (a) printf "%d\t%d\t%d\n", s, a, f }' \
-            "/proc/$pid/status" 2>/dev/null || true
-        sleep 10
+        awk -v s="$(( $(date +%s) - started ))" '/RssAnon/ { a = $2 } /RssFile/ { f = $2 } /VmHWM/ { h = $2 }
+            END { if (a) printf "%d\t%d\t%d\t%d\n", s, a, f, h }' "/proc/$pid/status" 2>/dev/null || true
+        sleep "$RSS_EVERY"
     done
 }
 
