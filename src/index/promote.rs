@@ -21,7 +21,6 @@ use crate::lsm::sorter::{Sorted, Sorter};
 use crate::lsm::tree::Tree;
 use crate::model::ids::{AccountTally, Backlink, HotLink, RecordId, Tally, TallyGroups};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 /// Default of `IndexOptions::promotion_entries`: 4 MiB of each kind of entry a promotion sorts.
 pub const DEFAULT_PROMOTION_ENTRIES: usize = 1 << 16;
@@ -30,8 +29,6 @@ pub const DEFAULT_PROMOTION_ENTRIES: usize = 1 << 16;
 pub(super) struct Promotions {
     links: Sorter<HotLink>,
     account_tallies: Sorter<AccountTally>,
-    /// Where each sorter spills (for errors).
-    dirs: (PathBuf, PathBuf),
     /// The promoted targets (those with a live backlink).
     targets: Vec<RecordId>,
     clock: u64,
@@ -39,7 +36,6 @@ pub(super) struct Promotions {
 
 /// What a flush's promotions write.
 pub(super) struct Promoted {
-    dirs: (PathBuf, PathBuf),
     pub links: Sorted<HotLink>,
     /// Unit account tallies: `consolidated` makes the written ones.
     pub account_tallies: Sorted<AccountTally>,
@@ -51,7 +47,6 @@ impl Promotions {
         Promotions {
             links: Sorter::beside(hot, "promotion", entries),
             account_tallies: Sorter::beside(account_tallies, "promotion", entries),
-            dirs: (hot.dir().to_path_buf(), account_tallies.dir().to_path_buf()),
             targets: Vec::new(),
             clock,
         }
@@ -59,11 +54,11 @@ impl Promotions {
 
     /// Adds one live backlink of a promoted target; `visible` when its account is not hidden.
     pub fn add(&mut self, link: Backlink, visible: bool) -> Result<(), IndexError> {
-        self.links.push(HotLink::of(link)).map_err(io_err(&self.dirs.0))?;
+        self.links.push(HotLink::of(link)).map_err(io_err(self.links.spill_path()))?;
         if visible {
             let group = (link.source.collection, link.location);
             let tally = AccountTally::of(link.source.did, link.target, group, self.clock, 1);
-            self.account_tallies.push(tally).map_err(io_err(&self.dirs.1))?;
+            self.account_tallies.push(tally).map_err(io_err(self.account_tallies.spill_path()))?;
         }
         Ok(())
     }
@@ -75,27 +70,38 @@ impl Promotions {
 
     /// Sorts what was added; with the promoted targets' tallies, sorted.
     pub fn finish(self) -> Result<(Promoted, Vec<Tally>), IndexError> {
-        let links = self.links.finish().map_err(io_err(&self.dirs.0))?;
-        let account_tallies = self.account_tallies.finish().map_err(io_err(&self.dirs.1))?;
+        let links = finish(self.links)?;
+        let account_tallies = finish(self.account_tallies)?;
         let mut groups: BTreeMap<RecordId, TallyGroups> =
             self.targets.iter().map(|target| (*target, TallyGroups::default())).collect();
         for tally in consolidated(account_tallies.merged()) {
             groups.get_mut(&tally.target()).expect("an account tally of a promoted target").add(&tally);
         }
-        account_tallies.check().map_err(io_err(&self.dirs.1))?;
+        check(&account_tallies)?;
         let mut tallies: Vec<Tally> =
             groups.into_iter().flat_map(|(target, groups)| groups.tallies(target, self.clock)).collect();
         tallies.sort_unstable();
-        Ok((Promoted { dirs: self.dirs, links, account_tallies, targets: self.targets }, tallies))
+        Ok((Promoted { links, account_tallies, targets: self.targets }, tallies))
     }
 }
 
 impl Promoted {
     /// Reports a read error of the sorts' spills met while their tables were written.
     pub fn check(&self) -> Result<(), IndexError> {
-        self.links.check().map_err(io_err(&self.dirs.0))?;
-        self.account_tallies.check().map_err(io_err(&self.dirs.1))
+        check(&self.links)?;
+        check(&self.account_tallies)
     }
+}
+
+/// Sorts what `sorter` was given.
+pub(super) fn finish<E: Entry>(sorter: Sorter<E>) -> Result<Sorted<E>, IndexError> {
+    let path = sorter.spill_path().to_path_buf();
+    sorter.finish().map_err(io_err(&path))
+}
+
+/// Reports a read error of `sorted`'s spill met while a table was written from it.
+pub(super) fn check<E: Entry>(sorted: &Sorted<E>) -> Result<(), IndexError> {
+    sorted.check().map_err(io_err(sorted.spill_path()))
 }
 
 /// Account tallies in order, those of one identity summed into one.

@@ -39,13 +39,13 @@
 //!   are read once, not once a batch; the account tallies' in parts of the filter hash space
 //!   (`prefix_parts`), each holding what it reads only while it is computed. The account
 //!   tallies it writes go through an external sort (`lsm::sorter`): those of the accounts it
-//!   reads whole grow with how many hot targets each links to, not with the flush.
+//!   reads whole grow with how many hot targets each links to, not only with the flush.
 //! - A promotion reads the target's backlinks as of the flush's clock (installed tables and the
 //!   frozen memtable; the active one holds only later stamps), a part at a time, and writes its
 //!   hot links and tallies from them (`promote`: sorted outside memory). The differences of that
 //!   flush never touch the targets it promotes.
 
-use super::promote::{Promoted, Promotions, consolidated, merge_sorted};
+use super::promote::{Promoted, Promotions, check, consolidated, finish, merge_sorted};
 use super::{Index, IndexError, add_elapsed, io_err};
 use crate::liveness::{KnownRevocations, Revocable, revocation_keys};
 use crate::lsm::compaction;
@@ -62,7 +62,6 @@ use crate::model::account::AccountState;
 use crate::model::ids::{AccountTally, Backlink, HotLink, RecordId, Revocation, Tally};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::RangeInclusive;
-use std::path::PathBuf;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
 use std::time::Instant;
@@ -126,8 +125,6 @@ pub(super) struct HotWrites {
     pub account_tallies: Sorted<AccountTally>,
     /// The promoted targets' hot links and account tallies (their tallies are in `tallies`).
     pub promoted: Promoted,
-    /// Where `account_tallies` spills (for errors).
-    account_tallies_dir: PathBuf,
 }
 
 impl HotWrites {
@@ -141,7 +138,7 @@ impl HotWrites {
 
     /// Reports a read error of the sorts' spills met while their tables were written.
     pub fn check(&self) -> Result<(), IndexError> {
-        self.account_tallies.check().map_err(io_err(self.account_tallies_dir.as_path()))?;
+        check(&self.account_tallies)?;
         self.promoted.check()
     }
 
@@ -320,9 +317,8 @@ impl Index {
         let (keys, accounts) = hot_reads(ops, &flushed, &visibility);
         let mut differences: BTreeMap<TallyKey, Change> = BTreeMap::new();
         let mut account_tallies = Sorter::beside(&self.account_tallies, "flush", self.promotion_entries());
-        let tallies_dir = self.account_tallies.dir().to_path_buf();
         let mut write = |tally: Option<AccountTally>| match tally {
-            Some(tally) => account_tallies.push(tally).map_err(io_err(&tallies_dir)),
+            Some(tally) => account_tallies.push(tally).map_err(io_err(account_tallies.spill_path())),
             None => Ok(()),
         };
         // Lookups of single keys are made once for the flush, not once a batch (each batch's keys
@@ -352,7 +348,7 @@ impl Index {
             }
         }
         self.account_tallies_after(changed, ops.clock, &mut differences, &mut write).await?;
-        let account_tallies = account_tallies.finish().map_err(io_err(&tallies_dir))?;
+        let account_tallies = finish(account_tallies)?;
         let promoting = Instant::now();
         let mut promotions = Promotions::new(&self.hot, &self.account_tallies, self.promotion_entries(), ops.clock);
         for target in promoted {
@@ -367,7 +363,6 @@ impl Index {
             tallies,
             account_tallies,
             promoted,
-            account_tallies_dir: tallies_dir,
         };
         writes.links.sort_unstable();
         writes.links.dedup();

@@ -18,7 +18,7 @@ use std::collections::BinaryHeap;
 use std::fs::File;
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// Entries a merge reads from a spilled run at a time.
@@ -45,6 +45,11 @@ impl<E: Entry> Sorter<E> {
     pub fn beside(tree: &Tree<E>, name: &str, run_entries: usize) -> Self {
         assert!(run_entries > 0, "a run holds at least one entry");
         Sorter { run_entries, buffer: Vec::new(), spill_beside: tree.dir().join(name), spill: None }
+    }
+
+    /// Where the spill is made (named after it; unlinked at once), to name it in errors.
+    pub fn spill_path(&self) -> &Path {
+        &self.spill_beside
     }
 
     pub fn push(&mut self, entry: E) -> io::Result<()> {
@@ -80,7 +85,7 @@ impl<E: Entry> Sorter<E> {
             Some(spill) => (Some(spill.file.into_inner().map_err(io::IntoInnerError::into_error)?), spill.runs),
             None => (None, Vec::new()),
         };
-        Ok(Sorted { last: self.buffer, file, runs, error: Mutex::new(None) })
+        Ok(Sorted { last: self.buffer, file, runs, error: Mutex::new(None), spill_path: self.spill_beside })
     }
 }
 
@@ -90,6 +95,8 @@ pub struct Sorted<E: Entry> {
     file: Option<File>,
     runs: Vec<(u64, u64)>,
     error: Mutex<Option<io::Error>>,
+    /// Where the spill was made, to name it in errors.
+    spill_path: PathBuf,
 }
 
 impl<E: Entry> Sorted<E> {
@@ -99,6 +106,11 @@ impl<E: Entry> Sorted<E> {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Where the spill was made, to name it in errors.
+    pub fn spill_path(&self) -> &Path {
+        &self.spill_path
     }
 
     /// Runs spilled to the file (the last is never spilled).

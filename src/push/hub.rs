@@ -449,10 +449,9 @@ fn route_entry(
     batches: &mut HashMap<u64, Vec<Delivery>>,
 ) {
     for (index, event) in entry.events().enumerate() {
-        let is_link = matches!(event, PushEvent::Link { .. });
-        let candidates = match event {
-            PushEvent::Link { link, .. } => state.routes.candidates(&link.target),
-            PushEvent::Hide { .. } | PushEvent::Show { .. } => state.members.keys().copied().collect(),
+        let (candidates, is_link) = match event {
+            PushEvent::Link { link, .. } => (state.routes.candidates(&link.target), true),
+            PushEvent::Hide { .. } | PushEvent::Show { .. } => (state.members.keys().copied().collect(), false),
         };
         let mut frame: Option<Utf8Bytes> = None;
         for id in candidates {
