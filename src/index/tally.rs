@@ -36,7 +36,8 @@
 //!   hot links of the accounts it reads whole a batch of accounts at a time (`batches`),
 //!   holding one batch's; its lookups of single keys (its sources' hot links, the account
 //!   tallies it changes) are made once for the whole flush, so that each table's filter pages
-//!   are read once, not once a batch; the account tallies' in parts of the filter hash space
+//!   are read once, not once a batch, in parts of the filter hash space (`lookup`: a part's
+//!   plan at a time); the account tallies' in parts it also compares one at a time
 //!   (`prefix_parts`), each holding what it reads only while it is computed. The account
 //!   tallies it writes go through an external sort (`lsm::sorter`): those of the accounts it
 //!   reads whole grow with how many hot targets each links to, not only with the flush.

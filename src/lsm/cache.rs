@@ -12,6 +12,8 @@
 //!   one of its key or else the set's oldest, and a clock frees room when the budget needs it,
 //!   emptying the next set of each member cache in turn (cheap, and a hot value is simply read
 //!   again).
+//! - A set is made when a value first goes in it or a counted lookup finds it missing: a cache
+//!   nothing is kept in (a writer's) costs a pointer a set, not the set.
 //! - A key is (table serial, index); serials are unique per process and never reused, so a value
 //!   of a retired table can never be served for another table. Retired tables' values age out
 //!   like any other.
@@ -23,7 +25,7 @@
 use crate::lsm::entry::{Entry, within};
 use crate::model::ids::RecordId;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 /// Source of table serials (cache keys).
 static NEXT_SERIAL: AtomicU64 = AtomicU64::new(1);
@@ -116,6 +118,16 @@ struct Set<V> {
     misses: u64,
 }
 
+/// A set made when a value first goes in it (or a lookup of it is counted): a cache's sets are
+/// sized for its whole budget, which the caches of six trees share, and the sets of a cache
+/// little used (a writer's, which caches nothing) would otherwise take some 128 bytes each
+/// (18 MiB of an import's heap at the default budgets, by heaptrack) for no value.
+type LazySet<V> = OnceLock<Box<Mutex<Set<V>>>>;
+
+fn set_made<V>(lazy: &LazySet<V>) -> &Mutex<Set<V>> {
+    lazy.get_or_init(|| Box::new(Mutex::new(Set { slots: std::array::from_fn(|_| None), next: 0, hits: 0, misses: 0 })))
+}
+
 /// Memory that one or more caches share.
 pub struct Budget {
     capacity_bytes: usize,
@@ -188,7 +200,7 @@ impl Budget {
 #[derive(Debug)]
 pub struct BudgetCache<V> {
     budget: Arc<Budget>,
-    sets: Box<[Mutex<Set<V>>]>,
+    sets: Box<[LazySet<V>]>,
     /// Bytes this cache holds (its part of the budget's).
     bytes: AtomicUsize,
     hand: AtomicUsize,
@@ -208,10 +220,9 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
     /// A cache sharing `budget` with its other members (sized as if it held all of it).
     pub fn within(budget: &Arc<Budget>) -> Arc<Self> {
         let sets = (budget.capacity_bytes / V::TYPICAL_BYTES.max(1) / WAYS).clamp(1, MAX_SETS).next_power_of_two();
-        let empty = || Mutex::new(Set { slots: std::array::from_fn(|_| None), next: 0, hits: 0, misses: 0 });
         let cache = Arc::new(BudgetCache {
             budget: budget.clone(),
-            sets: (0..sets).map(|_| empty()).collect(),
+            sets: (0..sets).map(|_| OnceLock::new()).collect(),
             bytes: AtomicUsize::new(0),
             hand: AtomicUsize::new(0),
         });
@@ -220,7 +231,7 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
         cache
     }
 
-    fn set_of(&self, key: Key) -> &Mutex<Set<V>> {
+    fn set_of(&self, key: Key) -> &LazySet<V> {
         // Fibonacci hashing of both halves: serials and indexes are small consecutive numbers.
         let mixed = key.0.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ u64::from(key.1).wrapping_mul(0xC2B2_AE3D_27D4_EB4F);
         &self.sets[(mixed >> 32) as usize & (self.sets.len() - 1)]
@@ -261,7 +272,15 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
     /// neither as `answer` says.
     fn look_up<T>(&self, serial: u64, index: u32, answer: impl FnOnce(Option<&V>) -> (T, Option<bool>)) -> T {
         let key = (serial, index);
-        let mut set = self.set_of(key).lock().expect("cache poisoned");
+        let lazy = self.set_of(key);
+        let Some(set) = lazy.get() else {
+            let (answer, hit) = answer(None);
+            if hit.is_some() {
+                set_made(lazy).lock().expect("cache poisoned").misses += 1;
+            }
+            return answer;
+        };
+        let mut set = set.lock().expect("cache poisoned");
         let (answer, hit) = answer(set.slots.iter().flatten().find(|(k, _)| *k == key).map(|(_, value)| value));
         match hit {
             Some(true) => set.hits += 1,
@@ -279,7 +298,7 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
             return;
         }
         self.budget.make_room(size);
-        let mut set = self.set_of(key).lock().expect("cache poisoned");
+        let mut set = set_made(self.set_of(key)).lock().expect("cache poisoned");
         let at = match set.slots.iter().position(|slot| slot.as_ref().is_some_and(|(k, _)| *k == key)) {
             Some(at) => at,
             None => set.slots.iter().position(Option::is_none).unwrap_or_else(|| {
@@ -307,7 +326,7 @@ impl<V: CacheValue + Send + 'static> BudgetCache<V> {
 
     /// Lookups that found their key, and that did not, since the cache was made.
     pub fn hits_and_misses(&self) -> (u64, u64) {
-        let sets = self.sets.iter().map(|set| set.lock().expect("cache poisoned"));
+        let sets = self.sets.iter().filter_map(|set| Some(set.get()?.lock().expect("cache poisoned")));
         sets.fold((0, 0), |(hits, misses), set| (hits + set.hits, misses + set.misses))
     }
 }
@@ -322,7 +341,8 @@ impl<V> Drop for BudgetCache<V> {
 impl<V: CacheValue + Send + 'static> Evict for BudgetCache<V> {
     fn empty_next_set(&self) {
         let hand = self.hand.fetch_add(1, Ordering::Relaxed) & (self.sets.len() - 1);
-        let mut set = self.sets[hand].lock().expect("cache poisoned");
+        let Some(set) = self.sets[hand].get() else { return };
+        let mut set = set.lock().expect("cache poisoned");
         for (_, old) in set.slots.iter_mut().filter_map(Option::take) {
             self.released(old.bytes());
         }
@@ -336,6 +356,24 @@ mod tests {
 
     fn frame(n: u64) -> Arc<CachedFrame<Revocation>> {
         CachedFrame::whole((0..n).map(|i| Revocation { source: RecordId::repo(i), rev: i }).collect())
+    }
+
+    /// Sets are made as they are used: a writer's peek makes none, a counted miss makes its
+    /// set (and is counted), an insert its set.
+    #[test]
+    fn a_set_is_made_when_first_used() {
+        let cache = FrameCache::new(64 << 20);
+        let made = |cache: &FrameCache<Revocation>| cache.sets.iter().filter(|set| set.get().is_some()).count();
+        assert!(cache.sets.len() > 1_000);
+        assert_eq!(cache.peek(1, 0, |frame| frame.len()), None);
+        assert_eq!(made(&cache), 0);
+        assert!(cache.get(1, 0).is_none());
+        assert_eq!((made(&cache), cache.hits_and_misses()), (1, (0, 1)));
+        cache.insert(2, 0, frame(4));
+        cache.insert(2, 0, frame(5));
+        assert_eq!(cache.get(2, 0).unwrap().len(), 5);
+        assert!((1..=2).contains(&made(&cache)));
+        assert_eq!(cache.hits_and_misses(), (1, 1));
     }
 
     #[test]

@@ -64,13 +64,18 @@ pub async fn read_keys_newer<E: Entry>(
 
 /// `read_keys` for a writer (a flush's tallies): the frames, filter pages and index chunks it
 /// reads go to no cache, so that what queries keep there stays, and a writer that never queries
-/// holds none.
+/// holds none. Many keys are read a part at a time (`hash_parts`), so what it holds besides the
+/// entries it finds is one part's plan.
 pub async fn read_keys_uncached<E: Entry>(
     tree: &Tree<E>,
     store: &dyn Store,
     keys: &[RecordId],
 ) -> Result<Vec<E>, ReadError> {
-    read_keys_newer_uncached(tree, store, &unbounded(keys)).await
+    let mut found = Vec::new();
+    for part in hash_parts(keys.to_vec(), KeyHash::of_record) {
+        found.extend(read_looks_uncached(tree, store, &KeyLooks::of(&unbounded(&part))).await?);
+    }
+    Ok(found)
 }
 
 /// `read_keys_newer` for a writer: `read_keys_uncached` with a bound on each key.
@@ -79,7 +84,11 @@ pub async fn read_keys_newer_uncached<E: Entry>(
     store: &dyn Store,
     keys: &[(RecordId, Option<u64>)],
 ) -> Result<Vec<E>, ReadError> {
-    read_looks_uncached(tree, store, &KeyLooks::of(keys)).await
+    let mut found = Vec::new();
+    for part in hash_parts(keys.to_vec(), |(key, _)| KeyHash::of_record(key)) {
+        found.extend(read_looks_uncached(tree, store, &KeyLooks::of(&part)).await?);
+    }
+    Ok(found)
 }
 
 /// Every entry that agrees with one of `probes` in its first `Entry::FILTER_WIDTH` bytes, for a
@@ -108,25 +117,35 @@ pub async fn read_prefixes_uncached<E: Entry>(
 /// tallies') the high bits of that hash choose the block, so each part reads its own slice of
 /// every filter's pages and the parts together read each page about once, as one plan would.
 pub fn prefix_parts<T, E: Entry>(items: Vec<T>, probe_of: impl Fn(&T) -> E) -> Vec<Vec<T>> {
+    hash_parts(items, |item| prefix_hash(&probe_of(item)))
+}
+
+/// `items` cut into parts of about `MAX_LOOKS_PER_PART` by the filter hash of each (`hash_of`):
+/// a part is the items whose hashes fall in one slice of the hash space, in slice order. A
+/// filter's block is chosen by the high bits of the hash it holds, so the parts read disjoint
+/// slices of each filter's pages.
+fn hash_parts<T>(items: Vec<T>, hash_of: impl Fn(&T) -> KeyHash) -> Vec<Vec<T>> {
     let count = items.len().div_ceil(MAX_LOOKS_PER_PART).max(1);
+    if count == 1 {
+        return vec![items];
+    }
     let mut parts: Vec<Vec<T>> = (0..count).map(|_| Vec::new()).collect();
     for item in items {
-        parts[filter_slice(&probe_of(&item), count)].push(item);
+        parts[hash_of(&item).block_index(count)].push(item);
     }
     parts
 }
 
-/// About the most lookups a part of `prefix_parts` holds (some 20 MiB of plan). A flush at
-/// 100 M links asks for tens of thousands: one or two parts. Smaller parts (16,384) did not lower
-/// the import's peak there, and those reads took a sixth more time (likely each part reading
-/// its frames and frame-index chunks on its own; not profiled).
+/// About the most lookups a part of `hash_parts` holds (some 20 MiB of plan). A flush at
+/// 100 M links asks for tens of thousands of account tallies and more than a hundred thousand
+/// hot links of its sources: a few parts. Smaller parts (16,384) of account tallies did not
+/// lower the import's peak there, and those reads took a sixth more time (likely each part
+/// reading its frames and frame-index chunks on its own; not profiled).
 const MAX_LOOKS_PER_PART: usize = 1 << 16;
 
-/// Which of `parts` equal slices of the filter hash space `probe`'s prefix hash falls in (the
-/// slices are ordered as the filter blocks they choose).
-fn filter_slice<E: Entry>(probe: &E, parts: usize) -> usize {
-    let hash = FilterProbe::of_prefix(probe).prefix.expect("a prefix probe names its prefix");
-    hash.block_index(parts)
+/// The hash of `probe`'s filter prefix.
+fn prefix_hash<E: Entry>(probe: &E) -> KeyHash {
+    FilterProbe::of_prefix(probe).prefix.expect("a prefix probe names its prefix")
 }
 
 /// The entries of `looks`, for a writer: through no cache.
@@ -413,6 +432,11 @@ mod tests {
         assert_eq!(found.len(), older.len() + newer.len() + 1, "every account's links, from both tables");
     }
 
+    /// Which of `parts` equal slices of the filter hash space `probe`'s prefix hash falls in.
+    fn filter_slice<E: Entry>(probe: &E, parts: usize) -> usize {
+        prefix_hash(probe).block_index(parts)
+    }
+
     /// More probes than one part plans: they are cut by their filter hashes into parts that
     /// together hold each probe once, and every entry of every probe is found, in tables and in
     /// the memtable alike.
@@ -483,5 +507,56 @@ mod tests {
         let mut found = runtime.block_on(read_prefixes_uncached(&tree, &store, &probes)).unwrap();
         found.sort_unstable();
         assert_eq!(found, [link(7, 1), link(7, 2), link(7, 3)]);
+    }
+
+    /// A writer's lookup of more keys than one part plans reads them in parts that hold each key
+    /// once, each part's keys in a slice of the key hash space of its own (so of every filter's
+    /// blocks), and finds every entry of every key, bounds kept, in tables and memtable alike.
+    #[test]
+    fn a_key_lookup_of_many_keys_reads_them_in_parts_and_finds_every_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree: Tree<Backlink> =
+            Tree::new(dir.path().join("t"), TableOptions::default(), TreeCaches::of_bytes(0, 0)).unwrap();
+        let target = |n: u64| RecordId { rkey: n, collection: 1, did: 2 };
+        let link = |n: u64, stamp: u64| Backlink {
+            target: target(n),
+            source: RecordId { rkey: n, collection: 3, did: 4 },
+            location: 5,
+            source_rev: stamp,
+        };
+        let keys = 2 * MAX_LOOKS_PER_PART as u64 + 1_000;
+        let older: Vec<Backlink> = (1..=keys).map(|n| link(n, 1)).collect();
+        let newer: Vec<Backlink> = (1..=keys).step_by(3).map(|n| link(n, 2)).collect();
+        install(&tree, "0000000000000001aaaaaaaa", &older);
+        install(&tree, "0000000000000002aaaaaaaa", &newer);
+        tree.insert([link(5, 3)]);
+        let targets: Vec<RecordId> = (1..=keys).map(target).collect();
+        let parts = hash_parts(targets.clone(), KeyHash::of_record);
+        assert_eq!(parts.len(), 3);
+        assert!(parts.iter().all(|part| !part.is_empty() && part.len() < 2 * MAX_LOOKS_PER_PART));
+        let mut spans = vec![];
+        for part in &parts {
+            let blocks: Vec<usize> = part.iter().map(|key| KeyHash::of_record(key).block_index(1 << 20)).collect();
+            spans.push((blocks.iter().min().copied().unwrap(), blocks.iter().max().copied().unwrap()));
+        }
+        assert!(spans.windows(2).all(|pair| pair[0].1 <= pair[1].0), "{spans:?}");
+        let mut each_once: Vec<RecordId> = parts.concat();
+        each_once.sort_unstable();
+        assert_eq!(each_once, targets);
+
+        let store = crate::store::dir::DirStore::new(dir.path().join("bucket"));
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let mut found = runtime.block_on(read_keys_uncached(&tree, &store, &targets)).unwrap();
+        found.sort_unstable();
+        let mut expected: Vec<Backlink> = older.iter().chain(&newer).copied().chain([link(5, 3)]).collect();
+        expected.sort_unstable();
+        assert_eq!(found, expected);
+        // Above a bound of 1, the older table (all stamped 1) is read for none of them.
+        let bounded: Vec<(RecordId, Option<u64>)> = targets.iter().map(|key| (*key, Some(1))).collect();
+        let mut found = runtime.block_on(read_keys_newer_uncached(&tree, &store, &bounded)).unwrap();
+        found.sort_unstable();
+        let mut expected: Vec<Backlink> = newer.iter().copied().chain([link(5, 3)]).collect();
+        expected.sort_unstable();
+        assert_eq!(found, expected);
     }
 }
