@@ -206,23 +206,40 @@ fn main() {
     let rounds = setting("ROUNDS", 1).max(1);
     println!("push bench: {} events, {subscribers} subscribers, {rounds} rounds", lines.len());
     let change = |rate: f64, base: f64| (rate / base - 1.0) * 100.0;
-    let (mut push_changes, mut subscriber_changes) = (vec![], vec![]);
+    let (mut push_changes, mut subscriber_changes, mut subscriber_cpu_changes) = (vec![], vec![], vec![]);
     for round in 1..=rounds {
         // The three runs of a round follow each other, so that a drift of the machine's speed
         // (a shared VM) touches the comparisons within a round least.
-        let (rate_off, _) = run(runtime, &lines, last, None, &targets, &dids);
-        let (rate_alone, _) = run(runtime, &lines, last, Some(0), &targets, &dids);
-        let (rate_with, idle_rss) = run(runtime, &lines, last, Some(subscribers), &targets, &dids);
-        push_changes.push(change(rate_alone, rate_off));
-        subscriber_changes.push(change(rate_with, rate_alone));
+        let off = run(runtime, &lines, last, None, &targets, &dids);
+        let alone = run(runtime, &lines, last, Some(0), &targets, &dids);
+        let with = run(runtime, &lines, last, Some(subscribers), &targets, &dids);
+        push_changes.push(change(alone.events_per_second, off.events_per_second));
+        subscriber_changes.push(change(with.events_per_second, alone.events_per_second));
+        subscriber_cpu_changes.push(change(with.server_cpu_per_event, alone.server_cpu_per_event));
         println!(
-            "round {round}: events/s push off {rate_off:.0}, push on {rate_alone:.0}, {subscribers} subscribers {rate_with:.0}: push on {:+.1} % against off, subscribers {:+.1} % against none; {idle_rss}",
+            "round {round}: events/s push off {:.0}, push on {:.0}, {subscribers} subscribers {:.0}: push on {:+.1} % against off, subscribers {:+.1} % against none (server CPU per event {:+.1} %); {}",
+            off.events_per_second,
+            alone.events_per_second,
+            with.events_per_second,
             push_changes[round - 1],
             subscriber_changes[round - 1],
+            subscriber_cpu_changes[round - 1],
+            with.memory,
         );
     }
     println!("push on, no subscribers: {} % events/s against push off", summary(&mut push_changes));
     println!("{subscribers} subscribers: {} % events/s against none", summary(&mut subscriber_changes));
+    println!("{subscribers} subscribers: {} % server CPU per event against none", summary(&mut subscriber_cpu_changes));
+}
+
+/// What one run measured.
+struct Outcome {
+    events_per_second: f64,
+    /// The server's CPU seconds while it ingested, per event: steadier than the rate on a shared
+    /// VM, and blind to the bench's own clients and stream, which share these cores.
+    server_cpu_per_event: f64,
+    /// The server's memory before and after its subscribers connected (empty without any).
+    memory: String,
 }
 
 /// "median (lowest .. highest)" of the rounds' figures.
@@ -241,7 +258,7 @@ struct Runtimes {
 }
 
 /// One run: serve follows a held stream, `subscribers` connect (`None`: push off), the stream is
-/// let go; returns the ingest rate and a line on memory.
+/// let go; returns what it measured.
 fn run(
     runtime: &Runtimes,
     lines: &[String],
@@ -249,7 +266,7 @@ fn run(
     subscribers: Option<usize>,
     targets: &[String],
     dids: &[String],
-) -> (f64, String) {
+) -> Outcome {
     let go = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let rate = setting("RATE", 0);
     let pause_every = (rate > 0).then(|| (100, Duration::from_secs_f64(100.0 / rate as f64)));
@@ -317,7 +334,6 @@ fn run(
         serve.rss_kib()
     );
     println!("  CPU seconds while ingesting, server: {server_threads}; bench: {bench_threads}");
-    let rate = events_per_second;
     let bytes_in = |path: &str| -> u64 {
         std::fs::read_dir(dir.path().join(path))
             .map(|entries| entries.filter_map(|e| e.ok()?.metadata().ok()).map(|m| m.len()).sum())
@@ -345,5 +361,5 @@ fn run(
             println!("  {line}");
         }
     }
-    (rate, memory)
+    Outcome { events_per_second, server_cpu_per_event: cpu / lines.len() as f64, memory }
 }
