@@ -71,11 +71,7 @@ pub async fn read_keys_uncached<E: Entry>(
     store: &dyn Store,
     keys: &[RecordId],
 ) -> Result<Vec<E>, ReadError> {
-    let mut found = Vec::new();
-    for part in hash_parts(keys.to_vec(), KeyHash::of_record) {
-        found.extend(read_looks_uncached(tree, store, &KeyLooks::of(&unbounded(&part))).await?);
-    }
-    Ok(found)
+    read_keys_in_parts(tree, store, unbounded(keys)).await
 }
 
 /// `read_keys_newer` for a writer: `read_keys_uncached` with a bound on each key.
@@ -84,8 +80,17 @@ pub async fn read_keys_newer_uncached<E: Entry>(
     store: &dyn Store,
     keys: &[(RecordId, Option<u64>)],
 ) -> Result<Vec<E>, ReadError> {
+    read_keys_in_parts(tree, store, keys.to_vec()).await
+}
+
+/// The writer's lookups of `keys`, a part of them at a time (`hash_parts`).
+async fn read_keys_in_parts<E: Entry>(
+    tree: &Tree<E>,
+    store: &dyn Store,
+    keys: Vec<(RecordId, Option<u64>)>,
+) -> Result<Vec<E>, ReadError> {
     let mut found = Vec::new();
-    for part in hash_parts(keys.to_vec(), |(key, _)| KeyHash::of_record(key)) {
+    for part in hash_parts(keys, |(key, _)| KeyHash::of_record(key)) {
         found.extend(read_looks_uncached(tree, store, &KeyLooks::of(&part)).await?);
     }
     Ok(found)
