@@ -211,6 +211,35 @@ async fn a_corrupt_local_copy_that_is_the_only_copy_is_an_error_and_is_never_upl
     );
 }
 
+/// A flip after the resident part (which the open checked) lands in a filter page, an index chunk
+/// or the whole-file checksum: only the upload's check reads those, and it refuses every one.
+#[tokio::test]
+async fn a_flipped_bit_anywhere_in_a_local_meta_not_yet_uploaded_keeps_it_from_the_bucket() {
+    let _turn = COUNTERS.lock().await;
+    let setup = Setup::new(1 << 30, false).await;
+    setup.index.flush().unwrap();
+    let local = setup.local_file(".meta");
+    let bytes = std::fs::read(&local).unwrap();
+    let resident = backlinks::lsm::table::resident_len::<backlinks::model::ids::Backlink>(&bytes).unwrap() as usize;
+    let mut offsets: Vec<usize> = spread(bytes.len()).into_iter().filter(|&at| at >= resident).collect();
+    offsets.push(resident);
+    for at in offsets {
+        let before = corrupt_objects(ObjectKind::Meta, Place::Local);
+        let original = flip(&local, at);
+        let error = setup.index.publish_manifest().await.unwrap_err().to_string();
+        assert!(error.contains("corrupt object tables/links/") && error.contains(".meta (local copy"), "{at}: {error}");
+        assert_eq!(corrupt_objects(ObjectKind::Meta, Place::Local), before + 1, "flip at {at}: reported once");
+        let links = setup.bucket().join("tables/links");
+        assert!(
+            !links.exists() || files_under(&links, ".meta").is_empty(),
+            "flip at {at}: the meta reached the bucket"
+        );
+        std::fs::write(&local, original).unwrap();
+    }
+    setup.index.publish_manifest().await.unwrap();
+    assert_eq!(bucket_problems(&setup.bucket()).await, []);
+}
+
 #[tokio::test]
 async fn a_flipped_bit_in_a_meta_fails_the_restore_before_it_changes_anything() {
     let _turn = COUNTERS.lock().await;

@@ -19,13 +19,13 @@ use crate::catalog::IngestPosition;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::{ReadError, table_key};
 use crate::lsm::record::TableRecord;
-use crate::lsm::table::{FormatError, TableMeta, verify_data_file};
+use crate::lsm::table::{FormatError, FrameInfo, PAGED_HEADER_LEN, TableMeta, check_data_len, check_in_order};
+use crate::lsm::table::{declared_lengths, is_paged, verify_data_file, verify_data_frames};
 use crate::manifest::{Manifest, OutlineRange};
 use crate::model::account::AccountState;
 use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
 use crate::outline::OutlineKind;
 use crate::store::object::{HashingReader, LocalFile};
-use bytes::Bytes;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
@@ -75,14 +75,11 @@ impl Index {
             let dir = self.tree_files(record.tree).dir();
             let (data_path, meta_path) =
                 (dir.join(format!("{}.data", record.id)), dir.join(format!("{}.meta", record.id)));
-            let meta = Bytes::from(tokio::fs::read(&meta_path).await.map_err(io_err(&meta_path))?);
-            let data = check_before_upload(record.clone(), data_path, meta.clone()).await?;
-            let data_len = data.len;
+            let TableFiles { data, meta } = check_before_upload(record.clone(), data_path, meta_path).await?;
             let started = std::time::Instant::now();
             self.store.put_file(&table_key(record.tree, &record.id, "data"), &data).await?;
-            let meta_len = meta.len() as u64;
-            self.store.put(&table_key(record.tree, &record.id, "meta"), meta).await?;
-            self.counters.upload_bytes.fetch_add(data_len + meta_len, Ordering::Relaxed);
+            self.store.put_file(&table_key(record.tree, &record.id, "meta"), &meta).await?;
+            self.counters.upload_bytes.fetch_add(data.len + meta.len, Ordering::Relaxed);
             add_elapsed(&self.counters.upload_micros, started);
             self.catalog.mark_uploaded(&record.id)?;
             self.tree_files(record.tree).mark_uploaded(&record.id);
@@ -168,10 +165,11 @@ impl Index {
 }
 
 /// A table's local files decode and every frame's checksum holds: a copy that rotted on disk
-/// must never reach the bucket, where it would pass for the good copy. The data file is read a
-/// frame at a time (it is up to 64 MiB) and hashed as it is read: the upload, which reads it
-/// again, sends exactly the bytes checked here or nothing.
-async fn check_before_upload(record: TableRecord, data: PathBuf, meta: Bytes) -> Result<LocalFile, IndexError> {
+/// must never reach the bucket, where it would pass for the good copy. Both files are read in one
+/// pass, the meta a page or index chunk at a time and the data file a frame at a time as the
+/// chunks name them (a data file is up to 64 MiB, a meta tens of MiB), and hashed as they are
+/// read: the upload, which reads them again, sends exactly the bytes checked here or nothing.
+async fn check_before_upload(record: TableRecord, data: PathBuf, meta: PathBuf) -> Result<TableFiles, IndexError> {
     let path = data.clone();
     let checked = tokio::task::spawn_blocking(move || {
         let checked = match record.tree {
@@ -182,23 +180,30 @@ async fn check_before_upload(record: TableRecord, data: PathBuf, meta: Bytes) ->
             TreeKind::Tallies => check_table_files::<Tally>(&data, &meta),
             TreeKind::AccountTallies => check_table_files::<AccountTally>(&data, &meta),
         };
-        checked.map_err(|failure| failure.into_error(&record, &data))
+        checked.map_err(|failure| failure.into_error(&record, &data, &meta))
     });
     checked.await.map_err(|e| io_err(&path)(std::io::Error::other(format!("table check task failed: {e}"))))?
 }
 
+/// A table's two files as checked, to be uploaded.
+struct TableFiles {
+    data: LocalFile,
+    meta: LocalFile,
+}
+
 /// Why a table's local files could not be checked.
 enum CheckFailure {
-    /// The data file could not be opened or read: an IO error, not corruption.
-    Unreadable(std::io::Error),
+    /// A file could not be opened or read: an IO error, not corruption.
+    Unreadable(ObjectKind, std::io::Error),
     /// Which file failed its check, and why.
     Corrupt(ObjectKind, &'static str, FormatError),
 }
 
 impl CheckFailure {
-    fn into_error(self, record: &TableRecord, data: &Path) -> IndexError {
+    fn into_error(self, record: &TableRecord, data: &Path, meta: &Path) -> IndexError {
         match self {
-            CheckFailure::Unreadable(source) => io_err(data)(source),
+            CheckFailure::Unreadable(ObjectKind::Meta, source) => io_err(meta)(source),
+            CheckFailure::Unreadable(_, source) => io_err(data)(source),
             CheckFailure::Corrupt(kind, ext, source) => {
                 let object = format!("{} (local copy)", table_key(record.tree, &record.id, ext));
                 report_corruption(kind, Place::Local, &object, &source);
@@ -208,16 +213,88 @@ impl CheckFailure {
     }
 }
 
-fn check_table_files<E: Entry>(data: &Path, meta: &[u8]) -> Result<LocalFile, CheckFailure> {
-    let meta = TableMeta::<E>::decode(meta).map_err(|e| CheckFailure::Corrupt(ObjectKind::Meta, "meta", e))?;
-    let file = std::fs::File::open(data).map_err(CheckFailure::Unreadable)?;
-    let len = file.metadata().map_err(CheckFailure::Unreadable)?.len();
-    // Frames cover the whole file (a decoded meta's frames are contiguous up to its length), so
-    // the hash is of every byte the check read.
-    let mut reader = HashingReader::new(std::io::BufReader::with_capacity(CHECK_READ_BYTES, file));
-    match verify_data_file(&meta, len, &mut reader) {
-        Ok(()) => Ok(LocalFile { path: data.to_owned(), len, sha256: reader.finish() }),
-        Err(FormatError::Unreadable { detail, .. }) => Err(CheckFailure::Unreadable(std::io::Error::other(detail))),
-        Err(e) => Err(CheckFailure::Corrupt(ObjectKind::Data, "data", e)),
+fn check_table_files<E: Entry>(data: &Path, meta: &Path) -> Result<TableFiles, CheckFailure> {
+    let (meta_file, meta_len) = open_sized(ObjectKind::Meta, meta)?;
+    let (data_file, data_len) = open_sized(ObjectKind::Data, data)?;
+    let mut start = [0u8; PAGED_HEADER_LEN];
+    let read = std::os::unix::fs::FileExt::read_at(&meta_file, &mut start, 0);
+    let start = &start[..read.map_err(|e| CheckFailure::Unreadable(ObjectKind::Meta, e))?];
+    let mut meta_reader = HashingReader::new(std::io::BufReader::with_capacity(CHECK_READ_BYTES, meta_file));
+    let mut data_reader = HashingReader::new(std::io::BufReader::with_capacity(CHECK_READ_BYTES, data_file));
+    if is_paged(start) {
+        check_paged_files::<E>(start, (&mut meta_reader, meta_len), (&mut data_reader, data_len))?;
+    } else {
+        check_resident_files::<E>((&mut meta_reader, meta_len), (&mut data_reader, data_len))?;
+    }
+    // Frames cover the whole data file (a checked meta's frames are contiguous up to its length),
+    // so each hash is of every byte its check read.
+    Ok(TableFiles {
+        data: LocalFile { path: data.to_owned(), len: data_len, sha256: data_reader.finish() },
+        meta: LocalFile { path: meta.to_owned(), len: meta_len, sha256: meta_reader.finish() },
+    })
+}
+
+/// A file opened for its check, and its length.
+fn open_sized(kind: ObjectKind, path: &Path) -> Result<(std::fs::File, u64), CheckFailure> {
+    let unreadable = |e| CheckFailure::Unreadable(kind, e);
+    let file = std::fs::File::open(path).map_err(unreadable)?;
+    let len = file.metadata().map_err(unreadable)?.len();
+    Ok((file, len))
+}
+
+/// A file being checked (read through its hash) and its length.
+type Checked<'a> = (&'a mut HashingReader<std::io::BufReader<std::fs::File>>, u64);
+
+/// A version-4 meta and its data file, checked together in file order: each index chunk's frames
+/// are read from the data file as the chunk is checked.
+fn check_paged_files<E: Entry>(start: &[u8], meta: Checked<'_>, data: Checked<'_>) -> Result<(), CheckFailure> {
+    let (_, declared_meta_len, declared_data_len) = declared_lengths::<E>(start).map_err(CheckFailure::meta)?;
+    check_data_len(declared_data_len, data.1).map_err(CheckFailure::data)?;
+    if declared_meta_len != meta.1 {
+        return Err(CheckFailure::meta(FormatError::Length {
+            what: "meta",
+            expected: declared_meta_len,
+            found: meta.1,
+        }));
+    }
+    let mut buffer = Vec::new();
+    let on_chunk =
+        |frames: &[FrameInfo<E>]| verify_data_frames(frames, data.0, &mut buffer).map_err(CheckFailure::data);
+    check_in_order::<E, CheckFailure>(meta.0, meta.1, |_| {}, on_chunk).map(drop)
+}
+
+/// A meta of an older version (never larger than its tables were then), decoded whole, and its
+/// data file.
+fn check_resident_files<E: Entry>(meta: Checked<'_>, data: Checked<'_>) -> Result<(), CheckFailure> {
+    let mut bytes = Vec::with_capacity(meta.1 as usize);
+    std::io::Read::read_to_end(meta.0, &mut bytes).map_err(|e| CheckFailure::Unreadable(ObjectKind::Meta, e))?;
+    let decoded = TableMeta::<E>::decode(&bytes).map_err(CheckFailure::meta)?;
+    verify_data_file(&decoded, data.1, data.0).map_err(CheckFailure::data)
+}
+
+impl CheckFailure {
+    /// A failure of the meta's check.
+    fn meta(error: FormatError) -> Self {
+        CheckFailure::of(ObjectKind::Meta, "meta", error)
+    }
+
+    /// A failure of the data file's check.
+    fn data(error: FormatError) -> Self {
+        CheckFailure::of(ObjectKind::Data, "data", error)
+    }
+
+    fn of(kind: ObjectKind, ext: &'static str, error: FormatError) -> Self {
+        match error {
+            FormatError::Unreadable { detail, .. } => CheckFailure::Unreadable(kind, std::io::Error::other(detail)),
+            error => CheckFailure::Corrupt(kind, ext, error),
+        }
+    }
+}
+
+/// What the meta's in-order check finds itself (a data file's errors come through `on_chunk`
+/// already placed).
+impl From<FormatError> for CheckFailure {
+    fn from(error: FormatError) -> Self {
+        CheckFailure::meta(error)
     }
 }

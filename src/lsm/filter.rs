@@ -320,12 +320,18 @@ impl Filter {
         out.push(self.k as u8);
         out.extend_from_slice(&[0, 0]);
         out.extend_from_slice(&(self.blocks.len() as u32).to_le_bytes());
-        for block in &self.blocks {
+        self.encode_blocks(0..self.blocks.len(), out);
+        assert_eq!(out.len() - start, self.encoded_len());
+    }
+
+    /// Appends blocks `range` as `encode` writes them (a paged meta writes its filter a page of
+    /// blocks at a time, never the whole encoding at once).
+    pub fn encode_blocks(&self, range: std::ops::Range<usize>, out: &mut Vec<u8>) {
+        for block in &self.blocks[range] {
             for word in block.0 {
                 out.extend_from_slice(&word.to_le_bytes());
             }
         }
-        assert_eq!(out.len() - start, self.encoded_len());
     }
 
     /// Parses exactly one encoded filter; `bytes` must hold nothing else.

@@ -772,14 +772,14 @@ fn open_partial<E: Entry>(
 /// gives. A corrupt one is reported and never written locally.
 pub fn check_fetched_meta<E: Entry>(record: &TableRecord, bytes: &[u8]) -> Result<(), ReadError> {
     let key = table_key(E::TREE, &record.id, "meta");
-    let checked = TableMeta::<E>::decode(bytes).and_then(|meta| {
-        if bytes.len() as u64 == record.meta_len && meta.data_len == record.data_len {
+    let checked = TableMeta::<E>::check_encoded(bytes).and_then(|data_len| {
+        if bytes.len() as u64 == record.meta_len && data_len == record.data_len {
             return Ok(());
         }
         let detail = format!(
             "meta of {} bytes for {} bytes of data; the manifest says {} and {}",
             bytes.len(),
-            meta.data_len,
+            data_len,
             record.meta_len,
             record.data_len
         );

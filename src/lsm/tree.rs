@@ -11,7 +11,7 @@
 //!   compaction swaps its input runs for its output run in one step); a reader's snapshot never
 //!   changes under it. Runs are kept oldest first.
 
-use crate::base::durable::{sync_dir, write_durably};
+use crate::base::durable::sync_dir;
 use crate::lsm::cache::{Budget, FrameCache};
 use crate::lsm::coder::ColumnModels;
 use crate::lsm::entry::Entry;
@@ -468,11 +468,14 @@ impl<E: Entry> TableWriter<E> {
 
     /// Data file fsynced and renamed into place, then the meta file, then the directory.
     pub fn finish(self) -> std::io::Result<TableSummary> {
-        let (file, meta, summary) = self.builder.finish()?;
+        let tmp_meta = self.meta_path.with_extension("tmp");
+        let mut meta = BufWriter::new(File::create(&tmp_meta)?);
+        let (file, summary) = self.builder.finish_to(&mut meta)?;
         let file = file.into_inner().map_err(|e| e.into_error())?;
         file.sync_all()?;
         std::fs::rename(&self.tmp_data, &self.data_path)?;
-        write_durably(&self.meta_path, &meta)?;
+        meta.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp_meta, &self.meta_path)?;
         sync_dir(&self.dir)?;
         Ok(summary)
     }

@@ -11,7 +11,8 @@
 //!   record per chunk of `CHUNK_FRAMES` frames. A merge writes to as many builders at once as it
 //!   has output shards, so what each holds is small: the open frame, the encoder's buffers,
 //!   64 KiB of key hashes and one open chunk; the zstd context is the thread's and the models
-//!   the merge's.
+//!   the merge's. At `finish` a builder holds its filter (about two bytes a distinct key) while
+//!   it writes the meta a page at a time (`finish_to`), never the meta whole.
 
 use super::frame::with_encoder;
 use super::paged::{IndexWriter, MetaParts, assemble};
@@ -197,7 +198,15 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
     }
 
     /// Encodes what is left and returns the data sink, the meta file bytes and a summary.
-    pub fn finish(mut self) -> io::Result<(W, Vec<u8>, TableSummary)> {
+    pub fn finish(self) -> io::Result<(W, Vec<u8>, TableSummary)> {
+        let mut meta = Vec::new();
+        let (data_out, summary) = self.finish_to(&mut meta)?;
+        Ok((data_out, meta, summary))
+    }
+
+    /// Encodes what is left, writes the meta file to `meta_out` (a page or a chunk at a time: a
+    /// large table's meta is never whole in memory) and returns the data sink and a summary.
+    pub fn finish_to(mut self, meta_out: &mut impl Write) -> io::Result<(W, TableSummary)> {
         self.check_usable()?;
         self.or_fail(Self::end_frame)?;
         self.data_out.flush()?;
@@ -213,16 +222,15 @@ impl<E: Entry, W: Write> TableBuilder<E, W> {
             data_len: self.data_len,
             models: self.models.as_deref(),
         };
-        let mut meta_bytes = Vec::new();
-        assemble(&parts, index, &mut meta_bytes)?;
+        let meta_len = assemble(&parts, index, meta_out)?;
         let summary = TableSummary {
             entries: self.entries,
             frames,
             data_len: self.data_len,
-            meta_len: meta_bytes.len() as u64,
+            meta_len,
             stamps: if self.entries == 0 { (0, 0) } else { self.stamps },
         };
-        Ok((self.data_out, meta_bytes, summary))
+        Ok((self.data_out, summary))
     }
 
     fn check_usable(&self) -> io::Result<()> {

@@ -488,17 +488,33 @@ pub fn verify_data_file<E: Entry>(
     file_len: u64,
     reader: &mut impl io::Read,
 ) -> Result<(), FormatError> {
-    const WHAT: &str = "data file";
-    if file_len != meta.data_len {
-        return Err(FormatError::Length { what: WHAT, expected: meta.data_len, found: file_len });
+    check_data_len(meta.data_len, file_len)?;
+    verify_data_frames(&meta.frames, reader, &mut Vec::new())
+}
+
+const DATA_FILE: &str = "data file";
+
+/// A data file must be exactly as long as its meta says.
+pub fn check_data_len(data_len: u64, file_len: u64) -> Result<(), FormatError> {
+    match file_len == data_len {
+        true => Ok(()),
+        false => Err(FormatError::Length { what: DATA_FILE, expected: data_len, found: file_len }),
     }
-    let mut frame = Vec::new();
-    for info in &meta.frames {
-        assert!(info.len as usize <= MAX_FRAME_BYTES, "a decoded meta bounds its frames");
-        frame.resize(info.len as usize, 0);
-        reader.read_exact(&mut frame).map_err(|e| FormatError::Unreadable { what: WHAT, detail: e.to_string() })?;
-        FrameHeader::parse::<E>(&frame)?;
-        verify_checksum("frame", &frame)?;
+}
+
+/// Checks the next frames of a data file, `frames` (consecutive records of a checked meta), read
+/// from `reader` one at a time into `buffer`: each frame's header and checksum.
+pub fn verify_data_frames<E: Entry>(
+    frames: &[FrameInfo<E>],
+    reader: &mut impl io::Read,
+    buffer: &mut Vec<u8>,
+) -> Result<(), FormatError> {
+    for info in frames {
+        assert!(info.len as usize <= MAX_FRAME_BYTES, "a checked meta bounds its frames");
+        buffer.resize(info.len as usize, 0);
+        reader.read_exact(buffer).map_err(|e| FormatError::Unreadable { what: DATA_FILE, detail: e.to_string() })?;
+        FrameHeader::parse::<E>(buffer)?;
+        verify_checksum("frame", buffer)?;
     }
     Ok(())
 }

@@ -226,6 +226,17 @@ impl<E: Entry> TableMeta<E> {
         Ok(meta)
     }
 
+    /// Checks a whole meta of any version as `decode` does and gives its data file's length; a
+    /// version-4 meta is checked a page at a time (`paged::check_in_order`), never decoded whole.
+    pub fn check_encoded(bytes: &[u8]) -> Result<u64, FormatError> {
+        if !super::paged::is_paged(bytes) {
+            return Self::decode(bytes).map(|meta| meta.data_len);
+        }
+        let checked =
+            super::paged::check_in_order::<E, FormatError>(&mut &bytes[..], bytes.len() as u64, |_| {}, |_| Ok(()))?;
+        Ok(checked.data_len)
+    }
+
     /// Cross-field checks of a decoded index (the checksum only proves it was written whole).
     pub(super) fn check(&self) -> Result<(), FormatError> {
         let bad = |detail: String| Err(invalid(META_WHAT, detail));
@@ -265,13 +276,22 @@ impl<E: Entry> TableMeta<E> {
     }
 
     fn check_last(&self) -> Result<(), FormatError> {
-        let (Some(last), Some(last_frame)) = (self.last, self.frames.last()) else { return Ok(()) };
-        let fits = if last_frame.entries == 1 { last == last_frame.first } else { last > last_frame.first };
-        if !fits {
-            return Err(invalid(META_WHAT, format!("last entry {last:?} does not fit the last frame")));
-        }
-        Ok(())
+        check_last_entry(self.last, self.frames.last())
     }
+}
+
+/// The table's last entry must fit its last frame: its first entry when the frame holds one,
+/// else after it.
+pub(super) fn check_last_entry<E: Entry>(
+    last: Option<E>,
+    last_frame: Option<&FrameInfo<E>>,
+) -> Result<(), FormatError> {
+    let (Some(last), Some(last_frame)) = (last, last_frame) else { return Ok(()) };
+    let fits = if last_frame.entries == 1 { last == last_frame.first } else { last > last_frame.first };
+    if !fits {
+        return Err(invalid(META_WHAT, format!("last entry {last:?} does not fit the last frame")));
+    }
+    Ok(())
 }
 
 const META_WHAT: &str = "meta";

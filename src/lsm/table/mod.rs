@@ -40,11 +40,14 @@ mod tests;
 
 pub use super::bytes::FormatError;
 pub use builder::{ModelSampler, Spill, Spills, TableBuilder, learn_models, write_table};
-pub use frame::{FrameSpan, decode_frame, decode_frames, decode_span, verify_data_file, verify_span};
+pub use frame::verify_span;
+pub use frame::{
+    FrameSpan, check_data_len, decode_frame, decode_frames, decode_span, verify_data_file, verify_data_frames,
+};
 pub use meta::TableMeta;
 pub use paged::{
-    CHUNK_FRAMES, HEADER_LEN as PAGED_HEADER_LEN, META_PAGED_VERSION, MetaCache, MetaPage, MetaPiece, PAGE_BLOCKS,
-    PageSource, PageUse, PagedMeta, declared_lengths, is_paged, resident_len,
+    CHUNK_FRAMES, CheckedMeta, HEADER_LEN as PAGED_HEADER_LEN, META_PAGED_VERSION, MetaCache, MetaPage, MetaPiece,
+    PAGE_BLOCKS, PageSource, PageUse, PagedMeta, check_in_order, declared_lengths, is_paged, resident_len,
 };
 pub use partial::PartialFile;
 

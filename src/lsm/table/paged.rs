@@ -20,12 +20,14 @@
 //! - Every page and chunk is checked against its own checksum before it is used or cached; the
 //!   resident part against its checksum, and every directory record against its neighbours and
 //!   the header, when the table is opened. A chunk must agree with its directory record.
-//! - The whole-file checksum lets a whole check (`TableMeta::decode`: uploads, `verify`) work as
-//!   for every other version.
+//! - The whole-file checksum lets a whole check work as for every other version, and in file
+//!   order (`check_in_order`: an upload, a meta fetched whole) it needs one page or chunk in
+//!   memory at a time; a writer writes it the same way (`assemble`).
 //! - A filter page that cannot be read or fails its checksum answers "may contain" (the filter
 //!   only saves reads; the frames' own checksums guard the answer) and is reported.
 
-use super::meta::{META_MAGIC, decode_entry, decode_frame_index, decode_models, encode_entry, encode_frame_index};
+use super::meta::encode_frame_index;
+use super::meta::{META_MAGIC, check_last_entry, decode_entry, decode_frame_index, decode_models, encode_entry};
 use super::partial::PartialFile;
 use super::{FrameInfo, MAX_FRAMES, TableMeta, max_frame_entries};
 use crate::lsm::bytes::{CHECKSUM_LEN, FormatError, Reader, check_range, invalid};
@@ -38,7 +40,7 @@ use std::fs::File;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 use std::sync::{Arc, Mutex, Weak};
-use xxhash_rust::xxh3::xxh3_64;
+use xxhash_rust::xxh3::{Xxh3, xxh3_64};
 
 pub const META_PAGED_VERSION: u16 = 4;
 /// Bytes of version 4's fixed header.
@@ -204,6 +206,18 @@ impl Header {
     fn file_len(&self) -> u64 {
         self.index_offset() + self.index_len + CHECKSUM_LEN as u64
     }
+
+    /// Where filter page `page` lies in the file (its checksum included).
+    fn filter_page_place(&self, page: usize) -> (u64, usize) {
+        let blocks = PAGE_BLOCKS.min(self.shape.blocks - page * PAGE_BLOCKS);
+        let offset = self.filter_offset() + (page * PAGE_BLOCKS * BLOCK_BYTES + page * CHECKSUM_LEN) as u64;
+        (offset, blocks * BLOCK_BYTES + CHECKSUM_LEN)
+    }
+}
+
+/// The most bytes one compressed index chunk (checksum included) may take.
+fn chunk_bound<E: Entry>() -> usize {
+    zstd::zstd_safe::compress_bound(CHUNK_FRAMES * (E::WIDTH + 9)) + CHECKSUM_LEN
 }
 
 /// Appends `meta` encoded as version 4.
@@ -299,26 +313,54 @@ impl<E: Entry, S: std::io::Write> IndexWriter<E, S> {
     }
 }
 
-/// Appends the version-4 meta of `parts` and `index`.
+/// Writes the version-4 meta of `parts` and `index` to `out`, a page or an index chunk's worth at
+/// a time (a large table's meta is tens of MiB, mostly filter), and gives its length.
 pub(super) fn assemble<E: Entry, S: std::io::Read + std::io::Seek>(
     parts: &MetaParts<'_, E>,
     mut index: FinishedIndex<S>,
-    out: &mut Vec<u8>,
-) -> std::io::Result<()> {
-    let start = out.len();
+    out: &mut impl std::io::Write,
+) -> std::io::Result<u64> {
+    let mut out = ChecksummedWriter { inner: out, hasher: Xxh3::new(), len: 0 };
+    let resident = resident_part(parts, &index);
+    out.write(&resident)?;
+    out.write(&xxh3_64(&resident).to_le_bytes())?;
+    let blocks = parts.filter.shape().blocks;
+    let mut page = Vec::with_capacity(PAGE_BLOCKS * BLOCK_BYTES + CHECKSUM_LEN);
+    for first in (0..blocks).step_by(PAGE_BLOCKS) {
+        page.clear();
+        parts.filter.encode_blocks(first..(first + PAGE_BLOCKS).min(blocks), &mut page);
+        let checksum = xxh3_64(&page);
+        page.extend_from_slice(&checksum.to_le_bytes());
+        out.write(&page)?;
+    }
+    index.sink.seek(std::io::SeekFrom::Start(0))?;
+    let mut left = index.index_len;
+    let mut piece = vec![0u8; (64 << 10).min(left as usize)];
+    while left > 0 {
+        let n = piece.len().min(left as usize);
+        std::io::Read::read_exact(&mut index.sink, &mut piece[..n])?;
+        out.write(&piece[..n])?;
+        left -= n as u64;
+    }
+    let checksum = out.hasher.digest();
+    out.write(&checksum.to_le_bytes())?;
+    Ok(out.len)
+}
+
+/// The header, the directory and the compressed models: the part of a version-4 meta a reader
+/// keeps (its checksum follows it).
+fn resident_part<E: Entry, S>(parts: &MetaParts<'_, E>, index: &FinishedIndex<S>) -> Vec<u8> {
     let shape = parts.filter.shape();
     let models = parts.models.map(|models| {
         zstd::bulk::compress(&models.encode(), super::DEFAULT_ZSTD_LEVEL).expect("zstd compresses in memory")
     });
-    let mut filter_body = Vec::with_capacity(parts.filter.encoded_len());
-    parts.filter.encode(&mut filter_body);
-    let blocks = &filter_body[crate::lsm::filter::HEADER_LEN..];
-    let pages = blocks.len().div_ceil(PAGE_BLOCKS * BLOCK_BYTES);
+    let pages = shape.blocks.div_ceil(PAGE_BLOCKS);
     let mut directory = Vec::with_capacity(E::WIDTH + index.records.len());
     if let Some(last) = &parts.last {
         encode_entry(last, &mut directory);
     }
     directory.extend_from_slice(&index.records);
+    let mut out = Vec::with_capacity(HEADER_LEN + directory.len() + models.as_ref().map_or(0, Vec::len));
     out.extend_from_slice(&META_MAGIC);
     out.extend_from_slice(&META_PAGED_VERSION.to_le_bytes());
     out.extend_from_slice(&(E::WIDTH as u16).to_le_bytes());
@@ -335,28 +377,30 @@ pub(super) fn assemble<E: Entry, S: std::io::Read + std::io::Seek>(
     out.extend_from_slice(&declared_width(shard_width::<E>()).to_le_bytes());
     out.extend_from_slice(&(directory.len() as u32).to_le_bytes());
     out.extend_from_slice(&(models.as_ref().map_or(0, Vec::len) as u32).to_le_bytes());
-    out.extend_from_slice(&((blocks.len() + pages * CHECKSUM_LEN) as u64).to_le_bytes());
+    out.extend_from_slice(&((shape.blocks * BLOCK_BYTES + pages * CHECKSUM_LEN) as u64).to_le_bytes());
     out.extend_from_slice(&index.index_len.to_le_bytes());
-    assert_eq!(out.len() - start, HEADER_LEN);
+    assert_eq!(out.len(), HEADER_LEN);
     out.extend_from_slice(&directory);
     if let Some(models) = &models {
         out.extend_from_slice(models);
     }
-    let resident_checksum = xxh3_64(&out[start..]);
-    out.extend_from_slice(&resident_checksum.to_le_bytes());
-    for page in blocks.chunks(PAGE_BLOCKS * BLOCK_BYTES) {
-        out.extend_from_slice(page);
-        out.extend_from_slice(&xxh3_64(page).to_le_bytes());
+    out
+}
+
+/// A writer of a meta in file order that keeps the xxh3-64 and the length of everything written.
+struct ChecksummedWriter<'a, W> {
+    inner: &'a mut W,
+    hasher: Xxh3,
+    len: u64,
+}
+
+impl<W: std::io::Write> ChecksummedWriter<'_, W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.inner.write_all(bytes)?;
+        self.hasher.update(bytes);
+        self.len += bytes.len() as u64;
+        Ok(())
     }
-    let index_start = out.len();
-    index.sink.seek(std::io::SeekFrom::Start(0))?;
-    std::io::Read::read_to_end(&mut std::io::Read::take(index.sink, index.index_len), out)?;
-    if (out.len() - index_start) as u64 != index.index_len {
-        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "the frame index spill ended early"));
-    }
-    let checksum = xxh3_64(&out[start..]);
-    out.extend_from_slice(&checksum.to_le_bytes());
-    Ok(())
 }
 
 fn with_checksum(mut bytes: Vec<u8>) -> Vec<u8> {
@@ -415,21 +459,9 @@ impl<E: Entry> PagedMeta<E> {
         if header.file_len() != file_len {
             return Err(FormatError::Length { what: WHAT, expected: header.file_len(), found: file_len });
         }
-        let resident = source.read(0, header.resident_len())?;
-        let resident = checked("paged meta resident part", &resident)?;
-        let mut reader = Reader::new(WHAT, &resident[HEADER_LEN..]);
-        let directory = reader.take(header.directory_len)?;
-        let models_bytes = reader.take(header.models_len)?;
-        reader.expect_end()?;
-        let (last, chunks) = parse_directory::<E>(&header, directory)?;
-        let models = (header.models_len > 0).then(|| ModelsPlace {
-            offset: (HEADER_LEN + header.directory_len) as u64,
-            len: header.models_len,
-            checksum: xxh3_64(models_bytes),
-        });
-        if header.models_len > 0 {
-            decode_models::<E>(models_bytes)?;
-        }
+        let Resident { last, chunks, models, .. } =
+            parse_resident::<E>(&header, &source.read(0, header.resident_len())?)?;
+        let models = models.map(|(place, _)| place);
         let held_models = Mutex::new(Weak::new());
         Ok(PagedMeta { header, last, models, chunks, source, cache, serial, held_models })
     }
@@ -586,9 +618,7 @@ impl<E: Entry> PagedMeta<E> {
 
     /// Where filter page `page` lies in the file (its checksum included).
     fn filter_page_place(&self, page: usize) -> (u64, usize) {
-        let blocks = PAGE_BLOCKS.min(self.header.shape.blocks - page * PAGE_BLOCKS);
-        let offset = self.header.filter_offset() + (page * PAGE_BLOCKS * BLOCK_BYTES + page * CHECKSUM_LEN) as u64;
-        (offset, blocks * BLOCK_BYTES + CHECKSUM_LEN)
+        self.header.filter_page_place(page)
     }
 
     /// The partial local copy this meta reads, while some of it is still to be fetched.
@@ -698,11 +728,7 @@ impl<E: Entry> PagedMeta<E> {
         let key = INDEX_KEY_BIT | c as u32;
         let info = &self.chunks[c];
         let bytes = self.source.read(info.meta_offset, info.len as usize)?;
-        let count = CHUNK_FRAMES.min(self.header.frames - c * CHUNK_FRAMES);
-        let mut frames = decode_frame_index::<E>(checked("frame index chunk", &bytes)?, count)?;
-        frames.iter_mut().for_each(|frame| frame.offset += info.data_offset);
-        check_chunk(&self.header, &self.chunks, c, &frames)?;
-        let frames: Arc<[FrameInfo<E>]> = frames.into();
+        let frames: Arc<[FrameInfo<E>]> = decode_chunk(&self.header, &self.chunks, c, &bytes)?.into();
         if with == PageUse::Lookup {
             self.cache.insert(self.serial, key, MetaPage::Index(frames.clone()));
         }
@@ -945,8 +971,7 @@ fn parse_header<E: Entry>(bytes: &[u8]) -> Result<Header, FormatError> {
     check_range(WHAT, "column models length", models_len as u64, 0, models_bound as u64)?;
     let filter_expected = (blocks * BLOCK_BYTES + header.pages() * CHECKSUM_LEN) as u64;
     check_range(WHAT, "filter length", filter_len, filter_expected, filter_expected)?;
-    let chunk_bound = zstd::zstd_safe::compress_bound(CHUNK_FRAMES * (E::WIDTH + 9)) + CHECKSUM_LEN;
-    check_range(WHAT, "index length", index_len, 0, (header.chunks() * chunk_bound) as u64)?;
+    check_range(WHAT, "index length", index_len, 0, (header.chunks() * chunk_bound::<E>()) as u64)?;
     if (entries == 0) != (frames == 0) {
         return Err(invalid(WHAT, format!("{entries} entries in {frames} frames")));
     }
@@ -971,7 +996,8 @@ fn parse_directory<E: Entry>(header: &Header, bytes: &[u8]) -> Result<(Option<E>
         let previous = chunks.last();
         let ordered = previous.is_none_or(|p| p.first < chunk.first && p.data_offset < chunk.data_offset);
         let starts_right = c > 0 || (chunk.data_offset == 0 && !chunk.continues);
-        if !ordered || !starts_right || data_offset >= header.data_len || (len as usize) <= CHECKSUM_LEN {
+        let fits = (CHECKSUM_LEN + 1..=chunk_bound::<E>()).contains(&(len as usize));
+        if !ordered || !starts_right || data_offset >= header.data_len || !fits {
             return Err(invalid(WHAT, format!("directory record {c} is out of place")));
         }
         if last.is_some_and(|last| chunk.first > last) {
@@ -1030,16 +1056,130 @@ fn check_chunk<E: Entry>(
 /// The whole meta, decoded and checked (every page and chunk): what `TableMeta::decode` gives
 /// for version 4.
 pub(super) fn decode_whole<E: Entry>(bytes: &[u8]) -> Result<TableMeta<E>, FormatError> {
-    crate::lsm::bytes::verify_checksum("meta", bytes)?;
-    let paged = PagedMeta::<E>::open(PageSource::Memory(bytes.into()), MetaCache::new(0), 0)?;
-    let mut blocks = Vec::with_capacity(paged.header.shape.blocks * BLOCK_BYTES);
-    for page in 0..paged.header.pages() {
-        blocks.extend_from_slice(&paged.filter_page(page)?);
-    }
-    let filter: Filter = crate::lsm::filter::from_blocks(paged.header.shape, &blocks)?;
-    let frames = paged.frame_infos(0..paged.header.frames, PageUse::Scan)?;
-    let models = paged.models(PageUse::Scan)?.map(Arc::unwrap_or_clone);
-    let meta = TableMeta::new(filter, frames, paged.last, paged.header.entries, paged.header.data_len, models);
+    let (mut blocks, mut frames) = (Vec::new(), Vec::new());
+    let checked = check_in_order::<E, FormatError>(
+        &mut &bytes[..],
+        bytes.len() as u64,
+        |page| blocks.extend_from_slice(page),
+        |chunk| {
+            frames.extend_from_slice(chunk);
+            Ok(())
+        },
+    )?;
+    let filter: Filter = crate::lsm::filter::from_blocks(checked.shape, &blocks)?;
+    let meta = TableMeta::new(filter, frames, checked.last, checked.entries, checked.data_len, checked.models);
     meta.check()?;
     Ok(meta)
+}
+
+/// What a whole check of a version-4 meta found, besides its pages and chunks.
+#[derive(Debug)]
+pub struct CheckedMeta<E> {
+    pub shape: FilterShape,
+    pub last: Option<E>,
+    pub entries: u64,
+    pub data_len: u64,
+    pub models: Option<ColumnModels>,
+}
+
+/// Reads a whole version-4 meta of `file_len` bytes from `reader`, in file order, and checks all
+/// of it: the header, the resident part, every filter page, every index chunk (against its
+/// directory record and neighbours), the frames' cover of the data file, the last entry and the
+/// whole-file checksum. Holds one page or chunk at a time (an upload checks metas of tens of MiB
+/// this way), handing each page's blocks to `on_page` and each chunk's frames to `on_chunk`, in
+/// order; an error from `on_chunk` ends the check. A read that fails is `Unreadable`.
+pub fn check_in_order<E: Entry, X: From<FormatError>>(
+    reader: &mut impl std::io::Read,
+    file_len: u64,
+    mut on_page: impl FnMut(&[u8]),
+    mut on_chunk: impl FnMut(&[FrameInfo<E>]) -> Result<(), X>,
+) -> Result<CheckedMeta<E>, X> {
+    let mut reader = ChecksummedReader { inner: reader, hasher: Xxh3::new() };
+    let mut resident = reader.take(HEADER_LEN.min(file_len as usize))?;
+    let header = parse_header::<E>(&resident)?;
+    if header.file_len() != file_len {
+        return Err(FormatError::Length { what: WHAT, expected: header.file_len(), found: file_len }.into());
+    }
+    resident.extend_from_slice(&reader.take(header.resident_len() - HEADER_LEN)?);
+    let Resident { last, chunks, models, .. } = parse_resident::<E>(&header, &resident)?;
+    drop(resident);
+    for page in 0..header.pages() {
+        on_page(checked("filter page", &reader.take(header.filter_page_place(page).1)?)?);
+    }
+    let (mut entries, mut last_frame) = (0u64, None);
+    for c in 0..chunks.len() {
+        let frames = decode_chunk(&header, &chunks, c, &reader.take(chunks[c].len as usize)?)?;
+        entries += frames.iter().map(|frame| u64::from(frame.entries)).sum::<u64>();
+        last_frame = frames.last().copied();
+        on_chunk(&frames)?;
+    }
+    let computed = reader.hasher.digest();
+    let stored = u64::from_le_bytes(reader.take(CHECKSUM_LEN)?.try_into().expect("8 bytes"));
+    if stored != computed {
+        return Err(FormatError::Checksum { what: "meta", stored, computed }.into());
+    }
+    if entries != header.entries {
+        return Err(invalid(WHAT, format!("frames hold {entries} entries, header says {}", header.entries)).into());
+    }
+    check_last_entry(last, last_frame.as_ref())?;
+    let models = models.map(|(_, models)| models);
+    Ok(CheckedMeta { shape: header.shape, last, entries, data_len: header.data_len, models })
+}
+
+/// A reader of a meta in file order that keeps the xxh3-64 of everything it read.
+struct ChecksummedReader<'a, R> {
+    inner: &'a mut R,
+    hasher: Xxh3,
+}
+
+impl<R: std::io::Read> ChecksummedReader<'_, R> {
+    /// The next `len` bytes (the caller bounded `len` by the header's checked lengths).
+    fn take(&mut self, len: usize) -> Result<Vec<u8>, FormatError> {
+        let mut bytes = vec![0u8; len];
+        self.inner.read_exact(&mut bytes).map_err(unreadable)?;
+        self.hasher.update(&bytes);
+        Ok(bytes)
+    }
+}
+
+/// What the resident part holds: the last entry, the chunk directory, and where the column models
+/// lie with the models decoded (decoded to check them, whether or not they are kept).
+struct Resident<E> {
+    last: Option<E>,
+    chunks: Vec<ChunkInfo<E>>,
+    models: Option<(ModelsPlace, ColumnModels)>,
+}
+
+/// Checks the resident part (`bytes`, the header included, its checksum last) and parses it.
+fn parse_resident<E: Entry>(header: &Header, bytes: &[u8]) -> Result<Resident<E>, FormatError> {
+    let resident = checked("paged meta resident part", bytes)?;
+    let mut reader = Reader::new(WHAT, &resident[HEADER_LEN..]);
+    let directory = reader.take(header.directory_len)?;
+    let models_bytes = reader.take(header.models_len)?;
+    reader.expect_end()?;
+    let (last, chunks) = parse_directory::<E>(header, directory)?;
+    let models = match header.models_len {
+        0 => None,
+        len => {
+            let offset = (HEADER_LEN + header.directory_len) as u64;
+            let place = ModelsPlace { offset, len, checksum: xxh3_64(models_bytes) };
+            Some((place, decode_models::<E>(models_bytes)?))
+        }
+    };
+    Ok(Resident { last, chunks, models })
+}
+
+/// Chunk `c`'s bytes (its checksum last), checked, decoded, placed in the data file and checked
+/// against its directory record and neighbours.
+fn decode_chunk<E: Entry>(
+    header: &Header,
+    chunks: &[ChunkInfo<E>],
+    c: usize,
+    bytes: &[u8],
+) -> Result<Vec<FrameInfo<E>>, FormatError> {
+    let count = CHUNK_FRAMES.min(header.frames - c * CHUNK_FRAMES);
+    let mut frames = decode_frame_index::<E>(checked("frame index chunk", bytes)?, count)?;
+    frames.iter_mut().for_each(|frame| frame.offset += chunks[c].data_offset);
+    check_chunk(header, chunks, c, &frames)?;
+    Ok(frames)
 }

@@ -1163,3 +1163,61 @@ fn a_paged_meta_says_what_its_filter_holds() {
         }
     }
 }
+
+/// A reader that counts the bytes read through it and the largest single read.
+struct CountingReader<'a> {
+    inner: &'a [u8],
+    read: usize,
+}
+
+impl Read for CountingReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read += n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn an_in_order_check_reads_a_meta_once_and_hands_it_over_a_page_and_a_chunk_at_a_time() {
+    let entries = realistic_backlinks(60_000, 500, 20_000, 9);
+    let (_, meta_bytes, _) = build(&entries, &options(1 << 10));
+    let whole = TableMeta::<Backlink>::decode(&meta_bytes).unwrap();
+    assert!(whole.frames.len() > 3 * CHUNK_FRAMES, "{} frames: too few chunks to test", whole.frames.len());
+    let (mut pages, mut frames, mut largest_chunk) = (Vec::new(), Vec::new(), 0);
+    let mut reader = CountingReader { inner: &meta_bytes, read: 0 };
+    let checked = check_in_order::<Backlink, FormatError>(
+        &mut reader,
+        meta_bytes.len() as u64,
+        |page| pages.extend_from_slice(page),
+        |chunk| {
+            largest_chunk = largest_chunk.max(chunk.len());
+            frames.extend_from_slice(chunk);
+            Ok(())
+        },
+    )
+    .unwrap();
+    assert_eq!(reader.read, meta_bytes.len(), "every byte read once");
+    assert_eq!(largest_chunk, CHUNK_FRAMES);
+    assert_eq!(frames, whole.frames);
+    let mut filter = Vec::new();
+    whole.filter.encode(&mut filter);
+    assert_eq!(pages, filter[crate::lsm::filter::HEADER_LEN..]);
+    assert_eq!((checked.last, checked.entries, checked.data_len), (whole.last, whole.entries, whole.data_len));
+    // A chunk's error ends the check there, as the caller's own.
+    let mut chunks_seen = 0;
+    let stopped = check_in_order::<Backlink, FormatError>(
+        &mut &meta_bytes[..],
+        meta_bytes.len() as u64,
+        |_| {},
+        |_| {
+            chunks_seen += 1;
+            Err(crate::lsm::bytes::invalid("test", "stop"))
+        },
+    );
+    assert!(matches!(stopped, Err(FormatError::Invalid { what: "test", .. })) && chunks_seen == 1);
+    // A file shorter or longer than its header says is refused before anything else is read.
+    let short =
+        check_in_order::<Backlink, FormatError>(&mut &meta_bytes[..], meta_bytes.len() as u64 - 1, |_| {}, |_| Ok(()));
+    assert!(matches!(short, Err(FormatError::Length { .. })), "{short:?}");
+}
