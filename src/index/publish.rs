@@ -217,8 +217,9 @@ fn check_table_files<E: Entry>(data: &Path, meta: &Path) -> Result<TableFiles, C
     let (meta_file, meta_len) = open_sized(ObjectKind::Meta, meta)?;
     let (data_file, data_len) = open_sized(ObjectKind::Data, data)?;
     let mut start = [0u8; PAGED_HEADER_LEN];
-    let read = std::os::unix::fs::FileExt::read_at(&meta_file, &mut start, 0);
-    let start = &start[..read.map_err(|e| CheckFailure::Unreadable(ObjectKind::Meta, e))?];
+    let start = &mut start[..meta_len.min(PAGED_HEADER_LEN as u64) as usize];
+    let read = std::os::unix::fs::FileExt::read_exact_at(&meta_file, start, 0);
+    read.map_err(|e| CheckFailure::Unreadable(ObjectKind::Meta, e))?;
     let mut meta_reader = HashingReader::new(std::io::BufReader::with_capacity(CHECK_READ_BYTES, meta_file));
     let mut data_reader = HashingReader::new(std::io::BufReader::with_capacity(CHECK_READ_BYTES, data_file));
     if is_paged(start) {
