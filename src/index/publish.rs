@@ -249,15 +249,10 @@ type Checked<'a> = (&'a mut HashingReader<std::io::BufReader<std::fs::File>>, u6
 /// A version-4 meta and its data file, checked together in file order: each index chunk's frames
 /// are read from the data file as the chunk is checked.
 fn check_paged_files<E: Entry>(start: &[u8], meta: Checked<'_>, data: Checked<'_>) -> Result<(), CheckFailure> {
-    let (_, declared_meta_len, declared_data_len) = declared_lengths::<E>(start).map_err(CheckFailure::meta)?;
+    // The data file's length first, so that a short one is corruption, not a failed read; the
+    // meta's own length is the in-order check's first.
+    let (_, _, declared_data_len) = declared_lengths::<E>(start).map_err(CheckFailure::meta)?;
     check_data_len(declared_data_len, data.1).map_err(CheckFailure::data)?;
-    if declared_meta_len != meta.1 {
-        return Err(CheckFailure::meta(FormatError::Length {
-            what: "meta",
-            expected: declared_meta_len,
-            found: meta.1,
-        }));
-    }
     let mut buffer = Vec::new();
     let on_chunk =
         |frames: &[FrameInfo<E>]| verify_data_frames(frames, data.0, &mut buffer).map_err(CheckFailure::data);

@@ -459,8 +459,7 @@ impl<E: Entry> PagedMeta<E> {
         if header.file_len() != file_len {
             return Err(FormatError::Length { what: WHAT, expected: header.file_len(), found: file_len });
         }
-        let Resident { last, chunks, models, .. } =
-            parse_resident::<E>(&header, &source.read(0, header.resident_len())?)?;
+        let Resident { last, chunks, models } = parse_resident::<E>(&header, &source.read(0, header.resident_len())?)?;
         let models = models.map(|(place, _)| place);
         let held_models = Mutex::new(Weak::new());
         Ok(PagedMeta { header, last, models, chunks, source, cache, serial, held_models })
@@ -1094,21 +1093,21 @@ pub fn check_in_order<E: Entry, X: From<FormatError>>(
     mut on_page: impl FnMut(&[u8]),
     mut on_chunk: impl FnMut(&[FrameInfo<E>]) -> Result<(), X>,
 ) -> Result<CheckedMeta<E>, X> {
-    let mut reader = ChecksummedReader { inner: reader, hasher: Xxh3::new() };
-    let mut resident = reader.take(HEADER_LEN.min(file_len as usize))?;
+    let mut reader = ChecksummedReader { inner: reader, hasher: Xxh3::new(), buffer: Vec::new() };
+    let mut resident = reader.take(HEADER_LEN.min(file_len as usize))?.to_vec();
     let header = parse_header::<E>(&resident)?;
     if header.file_len() != file_len {
         return Err(FormatError::Length { what: WHAT, expected: header.file_len(), found: file_len }.into());
     }
-    resident.extend_from_slice(&reader.take(header.resident_len() - HEADER_LEN)?);
-    let Resident { last, chunks, models, .. } = parse_resident::<E>(&header, &resident)?;
+    resident.extend_from_slice(reader.take(header.resident_len() - HEADER_LEN)?);
+    let Resident { last, chunks, models } = parse_resident::<E>(&header, &resident)?;
     drop(resident);
     for page in 0..header.pages() {
-        on_page(checked("filter page", &reader.take(header.filter_page_place(page).1)?)?);
+        on_page(checked("filter page", reader.take(header.filter_page_place(page).1)?)?);
     }
     let (mut entries, mut last_frame) = (0u64, None);
     for c in 0..chunks.len() {
-        let frames = decode_chunk(&header, &chunks, c, &reader.take(chunks[c].len as usize)?)?;
+        let frames = decode_chunk(&header, &chunks, c, reader.take(chunks[c].len as usize)?)?;
         entries += frames.iter().map(|frame| u64::from(frame.entries)).sum::<u64>();
         last_frame = frames.last().copied();
         on_chunk(&frames)?;
@@ -1126,19 +1125,21 @@ pub fn check_in_order<E: Entry, X: From<FormatError>>(
     Ok(CheckedMeta { shape: header.shape, last, entries, data_len: header.data_len, models })
 }
 
-/// A reader of a meta in file order that keeps the xxh3-64 of everything it read.
+/// A reader of a meta in file order that keeps the xxh3-64 of everything it read, reading each
+/// piece into one reused buffer.
 struct ChecksummedReader<'a, R> {
     inner: &'a mut R,
     hasher: Xxh3,
+    buffer: Vec<u8>,
 }
 
 impl<R: std::io::Read> ChecksummedReader<'_, R> {
     /// The next `len` bytes (the caller bounded `len` by the header's checked lengths).
-    fn take(&mut self, len: usize) -> Result<Vec<u8>, FormatError> {
-        let mut bytes = vec![0u8; len];
-        self.inner.read_exact(&mut bytes).map_err(unreadable)?;
-        self.hasher.update(&bytes);
-        Ok(bytes)
+    fn take(&mut self, len: usize) -> Result<&[u8], FormatError> {
+        self.buffer.resize(len, 0);
+        self.inner.read_exact(&mut self.buffer).map_err(unreadable)?;
+        self.hasher.update(&self.buffer);
+        Ok(&self.buffer)
     }
 }
 
