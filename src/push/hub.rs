@@ -18,6 +18,10 @@
 //!   queue (`HELD_SHARE`). Order is kept and nothing is lost (a member that leaves with some
 //!   held resumes from its last cursor, before them); only their latency grows, and a member
 //!   wakes about once a hold for account events instead of in nearly every round.
+//! - An account event is kept once for all members (`AccountEvents`), each member holding only
+//!   how far it has taken them: it costs the hub one push, not one per member, until it is sent.
+//!   The hub keeps those some member has not taken, fewer than a share of a queue after each
+//!   round: a member holding that many, or holding them for a hold, takes them.
 //! - At most `max_subscribers` subscriptions exist at once (`admit`).
 //! - Delivery yields to ingest: the hub's task and the subscribers' connections run on
 //!   `delivery_runtime`, whose threads run at `DELIVERY_NICE`, the lowest priority that still
@@ -33,7 +37,7 @@ use super::filter::{Filter, did_of_target};
 use super::log::{LogReader, LogShared};
 use super::{PushCounters, PushError};
 use crate::base::priority::lower_this_thread;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
@@ -133,28 +137,80 @@ struct Member {
     /// Events sent and not yet taken by the connection: never more than `buffer_events`.
     queued: Arc<AtomicUsize>,
     cut: Arc<Cut>,
-    /// Account events not sent yet, in cursor order, and when the first of them was held.
-    held: Vec<Delivery>,
-    held_since: Option<Instant>,
+    /// The sequence number (in `AccountEvents`) of the first account event it has not taken.
+    accounts_taken: u64,
 }
 
 impl Member {
-    /// Holds an account event back (module invariants), unless it holds enough already.
-    fn hold(&mut self, delivery: Delivery, now: Instant, limit: usize) -> Option<Vec<Delivery>> {
-        self.held.push(delivery);
-        self.held_since.get_or_insert(now);
-        (self.held.len() >= limit).then(|| self.release())
+    /// Adds the account events it has not taken to `batch`, in cursor order (those at or before
+    /// its `after` were sent by its replay; a member cut off takes them and sends nothing).
+    fn take_account_events(&mut self, accounts: &AccountEvents, batch: &mut Vec<Delivery>) {
+        if self.cut.reason().is_none() {
+            let after = self.after;
+            batch.extend(accounts.since(self.accounts_taken).filter(|held| held.cursor > after).map(|held| {
+                debug_assert!(self.filter.matches(&held.delivery.event()), "account events match every filter");
+                held.delivery.clone()
+            }));
+        }
+        self.accounts_taken = accounts.end();
     }
 
-    /// The account events held back, which go before anything later.
-    fn release(&mut self) -> Vec<Delivery> {
-        self.held_since = None;
-        std::mem::take(&mut self.held)
+    /// Whether the account events it holds are due to be sent without a link event: it holds
+    /// `limit` of them, or the first has waited `HOLD_ACCOUNT_EVENTS`.
+    fn account_events_due(&self, accounts: &AccountEvents, now: Instant, limit: usize) -> bool {
+        let held = accounts.end() - self.accounts_taken;
+        held as usize >= limit
+            || accounts
+                .held_at(self.accounts_taken)
+                .is_some_and(|since| now.duration_since(since) >= HOLD_ACCOUNT_EVENTS)
+    }
+}
+
+/// One account event kept for the members that have not taken it.
+struct HeldEvent {
+    delivery: Delivery,
+    cursor: i64,
+    since: Instant,
+}
+
+/// The account events some member has not taken, in cursor order, each numbered by a sequence
+/// that never goes back (the first one's number is `first`).
+#[derive(Default)]
+struct AccountEvents {
+    first: u64,
+    events: VecDeque<HeldEvent>,
+}
+
+impl AccountEvents {
+    /// The sequence number the next account event gets.
+    fn end(&self) -> u64 {
+        self.first + self.events.len() as u64
     }
 
-    /// Whether its held account events have waited long enough to be sent on their own.
-    fn hold_expired(&self, now: Instant) -> bool {
-        self.held_since.is_some_and(|since| now.duration_since(since) >= HOLD_ACCOUNT_EVENTS)
+    fn push(&mut self, delivery: Delivery, cursor: i64, since: Instant) {
+        debug_assert!(self.events.back().is_none_or(|last| last.cursor < cursor), "in cursor order");
+        self.events.push_back(HeldEvent { delivery, cursor, since });
+    }
+
+    /// The events from sequence number `from` on.
+    fn since(&self, from: u64) -> impl Iterator<Item = &HeldEvent> {
+        assert!(from >= self.first && from <= self.end(), "a member never takes events forgotten or not pushed yet");
+        self.events.range((from - self.first) as usize..)
+    }
+
+    /// When the event numbered `sequence` was kept, if it is.
+    fn held_at(&self, sequence: u64) -> Option<Instant> {
+        let index = usize::try_from(sequence.checked_sub(self.first)?).ok()?;
+        self.events.get(index).map(|held| held.since)
+    }
+
+    /// Forgets the events before `sequence` (every member has taken them).
+    fn forget_before(&mut self, sequence: u64) {
+        assert!(sequence <= self.end());
+        while self.first < sequence {
+            self.events.pop_front();
+            self.first += 1;
+        }
     }
 }
 
@@ -231,6 +287,7 @@ struct HubState {
     position: i64,
     members: HashMap<u64, Member>,
     routes: Routes,
+    accounts: AccountEvents,
     next_id: u64,
 }
 
@@ -316,7 +373,13 @@ impl Hub {
     ) -> Arc<Hub> {
         assert!(options.buffer_events > 0 && options.max_subscribers > 0);
         let position = log.end().last_cursor;
-        let state = HubState { position, members: HashMap::new(), routes: Routes::default(), next_id: 0 };
+        let state = HubState {
+            position,
+            members: HashMap::new(),
+            routes: Routes::default(),
+            accounts: AccountEvents::default(),
+            next_id: 0,
+        };
         let hub = Arc::new(Hub { log, options, state: Mutex::new(state), counters });
         delivery.spawn(follow_log(Arc::downgrade(&hub), position));
         hub
@@ -365,8 +428,10 @@ impl Hub {
         let id = state.next_id;
         state.next_id += 1;
         state.routes.add(id, &filter);
-        let member =
-            Member { filter, after, queue, queued: queued.clone(), cut: cut.clone(), held: vec![], held_since: None };
+        // Every account event kept was handed out (its cursor is at most `position`, so at most
+        // `after`): none is for this member.
+        let accounts_taken = state.accounts.end();
+        let member = Member { filter, after, queue, queued: queued.clone(), cut: cut.clone(), accounts_taken };
         state.members.insert(id, member);
         Join::Joined(Subscription { hub: self.clone(), id, queue: receiver, queued, cut })
     }
@@ -399,14 +464,10 @@ impl Hub {
         let mut batches: HashMap<u64, Vec<Delivery>> = HashMap::new();
         for entry in entries {
             let entry = Arc::new(entry);
-            route_entry(&mut state, &entry, (now, self.hold_limit()), &mut batches);
+            route_entry(&mut state, &entry, now, &mut batches);
             state.position = state.position.max(entry.last_cursor());
         }
-        for (id, member) in &mut state.members {
-            if !member.held.is_empty() && (batches.contains_key(id) || member.hold_expired(now)) {
-                batches.entry(*id).or_default().extend(member.release());
-            }
-        }
+        self.send_due_account_events(&mut state, now, &mut batches);
         for (id, batch) in batches {
             let Some(member) = state.members.get(&id) else { continue };
             // An empty queue takes any batch (one entry may hold more events than a queue).
@@ -421,6 +482,21 @@ impl Hub {
             // A closed queue is a connection on its way out: it leaves by itself.
             let _ = member.queue.send(batch);
         }
+    }
+
+    /// Adds the account events a member holds to its batch when it has one, or when they are
+    /// due on their own; then forgets those every member has taken.
+    fn send_due_account_events(&self, state: &mut HubState, now: Instant, batches: &mut HashMap<u64, Vec<Delivery>>) {
+        let HubState { members, accounts, .. } = state;
+        let (end, limit) = (accounts.end(), self.hold_limit());
+        for (id, member) in members.iter_mut() {
+            if member.accounts_taken < end
+                && (batches.contains_key(id) || member.account_events_due(accounts, now, limit))
+            {
+                member.take_account_events(accounts, batches.entry(*id).or_default());
+            }
+        }
+        accounts.forget_before(members.values().map(|member| member.accounts_taken).min().unwrap_or(end));
     }
 
     fn hold_limit(&self) -> usize {
@@ -440,34 +516,29 @@ impl Hub {
 }
 
 /// Adds the entry's events to the batches of the members they concern (rendering each event's
-/// frame once, for all of them): a link event after the account events its member held, an
-/// account event to what its member holds.
-fn route_entry(
-    state: &mut HubState,
-    entry: &Arc<Entry>,
-    (now, hold_limit): (Instant, usize),
-    batches: &mut HashMap<u64, Vec<Delivery>>,
-) {
+/// frame once, for all of them): a link event after the account events its member has not taken;
+/// an account event is kept once, for every member to take (`send_due_account_events`).
+fn route_entry(state: &mut HubState, entry: &Arc<Entry>, now: Instant, batches: &mut HashMap<u64, Vec<Delivery>>) {
+    let HubState { members, routes, accounts, .. } = state;
     for (index, event) in entry.events().enumerate() {
-        let (candidates, is_link) = match event {
-            PushEvent::Link { link, .. } => (state.routes.candidates(&link.target), true),
-            PushEvent::Hide { .. } | PushEvent::Show { .. } => (state.members.keys().copied().collect(), false),
+        let PushEvent::Link { link, .. } = &event else {
+            // With no member, nobody is owed it: a member joining later starts past it.
+            if !members.is_empty() {
+                let delivery = Delivery { entry: entry.clone(), index, frame: event.to_json().into() };
+                accounts.push(delivery, event.cursor(), now);
+            }
+            continue;
         };
         let mut frame: Option<Utf8Bytes> = None;
-        for id in candidates {
-            let Some(member) = state.members.get_mut(&id) else { continue };
+        for id in routes.candidates(&link.target) {
+            let Some(member) = members.get_mut(&id) else { continue };
             if event.cursor() <= member.after || !member.filter.matches(&event) || member.cut.reason().is_some() {
                 continue;
             }
             let frame = frame.get_or_insert_with(|| event.to_json().into()).clone();
-            let delivery = Delivery { entry: entry.clone(), index, frame };
-            if is_link {
-                let batch = batches.entry(id).or_default();
-                batch.extend(member.release());
-                batch.push(delivery);
-            } else if let Some(released) = member.hold(delivery, now, hold_limit) {
-                batches.entry(id).or_default().extend(released);
-            }
+            let batch = batches.entry(id).or_default();
+            member.take_account_events(accounts, batch);
+            batch.push(Delivery { entry: entry.clone(), index, frame });
         }
     }
 }
@@ -659,6 +730,63 @@ mod tests {
         let held_at_most = 16 / HELD_SHARE;
         publish(&mut log, (4..4 + held_at_most as i64).map(hide).collect());
         assert_eq!(cursors(&mut other).len(), held_at_most, "a share of the queue is sent at once");
+    }
+
+    #[test]
+    fn an_account_event_is_kept_once_for_every_member_and_forgotten_once_all_took_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
+        let mut log = ChangeLog::open(dir.path(), options).unwrap();
+        let delivery = tokio::runtime::Runtime::new().unwrap();
+        let options = HubOptions { max_subscribers: 100, buffer_events: 64 };
+        let hub = Hub::start(log.shared().clone(), options, Arc::new(PushCounters::default()), delivery.handle());
+        let publish = |log: &mut ChangeLog, entries: Vec<Entry>| {
+            let last = entries.last().unwrap().last_cursor();
+            for entry in &entries {
+                log.append(entry).unwrap();
+            }
+            log.publish().unwrap();
+            while hub.position() < last {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        };
+        let kept = || hub.lock().accounts.events.len();
+        let cursors = |subscription: &mut Subscription| -> Vec<i64> {
+            subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
+        };
+        publish(&mut log, vec![hide(1)]);
+        assert_eq!(kept(), 0, "nobody is owed an account event made before anyone joined");
+        let mut members: Vec<Subscription> = (0..50)
+            .map(|_| match hub.join(filter(&[("target", OTHER)]), 1) {
+                Join::Joined(subscription) => subscription,
+                Join::Behind => panic!("joins at the hub's position"),
+            })
+            .collect();
+        let Join::Joined(mut ahead) = hub.join(filter(&[("target", OTHER)]), 4) else { panic!("ahead of the hub") };
+        let started = Instant::now();
+        publish(&mut log, (2..=5).map(hide).collect());
+        assert_eq!(kept(), 4, "four account events kept once, not once per member");
+        if started.elapsed() < HOLD_ACCOUNT_EVENTS {
+            let queued = |member: &Subscription| member.queued.load(Ordering::Relaxed);
+            assert!(members.iter().all(|member| queued(member) == 0), "held for a link event");
+        }
+        publish(&mut log, vec![like(6, OTHER)]);
+        for member in &mut members {
+            assert_eq!(cursors(member), [2, 3, 4, 5, 6], "in order, the account events first");
+        }
+        assert_eq!(cursors(&mut ahead), [5, 6], "nothing at or before its cursor");
+        assert_eq!(kept(), 0, "every member took them");
+        // A member that no link event reaches: what is kept stays under a share of a queue.
+        let Join::Joined(mut quiet) = hub.join(filter(&[("target", POST)]), 6) else { panic!("caught up") };
+        drop(members);
+        let limit = hub.hold_limit();
+        publish(&mut log, (7..7 + 3 * limit as i64).map(hide).collect());
+        assert!(kept() < limit, "{} kept for a member that takes them a share at a time", kept());
+        let got = cursors(&mut quiet);
+        assert_eq!(got, (7..7 + 3 * limit as i64).collect::<Vec<_>>()[..got.len()], "in order, from its cursor");
+        assert!(got.len() >= 2 * limit);
+        let got = cursors(&mut ahead);
+        assert_eq!(got.first(), Some(&7), "nothing at or before its cursor twice: {got:?}");
     }
 
     #[test]
