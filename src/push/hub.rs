@@ -146,11 +146,13 @@ impl Member {
     /// its `after` were sent by its replay; a member cut off takes them and sends nothing).
     fn take_account_events(&mut self, accounts: &AccountEvents, batch: &mut Vec<Delivery>) {
         if self.cut.reason().is_none() {
-            let after = self.after;
-            batch.extend(accounts.since(self.accounts_taken).filter(|held| held.cursor > after).map(|held| {
-                debug_assert!(self.filter.matches(&held.delivery.event()), "account events match every filter");
-                held.delivery.clone()
-            }));
+            for held in accounts.since(self.accounts_taken) {
+                let event = held.delivery.event();
+                debug_assert!(self.filter.matches(&event), "account events match every filter");
+                if event.cursor() > self.after {
+                    batch.push(held.delivery.clone());
+                }
+            }
         }
         self.accounts_taken = accounts.end();
     }
@@ -169,7 +171,6 @@ impl Member {
 /// One account event kept for the members that have not taken it.
 struct HeldEvent {
     delivery: Delivery,
-    cursor: i64,
     since: Instant,
 }
 
@@ -187,9 +188,12 @@ impl AccountEvents {
         self.first + self.events.len() as u64
     }
 
-    fn push(&mut self, delivery: Delivery, cursor: i64, since: Instant) {
-        debug_assert!(self.events.back().is_none_or(|last| last.cursor < cursor), "in cursor order");
-        self.events.push_back(HeldEvent { delivery, cursor, since });
+    fn push(&mut self, delivery: Delivery, since: Instant) {
+        debug_assert!(
+            self.events.back().is_none_or(|last| last.delivery.event().cursor() < delivery.event().cursor()),
+            "in cursor order"
+        );
+        self.events.push_back(HeldEvent { delivery, since });
     }
 
     /// The events from sequence number `from` on.
@@ -198,10 +202,9 @@ impl AccountEvents {
         self.events.range((from - self.first) as usize..)
     }
 
-    /// When the event numbered `sequence` was kept, if it is.
-    fn held_at(&self, sequence: u64) -> Option<Instant> {
-        let index = usize::try_from(sequence.checked_sub(self.first)?).ok()?;
-        self.events.get(index).map(|held| held.since)
+    /// When the first event from sequence number `from` on was kept, if there is one.
+    fn held_at(&self, from: u64) -> Option<Instant> {
+        self.since(from).next().map(|held| held.since)
     }
 
     /// Forgets the events before `sequence` (every member has taken them).
@@ -525,7 +528,7 @@ fn route_entry(state: &mut HubState, entry: &Arc<Entry>, now: Instant, batches: 
             // With no member, nobody is owed it: a member joining later starts past it.
             if !members.is_empty() {
                 let delivery = Delivery { entry: entry.clone(), index, frame: event.to_json().into() };
-                accounts.push(delivery, event.cursor(), now);
+                accounts.push(delivery, now);
             }
             continue;
         };
@@ -624,6 +627,28 @@ mod tests {
     const POST: &str = "at://did:plc:bob/app.bsky.feed.post/3k";
     const OTHER: &str = "at://did:plc:eve/app.bsky.feed.post/3j";
 
+    fn open_log(dir: &std::path::Path) -> ChangeLog {
+        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
+        ChangeLog::open(dir, options).unwrap()
+    }
+
+    /// Appends and publishes the entries, then waits until the hub has handed them out.
+    fn publish(log: &mut ChangeLog, hub: &Hub, entries: Vec<Entry>) {
+        let last = entries.last().unwrap().last_cursor();
+        for entry in &entries {
+            log.append(entry).unwrap();
+        }
+        log.publish().unwrap();
+        while hub.position() < last {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The cursors of the events queued for the subscription now.
+    fn cursors(subscription: &mut Subscription) -> Vec<i64> {
+        subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
+    }
+
     #[test]
     fn routes_find_exactly_the_members_a_target_may_concern() {
         let mut routes = Routes::default();
@@ -645,8 +670,7 @@ mod tests {
     #[test]
     fn a_member_gets_what_comes_after_its_cursor_and_a_full_queue_cuts_it_off() {
         let dir = tempfile::tempdir().unwrap();
-        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
-        let mut log = ChangeLog::open(dir.path(), options).unwrap();
+        let mut log = open_log(dir.path());
         let counters = Arc::new(PushCounters::default());
         let delivery = tokio::runtime::Runtime::new().unwrap();
         let options = HubOptions { max_subscribers: 2, buffer_events: 2 };
@@ -667,8 +691,7 @@ mod tests {
             }
         };
         wait(3);
-        let cursors: Vec<i64> = post.queued_now().iter().map(|d| d.event().cursor()).collect();
-        assert_eq!(cursors, [1, 3], "only its target's events, in order");
+        assert_eq!(cursors(&mut post), [1, 3], "only its target's events, in order");
         assert_eq!(slow.cut.reason(), Some("too_slow"), "three events for a queue of two");
         assert_eq!(counters.cut_too_slow.load(Ordering::Relaxed), 1, "counted once");
         assert!(matches!(hub.join(filter(&[]), 2), Join::Behind), "events past 2 were handed out");
@@ -676,9 +699,6 @@ mod tests {
         log.append(&like(4, OTHER)).unwrap();
         log.publish().unwrap();
         wait(4);
-        let cursors = |subscription: &mut Subscription| -> Vec<i64> {
-            subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
-        };
         assert_eq!(cursors(&mut late), [4]);
         assert_eq!(cursors(&mut post), [0i64; 0], "not its target");
         // A replay that read the log past the hub joins with its own cursor: nothing twice.
@@ -694,28 +714,14 @@ mod tests {
     #[test]
     fn account_events_wait_for_a_link_event_a_hold_or_a_share_of_the_queue() {
         let dir = tempfile::tempdir().unwrap();
-        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
-        let mut log = ChangeLog::open(dir.path(), options).unwrap();
+        let mut log = open_log(dir.path());
         let delivery = tokio::runtime::Runtime::new().unwrap();
         let options = HubOptions { max_subscribers: 2, buffer_events: 16 };
         let hub = Hub::start(log.shared().clone(), options, Arc::new(PushCounters::default()), delivery.handle());
         let Join::Joined(mut post) = hub.join(filter(&[("target", POST)]), 0) else { panic!("joins at the start") };
         let Join::Joined(mut other) = hub.join(filter(&[("target", OTHER)]), 0) else { panic!("joins at the start") };
-        let publish = |log: &mut ChangeLog, entries: Vec<Entry>| {
-            let last = entries.last().unwrap().last_cursor();
-            for entry in &entries {
-                log.append(entry).unwrap();
-            }
-            log.publish().unwrap();
-            while hub.position() < last {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        };
-        let cursors = |subscription: &mut Subscription| -> Vec<i64> {
-            subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
-        };
         let started = Instant::now();
-        publish(&mut log, vec![hide(1), like(2, POST), hide(3)]);
+        publish(&mut log, &hub, vec![hide(1), like(2, POST), hide(3)]);
         assert_eq!(cursors(&mut post), [1, 2, 3], "held account events go before a link event, in order");
         if started.elapsed() < HOLD_ACCOUNT_EVENTS {
             assert_eq!(cursors(&mut other), [0i64; 0], "held: no link event for it yet");
@@ -728,33 +734,19 @@ mod tests {
         assert_eq!(waited, [1, 3], "sent on their own once they have waited the hold");
         assert!(started.elapsed() >= HOLD_ACCOUNT_EVENTS);
         let held_at_most = 16 / HELD_SHARE;
-        publish(&mut log, (4..4 + held_at_most as i64).map(hide).collect());
+        publish(&mut log, &hub, (4..4 + held_at_most as i64).map(hide).collect());
         assert_eq!(cursors(&mut other).len(), held_at_most, "a share of the queue is sent at once");
     }
 
     #[test]
     fn an_account_event_is_kept_once_for_every_member_and_forgotten_once_all_took_it() {
         let dir = tempfile::tempdir().unwrap();
-        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
-        let mut log = ChangeLog::open(dir.path(), options).unwrap();
+        let mut log = open_log(dir.path());
         let delivery = tokio::runtime::Runtime::new().unwrap();
         let options = HubOptions { max_subscribers: 100, buffer_events: 64 };
         let hub = Hub::start(log.shared().clone(), options, Arc::new(PushCounters::default()), delivery.handle());
-        let publish = |log: &mut ChangeLog, entries: Vec<Entry>| {
-            let last = entries.last().unwrap().last_cursor();
-            for entry in &entries {
-                log.append(entry).unwrap();
-            }
-            log.publish().unwrap();
-            while hub.position() < last {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-        };
         let kept = || hub.lock().accounts.events.len();
-        let cursors = |subscription: &mut Subscription| -> Vec<i64> {
-            subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
-        };
-        publish(&mut log, vec![hide(1)]);
+        publish(&mut log, &hub, vec![hide(1)]);
         assert_eq!(kept(), 0, "nobody is owed an account event made before anyone joined");
         let mut members: Vec<Subscription> = (0..50)
             .map(|_| match hub.join(filter(&[("target", OTHER)]), 1) {
@@ -764,13 +756,13 @@ mod tests {
             .collect();
         let Join::Joined(mut ahead) = hub.join(filter(&[("target", OTHER)]), 4) else { panic!("ahead of the hub") };
         let started = Instant::now();
-        publish(&mut log, (2..=5).map(hide).collect());
+        publish(&mut log, &hub, (2..=5).map(hide).collect());
         assert_eq!(kept(), 4, "four account events kept once, not once per member");
         if started.elapsed() < HOLD_ACCOUNT_EVENTS {
             let queued = |member: &Subscription| member.queued.load(Ordering::Relaxed);
             assert!(members.iter().all(|member| queued(member) == 0), "held for a link event");
         }
-        publish(&mut log, vec![like(6, OTHER)]);
+        publish(&mut log, &hub, vec![like(6, OTHER)]);
         for member in &mut members {
             assert_eq!(cursors(member), [2, 3, 4, 5, 6], "in order, the account events first");
         }
@@ -780,7 +772,7 @@ mod tests {
         let Join::Joined(mut quiet) = hub.join(filter(&[("target", POST)]), 6) else { panic!("caught up") };
         drop(members);
         let limit = hub.hold_limit();
-        publish(&mut log, (7..7 + 3 * limit as i64).map(hide).collect());
+        publish(&mut log, &hub, (7..7 + 3 * limit as i64).map(hide).collect());
         assert!(kept() < limit, "{} kept for a member that takes them a share at a time", kept());
         let got = cursors(&mut quiet);
         assert_eq!(got, (7..7 + 3 * limit as i64).collect::<Vec<_>>()[..got.len()], "in order, from its cursor");
@@ -794,8 +786,7 @@ mod tests {
         // On one thread the hub and a subscriber share the CPU as they would when delivery is
         // starved: a burst of many times the queue's size must not cut the subscriber off.
         let dir = tempfile::tempdir().unwrap();
-        let options = LogOptions { segment_bytes: 1 << 20, retain_us: i64::MAX / 4, max_bytes: u64::MAX, pack: true };
-        let mut log = ChangeLog::open(dir.path(), options).unwrap();
+        let mut log = open_log(dir.path());
         let delivery = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let counters = Arc::new(PushCounters::default());
         let options = HubOptions { max_subscribers: 1, buffer_events: 2 };
