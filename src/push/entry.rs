@@ -175,28 +175,30 @@ impl Entry {
 
     /// The entry's events in cursor order.
     pub fn events(&self) -> impl Iterator<Item = PushEvent<'_>> {
-        let (time_us, first) = (self.time_us, self.first_cursor);
-        let (links, account): (Vec<(LinkOp, &Link)>, Option<PushEvent<'_>>) = match &self.change {
-            Change::Links { deleted, created, .. } => {
-                let deletes = deleted.iter().map(|link| (LinkOp::Delete, link));
-                (deletes.chain(created.iter().map(|link| (LinkOp::Create, link))).collect(), None)
+        (0..self.event_count()).map(|index| self.event(index))
+    }
+
+    /// The entry's event at `index` (below `event_count`): its links deleted, then created, or
+    /// its one account event.
+    pub fn event(&self, index: usize) -> PushEvent<'_> {
+        let (time_us, cursor) = (self.time_us, self.first_cursor + index as i64);
+        match &self.change {
+            Change::Links { source, rev, deleted, created, .. } => {
+                let (op, link) = match deleted.get(index) {
+                    Some(link) => (LinkOp::Delete, link),
+                    None => (LinkOp::Create, &created[index - deleted.len()]),
+                };
+                PushEvent::Link { op, link, source, rev: *rev, time_us, cursor }
             }
-            Change::Hide { did, status } => (vec![], Some(PushEvent::Hide { did, status, time_us, cursor: first })),
-            Change::Show { did } => (vec![], Some(PushEvent::Show { did, time_us, cursor: first })),
-        };
-        let (source, rev) = match &self.change {
-            Change::Links { source, rev, .. } => (source.as_str(), *rev),
-            _ => ("", None),
-        };
-        let link_events = links.into_iter().enumerate().map(move |(i, (op, link))| PushEvent::Link {
-            op,
-            link,
-            source,
-            rev,
-            time_us,
-            cursor: first + i as i64,
-        });
-        link_events.chain(account)
+            Change::Hide { did, status } => {
+                assert_eq!(index, 0, "an account entry holds one event");
+                PushEvent::Hide { did, status, time_us, cursor }
+            }
+            Change::Show { did } => {
+                assert_eq!(index, 0, "an account entry holds one event");
+                PushEvent::Show { did, time_us, cursor }
+            }
+        }
     }
 
     pub fn encode(&self, out: &mut Vec<u8>) {

@@ -14,7 +14,7 @@
 
 use super::entry::{PushEvent, collection_of_source};
 use crate::model::syntax::{parse_target, validate_did, validate_nsid};
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 pub const MAX_TARGETS: usize = 50_000;
 pub const MAX_TARGET_DIDS: usize = 10_000;
@@ -31,8 +31,8 @@ pub struct Filter {
     pub dids: HashSet<String>,
     pub collections: HashSet<String>,
     pub locations: HashSet<String>,
-    /// (collection, location) pairs: spacedust's `wantedSources`.
-    pub sources: HashSet<(String, String)>,
+    /// (collection, location) pairs, spacedust's `wantedSources`: each collection's locations.
+    pub sources: HashMap<String, HashSet<String>>,
 }
 
 /// The account a target belongs to: a DID target's own, an at:// URI's authority; none for URLs
@@ -62,10 +62,21 @@ impl Filter {
             || did_of_target(target).is_some_and(|did| self.dids.contains(did))
     }
 
-    fn wants_source(&self, collection: &str, location: &str) -> bool {
+    /// Whether the source filters hold for a link from a record of `collection` at `location`.
+    pub fn wants_source(&self, collection: &str, location: &str) -> bool {
         (self.collections.is_empty() || self.collections.contains(collection))
             && (self.locations.is_empty() || self.locations.contains(location))
-            && (self.sources.is_empty() || self.sources.contains(&(collection.to_string(), location.to_string())))
+            && (self.sources.is_empty()
+                || self.sources.get(collection).is_some_and(|locations| locations.contains(location)))
+    }
+
+    /// Adds a (collection, location) pair to the source filter.
+    pub fn add_source(&mut self, collection: &str, location: String) {
+        self.sources.entry(collection.to_string()).or_default().insert(location);
+    }
+
+    fn source_count(&self) -> usize {
+        self.sources.values().map(HashSet::len).sum()
     }
 
     /// Refuses a filter over its caps.
@@ -76,7 +87,7 @@ impl Filter {
             ("target prefixes", self.prefixes.len(), MAX_TARGET_PREFIXES),
             ("collections", self.collections.len(), MAX_SOURCES),
             ("locations", self.locations.len(), MAX_SOURCES),
-            ("sources", self.sources.len(), MAX_SOURCES),
+            ("sources", self.source_count(), MAX_SOURCES),
         ];
         for (what, count, cap) in caps {
             if count > cap {
@@ -185,7 +196,7 @@ mod tests {
         assert!(!likes_only.matches(&event(&link, repost)));
         assert!(!filter(&[("location", "$.reply.parent")]).matches(&event(&link, like)));
         let mut by_source = Filter::default();
-        by_source.sources.insert(("app.bsky.feed.like".into(), "$.subject".into()));
+        by_source.add_source("app.bsky.feed.like", "$.subject".into());
         assert!(by_source.matches(&event(&link, like)));
         assert!(!by_source.matches(&event(&link, repost)));
         let hide = PushEvent::Hide { did: "did:plc:x", status: "deactivated", time_us: 1, cursor: 1 };

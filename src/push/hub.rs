@@ -3,7 +3,8 @@
 //!
 //! Routing goes through an index of the filters (exact targets, target DIDs, target prefixes by
 //! length, and the subscribers with no target filter), so an event costs the subscribers it may
-//! concern, not all of them; `Filter::matches` has the last word.
+//! concern, not all of them. A route stands for the target filter it was made from, so a member
+//! it leads to is asked only about its source filters (collection, location).
 //!
 //! Invariants:
 //! - Ingest never waits for a subscriber, nor for the hub: the hub reads the log on delivery's
@@ -32,7 +33,7 @@
 //!   round, so a lag starves them all alike and cuts nobody off; only a connection slower than its
 //!   peers fills its queue.
 
-use super::entry::{Entry, PushEvent};
+use super::entry::{Entry, PushEvent, collection_of_source};
 use super::filter::{Filter, did_of_target};
 use super::log::{LogReader, LogShared};
 use super::{PushCounters, PushError};
@@ -97,7 +98,7 @@ pub struct Delivery {
 
 impl Delivery {
     pub fn event(&self) -> PushEvent<'_> {
-        self.entry.events().nth(self.index).expect("a delivery names an event of its entry")
+        self.entry.event(self.index)
     }
 }
 
@@ -130,7 +131,11 @@ impl Cut {
     }
 }
 
+/// Where a member is kept in `Members`, from its joining to its leaving; routes name it so.
+type Slot = u32;
+
 struct Member {
+    slot: Slot,
     filter: Filter,
     after: i64,
     queue: mpsc::UnboundedSender<Vec<Delivery>>,
@@ -139,22 +144,63 @@ struct Member {
     cut: Arc<Cut>,
     /// The sequence number (in `AccountEvents`) of the first account event it has not taken.
     accounts_taken: u64,
+    /// What the round being dispatched gathered for it (sent, and emptied, at the round's end).
+    batch: Vec<Delivery>,
+    /// The number of the last link event it was offered: a member that several routes reach
+    /// (its target, its target's DID, a prefix) is offered each event once.
+    offered: u64,
 }
 
 impl Member {
-    /// Adds the account events it has not taken to `batch`, in cursor order (those at or before
-    /// its `after` were sent by its replay; a member cut off takes them and sends nothing).
-    fn take_account_events(&mut self, accounts: &AccountEvents, batch: &mut Vec<Delivery>) {
+    /// Its batch, naming it in `woken` when the round had gathered nothing for it yet.
+    fn batch(&mut self, woken: &mut Vec<Slot>) -> &mut Vec<Delivery> {
+        if self.batch.is_empty() {
+            woken.push(self.slot);
+        }
+        &mut self.batch
+    }
+
+    /// Adds the account events it has not taken to its batch, in cursor order (those at or
+    /// before its `after` were sent by its replay; a member cut off takes them and sends nothing).
+    fn take_account_events(&mut self, accounts: &AccountEvents, woken: &mut Vec<Slot>) {
         if self.cut.reason().is_none() {
             for held in accounts.since(self.accounts_taken) {
                 let event = held.delivery.event();
                 debug_assert!(self.filter.matches(&event), "account events match every filter");
                 if event.cursor() > self.after {
-                    batch.push(held.delivery.clone());
+                    self.batch(woken).push(held.delivery.clone());
                 }
             }
         }
         self.accounts_taken = accounts.end();
+    }
+
+    /// Offers it a link event its routes led to (numbered `offer`): it takes the event, after
+    /// its account events, unless it was offered it already, the event is at or before its
+    /// `after`, it is cut off, or its source filters do not hold. The routes stand for its target
+    /// filters, so those are not looked at again.
+    fn offer(
+        &mut self,
+        offer: u64,
+        event: &PushEvent<'_>,
+        delivery: impl FnOnce() -> Delivery,
+        accounts: &AccountEvents,
+        woken: &mut Vec<Slot>,
+    ) {
+        if self.offered == offer {
+            return;
+        }
+        self.offered = offer;
+        let PushEvent::Link { link, source, cursor, .. } = *event else { unreachable!("only link events are routed") };
+        if cursor <= self.after
+            || self.cut.reason().is_some()
+            || !self.filter.wants_source(collection_of_source(source), &link.location)
+        {
+            return;
+        }
+        debug_assert!(self.filter.matches(event), "routes lead only to members that want the target");
+        self.take_account_events(accounts, woken);
+        self.batch(woken).push(delivery());
     }
 
     /// Whether the account events it holds are due to be sent without a link event: it holds
@@ -217,21 +263,70 @@ impl AccountEvents {
     }
 }
 
+/// The members, each in the slot it keeps from joining to leaving.
 #[derive(Default)]
-struct Routes {
-    by_target: HashMap<String, Vec<u64>>,
-    by_did: HashMap<String, Vec<u64>>,
-    by_prefix: HashMap<String, Vec<u64>>,
-    /// Prefix lengths in use, with how many prefixes have each.
-    prefix_lengths: BTreeMap<usize, usize>,
-    every_target: Vec<u64>,
+struct Members {
+    slots: Vec<Option<Member>>,
+    free: Vec<Slot>,
 }
 
-fn add_route(map: &mut HashMap<String, Vec<u64>>, key: &str, id: u64) {
+impl Members {
+    /// Keeps the member built for its slot.
+    fn insert(&mut self, member: impl FnOnce(Slot) -> Member) -> Slot {
+        let slot = match self.free.pop() {
+            Some(slot) => slot,
+            None => {
+                self.slots.push(None);
+                Slot::try_from(self.slots.len() - 1).expect("fewer members than a u32 counts")
+            }
+        };
+        let place = &mut self.slots[slot as usize];
+        assert!(place.is_none(), "a free slot is empty");
+        *place = Some(member(slot));
+        slot
+    }
+
+    fn remove(&mut self, slot: Slot) -> Option<Member> {
+        let member = self.slots.get_mut(slot as usize)?.take()?;
+        self.free.push(slot);
+        Some(member)
+    }
+
+    fn get_mut(&mut self, slot: Slot) -> Option<&mut Member> {
+        self.slots.get_mut(slot as usize)?.as_mut()
+    }
+
+    fn iter(&self) -> impl Iterator<Item = &Member> {
+        self.slots.iter().flatten()
+    }
+
+    fn iter_mut(&mut self) -> impl Iterator<Item = &mut Member> {
+        self.slots.iter_mut().flatten()
+    }
+
+    fn is_empty(&self) -> bool {
+        self.free.len() == self.slots.len()
+    }
+}
+
+/// Which members a link's target may concern. A member is reached through an exact target, its
+/// target's DID, or a prefix of it, exactly those of its target filters (or always, with none),
+/// so a member a route leads to wants the target.
+#[derive(Default)]
+struct Routes {
+    by_target: HashMap<String, Vec<Slot>>,
+    by_did: HashMap<String, Vec<Slot>>,
+    by_prefix: HashMap<String, Vec<Slot>>,
+    /// Prefix lengths in use, with how many prefixes have each.
+    prefix_lengths: BTreeMap<usize, usize>,
+    every_target: Vec<Slot>,
+}
+
+fn add_route(map: &mut HashMap<String, Vec<Slot>>, key: &str, id: Slot) {
     map.entry(key.to_string()).or_default().push(id);
 }
 
-fn remove_route(map: &mut HashMap<String, Vec<u64>>, key: &str, id: u64) {
+fn remove_route(map: &mut HashMap<String, Vec<Slot>>, key: &str, id: Slot) {
     if let Some(ids) = map.get_mut(key) {
         ids.retain(|other| *other != id);
         if ids.is_empty() {
@@ -241,7 +336,7 @@ fn remove_route(map: &mut HashMap<String, Vec<u64>>, key: &str, id: u64) {
 }
 
 impl Routes {
-    fn add(&mut self, id: u64, filter: &Filter) {
+    fn add(&mut self, id: Slot, filter: &Filter) {
         if !filter.has_target_filters() {
             self.every_target.push(id);
         }
@@ -253,7 +348,7 @@ impl Routes {
         }
     }
 
-    fn remove(&mut self, id: u64, filter: &Filter) {
+    fn remove(&mut self, id: Slot, filter: &Filter) {
         self.every_target.retain(|other| *other != id);
         filter.targets.iter().for_each(|t| remove_route(&mut self.by_target, t, id));
         filter.dids.iter().for_each(|d| remove_route(&mut self.by_did, d, id));
@@ -267,31 +362,31 @@ impl Routes {
         }
     }
 
-    /// The members a link to `target` may concern (each once).
-    fn candidates(&self, target: &str) -> Vec<u64> {
-        let mut ids = self.every_target.clone();
-        ids.extend(self.by_target.get(target).into_iter().flatten());
+    /// Visits the members a link to `target` may concern: once for each route that reaches
+    /// it, so a member may be visited more than once.
+    fn visit_candidates(&self, target: &str, mut visit: impl FnMut(Slot)) {
+        let mut visit_all = |slots: Option<&Vec<Slot>>| slots.into_iter().flatten().for_each(|&slot| visit(slot));
+        visit_all(Some(&self.every_target));
+        visit_all(self.by_target.get(target));
         if let Some(did) = did_of_target(target) {
-            ids.extend(self.by_did.get(did).into_iter().flatten());
+            visit_all(self.by_did.get(did));
         }
         for &len in self.prefix_lengths.keys() {
             if let Some(head) = target.get(..len) {
-                ids.extend(self.by_prefix.get(head).into_iter().flatten());
+                visit_all(self.by_prefix.get(head));
             }
         }
-        ids.sort_unstable();
-        ids.dedup();
-        ids
     }
 }
 
 struct HubState {
     /// The newest cursor handed out (or skipped) by the hub.
     position: i64,
-    members: HashMap<u64, Member>,
+    members: Members,
     routes: Routes,
     accounts: AccountEvents,
-    next_id: u64,
+    /// Link events offered to members so far (numbers each offer: `Member::offered`).
+    offers: u64,
 }
 
 pub struct Hub {
@@ -322,7 +417,7 @@ pub enum Join {
 /// A member of the hub: its queue, and its way back to change its filter or leave.
 pub struct Subscription {
     hub: Arc<Hub>,
-    id: u64,
+    slot: Slot,
     queue: mpsc::UnboundedReceiver<Vec<Delivery>>,
     queued: Arc<AtomicUsize>,
     pub cut: Arc<Cut>,
@@ -351,9 +446,9 @@ impl Subscription {
     pub fn update(&self, filter: Filter) {
         let mut state = self.hub.lock();
         let HubState { members, routes, .. } = &mut *state;
-        if let Some(member) = members.get_mut(&self.id) {
-            routes.remove(self.id, &member.filter);
-            routes.add(self.id, &filter);
+        if let Some(member) = members.get_mut(self.slot) {
+            routes.remove(self.slot, &member.filter);
+            routes.add(self.slot, &filter);
             member.filter = filter;
         }
     }
@@ -361,7 +456,7 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.hub.leave(self.id);
+        self.hub.leave(self.slot);
     }
 }
 
@@ -378,10 +473,10 @@ impl Hub {
         let position = log.end().last_cursor;
         let state = HubState {
             position,
-            members: HashMap::new(),
+            members: Members::default(),
             routes: Routes::default(),
             accounts: AccountEvents::default(),
-            next_id: 0,
+            offers: 0,
         };
         let hub = Arc::new(Hub { log, options, state: Mutex::new(state), counters });
         delivery.spawn(follow_log(Arc::downgrade(&hub), position));
@@ -428,15 +523,23 @@ impl Hub {
         }
         let (queue, receiver) = mpsc::unbounded_channel();
         let (cut, queued) = (Arc::new(Cut::default()), Arc::new(AtomicUsize::new(0)));
-        let id = state.next_id;
-        state.next_id += 1;
-        state.routes.add(id, &filter);
         // Every account event kept was handed out (its cursor is at most `position`, so at most
         // `after`): none is for this member.
         let accounts_taken = state.accounts.end();
-        let member = Member { filter, after, queue, queued: queued.clone(), cut: cut.clone(), accounts_taken };
-        state.members.insert(id, member);
-        Join::Joined(Subscription { hub: self.clone(), id, queue: receiver, queued, cut })
+        let routes_filter = filter.clone();
+        let slot = state.members.insert(|slot| Member {
+            slot,
+            filter,
+            after,
+            queue,
+            queued: queued.clone(),
+            cut: cut.clone(),
+            accounts_taken,
+            batch: Vec::new(),
+            offered: 0,
+        });
+        state.routes.add(slot, &routes_filter);
+        Join::Joined(Subscription { hub: self.clone(), slot, queue: receiver, queued, cut })
     }
 
     /// Joins the live flow from now on.
@@ -448,11 +551,11 @@ impl Hub {
         }
     }
 
-    fn leave(&self, id: u64) {
+    fn leave(&self, slot: Slot) {
         let mut state = self.lock();
         let HubState { members, routes, .. } = &mut *state;
-        if let Some(member) = members.remove(&id) {
-            routes.remove(id, &member.filter);
+        if let Some(member) = members.remove(slot) {
+            routes.remove(slot, &member.filter);
         }
     }
 
@@ -464,15 +567,17 @@ impl Hub {
     fn dispatch(&self, entries: Vec<Entry>) {
         let mut state = self.lock();
         let now = Instant::now();
-        let mut batches: HashMap<u64, Vec<Delivery>> = HashMap::new();
+        let mut woken: Vec<Slot> = Vec::new();
         for entry in entries {
             let entry = Arc::new(entry);
-            route_entry(&mut state, &entry, now, &mut batches);
+            route_entry(&mut state, &entry, now, &mut woken);
             state.position = state.position.max(entry.last_cursor());
         }
-        self.send_due_account_events(&mut state, now, &mut batches);
-        for (id, batch) in batches {
-            let Some(member) = state.members.get(&id) else { continue };
+        self.send_due_account_events(&mut state, now, &mut woken);
+        for slot in woken {
+            let Some(member) = state.members.get_mut(slot) else { continue };
+            let batch = std::mem::take(&mut member.batch);
+            debug_assert!(!batch.is_empty(), "a member is woken by what it got");
             // An empty queue takes any batch (one entry may hold more events than a queue).
             let queued = member.queued.load(Ordering::Relaxed);
             if queued > 0 && queued + batch.len() > self.options.buffer_events {
@@ -489,17 +594,17 @@ impl Hub {
 
     /// Adds the account events a member holds to its batch when it has one, or when they are
     /// due on their own; then forgets those every member has taken.
-    fn send_due_account_events(&self, state: &mut HubState, now: Instant, batches: &mut HashMap<u64, Vec<Delivery>>) {
+    fn send_due_account_events(&self, state: &mut HubState, now: Instant, woken: &mut Vec<Slot>) {
         let HubState { members, accounts, .. } = state;
         let (end, limit) = (accounts.end(), self.hold_limit());
-        for (id, member) in members.iter_mut() {
+        for member in members.iter_mut() {
             if member.accounts_taken < end
-                && (batches.contains_key(id) || member.account_events_due(accounts, now, limit))
+                && (!member.batch.is_empty() || member.account_events_due(accounts, now, limit))
             {
-                member.take_account_events(accounts, batches.entry(*id).or_default());
+                member.take_account_events(accounts, woken);
             }
         }
-        accounts.forget_before(members.values().map(|member| member.accounts_taken).min().unwrap_or(end));
+        accounts.forget_before(members.iter().map(|member| member.accounts_taken).min().unwrap_or(end));
     }
 
     fn hold_limit(&self) -> usize {
@@ -510,7 +615,7 @@ impl Hub {
     fn cut_everyone(&self, reason: &'static str) {
         let state = self.lock();
         let counter = if reason == "behind" { &self.counters.cut_behind } else { &self.counters.cut_error };
-        for member in state.members.values() {
+        for member in state.members.iter() {
             if member.cut.cut(reason) {
                 counter.fetch_add(1, Ordering::Relaxed);
             }
@@ -521,28 +626,24 @@ impl Hub {
 /// Adds the entry's events to the batches of the members they concern (rendering each event's
 /// frame once, for all of them): a link event after the account events its member has not taken;
 /// an account event is kept once, for every member to take (`send_due_account_events`).
-fn route_entry(state: &mut HubState, entry: &Arc<Entry>, now: Instant, batches: &mut HashMap<u64, Vec<Delivery>>) {
-    let HubState { members, routes, accounts, .. } = state;
+fn route_entry(state: &mut HubState, entry: &Arc<Entry>, now: Instant, woken: &mut Vec<Slot>) {
+    let HubState { members, routes, accounts, offers, .. } = state;
     for (index, event) in entry.events().enumerate() {
+        let delivery = |frame: Utf8Bytes| Delivery { entry: entry.clone(), index, frame };
         let PushEvent::Link { link, .. } = &event else {
             // With no member, nobody is owed it: a member joining later starts past it.
             if !members.is_empty() {
-                let delivery = Delivery { entry: entry.clone(), index, frame: event.to_json().into() };
-                accounts.push(delivery, now);
+                accounts.push(delivery(event.to_json().into()), now);
             }
             continue;
         };
+        *offers += 1;
         let mut frame: Option<Utf8Bytes> = None;
-        for id in routes.candidates(&link.target) {
-            let Some(member) = members.get_mut(&id) else { continue };
-            if event.cursor() <= member.after || !member.filter.matches(&event) || member.cut.reason().is_some() {
-                continue;
-            }
-            let frame = frame.get_or_insert_with(|| event.to_json().into()).clone();
-            let batch = batches.entry(id).or_default();
-            member.take_account_events(accounts, batch);
-            batch.push(Delivery { entry: entry.clone(), index, frame });
-        }
+        routes.visit_candidates(&link.target, |slot| {
+            let Some(member) = members.get_mut(slot) else { return };
+            let render = || delivery(frame.get_or_insert_with(|| event.to_json().into()).clone());
+            member.offer(*offers, &event, render, accounts, woken);
+        });
     }
 }
 
@@ -649,6 +750,15 @@ mod tests {
         subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
     }
 
+    /// The slots the routes lead a link to `target` to, each once.
+    fn candidates(routes: &Routes, target: &str) -> Vec<Slot> {
+        let mut slots = vec![];
+        routes.visit_candidates(target, |slot| slots.push(slot));
+        slots.sort_unstable();
+        slots.dedup();
+        slots
+    }
+
     #[test]
     fn routes_find_exactly_the_members_a_target_may_concern() {
         let mut routes = Routes::default();
@@ -657,14 +767,30 @@ mod tests {
         routes.add(3, &filter(&[("targetPrefix", "at://did:plc:bob/app.bsky.feed.")]));
         routes.add(4, &filter(&[("collection", "app.bsky.feed.like")]));
         routes.add(5, &filter(&[("targetPrefix", "at://did:plc:eve/"), ("target", POST)]));
-        assert_eq!(routes.candidates(POST), [1, 2, 3, 4, 5]);
-        assert_eq!(routes.candidates(OTHER), [4, 5]);
-        assert_eq!(routes.candidates("did:plc:bob"), [2, 4]);
+        assert_eq!(candidates(&routes, POST), [1, 2, 3, 4, 5]);
+        assert_eq!(candidates(&routes, OTHER), [4, 5]);
+        assert_eq!(candidates(&routes, "did:plc:bob"), [2, 4]);
         routes.remove(5, &filter(&[("targetPrefix", "at://did:plc:eve/"), ("target", POST)]));
         routes.remove(3, &filter(&[("targetPrefix", "at://did:plc:bob/app.bsky.feed.")]));
-        assert_eq!(routes.candidates(POST), [1, 2, 4]);
-        assert_eq!(routes.candidates(OTHER), [4]);
+        assert_eq!(candidates(&routes, POST), [1, 2, 4]);
+        assert_eq!(candidates(&routes, OTHER), [4]);
         assert!(routes.prefix_lengths.is_empty() && routes.by_prefix.is_empty(), "nothing left behind");
+    }
+
+    #[test]
+    fn a_member_several_routes_reach_gets_each_event_once_and_only_from_sources_it_wants() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open_log(dir.path());
+        let delivery = tokio::runtime::Runtime::new().unwrap();
+        let options = HubOptions { max_subscribers: 2, buffer_events: 16 };
+        let hub = Hub::start(log.shared().clone(), options, Arc::new(PushCounters::default()), delivery.handle());
+        let every_route = [("target", POST), ("targetDid", "did:plc:bob"), ("targetPrefix", "at://did:plc:bob/")];
+        let Join::Joined(mut bob) = hub.join(filter(&every_route), 0) else { panic!("joins at the start") };
+        let reposts = [("target", POST), ("collection", "app.bsky.feed.repost")];
+        let Join::Joined(mut repost) = hub.join(filter(&reposts), 0) else { panic!("joins at the start") };
+        publish(&mut log, &hub, vec![like(1, POST), like(2, OTHER), like(3, POST)]);
+        assert_eq!(cursors(&mut bob), [1, 3], "each event once, though three routes lead to it");
+        assert_eq!(cursors(&mut repost), [0i64; 0], "likes are not from a collection it wants");
     }
 
     #[test]

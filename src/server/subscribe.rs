@@ -211,7 +211,7 @@ fn spacedust_filter(pairs: &[(String, String)]) -> Result<Filter, String> {
     for text in sources {
         let source = parse_source(text).map_err(|e| e.to_string())?;
         for location in source.locations {
-            filter.sources.insert((source.collection.clone(), location));
+            filter.add_source(&source.collection, location);
         }
     }
     filter.check_caps()?;
