@@ -277,7 +277,7 @@ impl Members {
             Some(slot) => slot,
             None => {
                 self.slots.push(None);
-                Slot::try_from(self.slots.len() - 1).expect("fewer members than a u32 counts")
+                Slot::try_from(self.slots.len() - 1).expect("a u32 numbers every slot")
             }
         };
         let place = &mut self.slots[slot as usize];
@@ -322,38 +322,38 @@ struct Routes {
     every_target: Vec<Slot>,
 }
 
-fn add_route(map: &mut HashMap<String, Vec<Slot>>, key: &str, id: Slot) {
-    map.entry(key.to_string()).or_default().push(id);
+fn add_route(map: &mut HashMap<String, Vec<Slot>>, key: &str, slot: Slot) {
+    map.entry(key.to_string()).or_default().push(slot);
 }
 
-fn remove_route(map: &mut HashMap<String, Vec<Slot>>, key: &str, id: Slot) {
-    if let Some(ids) = map.get_mut(key) {
-        ids.retain(|other| *other != id);
-        if ids.is_empty() {
+fn remove_route(map: &mut HashMap<String, Vec<Slot>>, key: &str, slot: Slot) {
+    if let Some(slots) = map.get_mut(key) {
+        slots.retain(|other| *other != slot);
+        if slots.is_empty() {
             map.remove(key);
         }
     }
 }
 
 impl Routes {
-    fn add(&mut self, id: Slot, filter: &Filter) {
+    fn add(&mut self, slot: Slot, filter: &Filter) {
         if !filter.has_target_filters() {
-            self.every_target.push(id);
+            self.every_target.push(slot);
         }
-        filter.targets.iter().for_each(|t| add_route(&mut self.by_target, t, id));
-        filter.dids.iter().for_each(|d| add_route(&mut self.by_did, d, id));
+        filter.targets.iter().for_each(|t| add_route(&mut self.by_target, t, slot));
+        filter.dids.iter().for_each(|d| add_route(&mut self.by_did, d, slot));
         for prefix in &filter.prefixes {
-            add_route(&mut self.by_prefix, prefix, id);
+            add_route(&mut self.by_prefix, prefix, slot);
             *self.prefix_lengths.entry(prefix.len()).or_default() += 1;
         }
     }
 
-    fn remove(&mut self, id: Slot, filter: &Filter) {
-        self.every_target.retain(|other| *other != id);
-        filter.targets.iter().for_each(|t| remove_route(&mut self.by_target, t, id));
-        filter.dids.iter().for_each(|d| remove_route(&mut self.by_did, d, id));
+    fn remove(&mut self, slot: Slot, filter: &Filter) {
+        self.every_target.retain(|other| *other != slot);
+        filter.targets.iter().for_each(|t| remove_route(&mut self.by_target, t, slot));
+        filter.dids.iter().for_each(|d| remove_route(&mut self.by_did, d, slot));
         for prefix in &filter.prefixes {
-            remove_route(&mut self.by_prefix, prefix, id);
+            remove_route(&mut self.by_prefix, prefix, slot);
             let count = self.prefix_lengths.get_mut(&prefix.len()).expect("added with its length");
             *count -= 1;
             if *count == 0 {
