@@ -175,30 +175,28 @@ impl Member {
         self.accounts_taken = accounts.end();
     }
 
-    /// Offers it a link event its routes led to (numbered `offer`): it takes the event, after
-    /// its account events, unless it was offered it already, the event is at or before its
-    /// `after`, it is cut off, or its source filters do not hold. The routes stand for its target
-    /// filters, so those are not looked at again.
+    /// Offers it a link event its routes led to: it takes the event, after its account events,
+    /// unless it was offered it already, the event is at or before its `after`, it is cut off,
+    /// or its source filters do not hold. The routes stand for its target filters, so those are
+    /// not looked at again.
     fn offer(
         &mut self,
-        offer: u64,
-        event: &PushEvent<'_>,
+        offer: &Offer<'_>,
         delivery: impl FnOnce() -> Delivery,
         accounts: &AccountEvents,
         woken: &mut Vec<Slot>,
     ) {
-        if self.offered == offer {
+        if self.offered == offer.number {
             return;
         }
-        self.offered = offer;
-        let PushEvent::Link { link, source, cursor, .. } = *event else { unreachable!("only link events are routed") };
-        if cursor <= self.after
+        self.offered = offer.number;
+        if offer.cursor <= self.after
             || self.cut.reason().is_some()
-            || !self.filter.wants_source(collection_of_source(source), &link.location)
+            || !self.filter.wants_source(offer.collection, offer.location)
         {
             return;
         }
-        debug_assert!(self.filter.matches(event), "routes lead only to members that want the target");
+        debug_assert!(self.filter.matches(&offer.event), "routes lead only to members that want the target");
         self.take_account_events(accounts, woken);
         self.batch(woken).push(delivery());
     }
@@ -212,6 +210,16 @@ impl Member {
                 .held_at(self.accounts_taken)
                 .is_some_and(|since| now.duration_since(since) >= HOLD_ACCOUNT_EVENTS)
     }
+}
+
+/// A link event as routing offers it to members: numbered (`Member::offered`), with what their
+/// source filters ask read once for all of them.
+struct Offer<'e> {
+    number: u64,
+    event: PushEvent<'e>,
+    cursor: i64,
+    collection: &'e str,
+    location: &'e str,
 }
 
 /// One account event kept for the members that have not taken it.
@@ -290,6 +298,10 @@ impl Members {
         let member = self.slots.get_mut(slot as usize)?.take()?;
         self.free.push(slot);
         Some(member)
+    }
+
+    fn get(&self, slot: Slot) -> Option<&Member> {
+        self.slots.get(slot as usize)?.as_ref()
     }
 
     fn get_mut(&mut self, slot: Slot) -> Option<&mut Member> {
@@ -526,8 +538,8 @@ impl Hub {
         // Every account event kept was handed out (its cursor is at most `position`, so at most
         // `after`): none is for this member.
         let accounts_taken = state.accounts.end();
-        let routes_filter = filter.clone();
-        let slot = state.members.insert(|slot| Member {
+        let HubState { members, routes, .. } = &mut *state;
+        let slot = members.insert(|slot| Member {
             slot,
             filter,
             after,
@@ -538,7 +550,7 @@ impl Hub {
             batch: Vec::new(),
             offered: 0,
         });
-        state.routes.add(slot, &routes_filter);
+        routes.add(slot, &members.get(slot).expect("just kept").filter);
         Join::Joined(Subscription { hub: self.clone(), slot, queue: receiver, queued, cut })
     }
 
@@ -630,7 +642,7 @@ fn route_entry(state: &mut HubState, entry: &Arc<Entry>, now: Instant, woken: &m
     let HubState { members, routes, accounts, offers, .. } = state;
     for (index, event) in entry.events().enumerate() {
         let delivery = |frame: Utf8Bytes| Delivery { entry: entry.clone(), index, frame };
-        let PushEvent::Link { link, .. } = &event else {
+        let PushEvent::Link { link, source, cursor, .. } = event else {
             // With no member, nobody is owed it: a member joining later starts past it.
             if !members.is_empty() {
                 accounts.push(delivery(event.to_json().into()), now);
@@ -638,11 +650,18 @@ fn route_entry(state: &mut HubState, entry: &Arc<Entry>, now: Instant, woken: &m
             continue;
         };
         *offers += 1;
+        let offer = Offer {
+            number: *offers,
+            event,
+            cursor,
+            collection: collection_of_source(source),
+            location: &link.location,
+        };
         let mut frame: Option<Utf8Bytes> = None;
         routes.visit_candidates(&link.target, |slot| {
             let Some(member) = members.get_mut(slot) else { return };
             let render = || delivery(frame.get_or_insert_with(|| event.to_json().into()).clone());
-            member.offer(*offers, &event, render, accounts, woken);
+            member.offer(&offer, render, accounts, woken);
         });
     }
 }
@@ -745,6 +764,33 @@ mod tests {
         }
     }
 
+    /// A hub following a log of its own (fields drop in order: the hub before its runtime). A
+    /// test binds `_delivery` and `_dir`: left to `..`, they would drop at once, and the hub with them.
+    struct Started {
+        hub: Arc<Hub>,
+        counters: Arc<PushCounters>,
+        _delivery: tokio::runtime::Runtime,
+        log: ChangeLog,
+        _dir: tempfile::TempDir,
+    }
+
+    fn start_hub(options: HubOptions) -> Started {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open_log(dir.path());
+        let delivery = tokio::runtime::Runtime::new().unwrap();
+        let counters = Arc::new(PushCounters::default());
+        let hub = Hub::start(log.shared().clone(), options, counters.clone(), delivery.handle());
+        Started { hub, counters, _delivery: delivery, log, _dir: dir }
+    }
+
+    /// Joins with the filter of `pairs` after `after`, which the hub has not handed out past.
+    fn joined(hub: &Arc<Hub>, pairs: &[(&str, &str)], after: i64) -> Subscription {
+        match hub.join(filter(pairs), after) {
+            Join::Joined(subscription) => subscription,
+            Join::Behind => panic!("the hub handed out events past {after}"),
+        }
+    }
+
     /// The cursors of the events queued for the subscription now.
     fn cursors(subscription: &mut Subscription) -> Vec<i64> {
         subscription.queued_now().iter().map(|d| d.event().cursor()).collect()
@@ -779,15 +825,12 @@ mod tests {
 
     #[test]
     fn a_member_several_routes_reach_gets_each_event_once_and_only_from_sources_it_wants() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = open_log(dir.path());
-        let delivery = tokio::runtime::Runtime::new().unwrap();
-        let options = HubOptions { max_subscribers: 2, buffer_events: 16 };
-        let hub = Hub::start(log.shared().clone(), options, Arc::new(PushCounters::default()), delivery.handle());
+        let Started { hub, mut log, _delivery, _dir, .. } =
+            start_hub(HubOptions { max_subscribers: 2, buffer_events: 16 });
         let every_route = [("target", POST), ("targetDid", "did:plc:bob"), ("targetPrefix", "at://did:plc:bob/")];
-        let Join::Joined(mut bob) = hub.join(filter(&every_route), 0) else { panic!("joins at the start") };
+        let mut bob = joined(&hub, &every_route, 0);
         let reposts = [("target", POST), ("collection", "app.bsky.feed.repost")];
-        let Join::Joined(mut repost) = hub.join(filter(&reposts), 0) else { panic!("joins at the start") };
+        let mut repost = joined(&hub, &reposts, 0);
         publish(&mut log, &hub, vec![like(1, POST), like(2, OTHER), like(3, POST)]);
         assert_eq!(cursors(&mut bob), [1, 3], "each event once, though three routes lead to it");
         assert_eq!(cursors(&mut repost), [0i64; 0], "likes are not from a collection it wants");
@@ -795,18 +838,14 @@ mod tests {
 
     #[test]
     fn a_member_gets_what_comes_after_its_cursor_and_a_full_queue_cuts_it_off() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = open_log(dir.path());
-        let counters = Arc::new(PushCounters::default());
-        let delivery = tokio::runtime::Runtime::new().unwrap();
-        let options = HubOptions { max_subscribers: 2, buffer_events: 2 };
-        let hub = Hub::start(log.shared().clone(), options, counters.clone(), delivery.handle());
+        let Started { hub, counters, mut log, _delivery, _dir } =
+            start_hub(HubOptions { max_subscribers: 2, buffer_events: 2 });
         let (first, second) = (hub.admit().unwrap(), hub.admit().unwrap());
         assert!(hub.admit().is_none(), "two at most");
         assert_eq!(counters.refused.load(Ordering::Relaxed), 1);
         drop((first, second));
-        let Join::Joined(mut post) = hub.join(filter(&[("target", POST)]), 0) else { panic!("joins at the start") };
-        let Join::Joined(slow) = hub.join(filter(&[]), 0) else { panic!("joins at the start") };
+        let mut post = joined(&hub, &[("target", POST)], 0);
+        let slow = joined(&hub, &[], 0);
         for (cursor, target) in [(1, POST), (2, OTHER), (3, POST)] {
             log.append(&like(cursor, target)).unwrap();
         }
@@ -821,14 +860,14 @@ mod tests {
         assert_eq!(slow.cut.reason(), Some("too_slow"), "three events for a queue of two");
         assert_eq!(counters.cut_too_slow.load(Ordering::Relaxed), 1, "counted once");
         assert!(matches!(hub.join(filter(&[]), 2), Join::Behind), "events past 2 were handed out");
-        let Join::Joined(mut late) = hub.join(filter(&[]), 3) else { panic!("caught up") };
+        let mut late = joined(&hub, &[], 3);
         log.append(&like(4, OTHER)).unwrap();
         log.publish().unwrap();
         wait(4);
         assert_eq!(cursors(&mut late), [4]);
         assert_eq!(cursors(&mut post), [0i64; 0], "not its target");
         // A replay that read the log past the hub joins with its own cursor: nothing twice.
-        let Join::Joined(mut ahead) = hub.join(filter(&[]), 5) else { panic!("ahead of the hub") };
+        let mut ahead = joined(&hub, &[], 5);
         for cursor in [5, 6] {
             log.append(&like(cursor, OTHER)).unwrap();
         }
@@ -839,13 +878,10 @@ mod tests {
 
     #[test]
     fn account_events_wait_for_a_link_event_a_hold_or_a_share_of_the_queue() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = open_log(dir.path());
-        let delivery = tokio::runtime::Runtime::new().unwrap();
-        let options = HubOptions { max_subscribers: 2, buffer_events: 16 };
-        let hub = Hub::start(log.shared().clone(), options, Arc::new(PushCounters::default()), delivery.handle());
-        let Join::Joined(mut post) = hub.join(filter(&[("target", POST)]), 0) else { panic!("joins at the start") };
-        let Join::Joined(mut other) = hub.join(filter(&[("target", OTHER)]), 0) else { panic!("joins at the start") };
+        let Started { hub, mut log, _delivery, _dir, .. } =
+            start_hub(HubOptions { max_subscribers: 2, buffer_events: 16 });
+        let mut post = joined(&hub, &[("target", POST)], 0);
+        let mut other = joined(&hub, &[("target", OTHER)], 0);
         let started = Instant::now();
         publish(&mut log, &hub, vec![hide(1), like(2, POST), hide(3)]);
         assert_eq!(cursors(&mut post), [1, 2, 3], "held account events go before a link event, in order");
@@ -866,21 +902,13 @@ mod tests {
 
     #[test]
     fn an_account_event_is_kept_once_for_every_member_and_forgotten_once_all_took_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut log = open_log(dir.path());
-        let delivery = tokio::runtime::Runtime::new().unwrap();
-        let options = HubOptions { max_subscribers: 100, buffer_events: 64 };
-        let hub = Hub::start(log.shared().clone(), options, Arc::new(PushCounters::default()), delivery.handle());
+        let Started { hub, mut log, _delivery, _dir, .. } =
+            start_hub(HubOptions { max_subscribers: 100, buffer_events: 64 });
         let kept = || hub.lock().accounts.events.len();
         publish(&mut log, &hub, vec![hide(1)]);
         assert_eq!(kept(), 0, "nobody is owed an account event made before anyone joined");
-        let mut members: Vec<Subscription> = (0..50)
-            .map(|_| match hub.join(filter(&[("target", OTHER)]), 1) {
-                Join::Joined(subscription) => subscription,
-                Join::Behind => panic!("joins at the hub's position"),
-            })
-            .collect();
-        let Join::Joined(mut ahead) = hub.join(filter(&[("target", OTHER)]), 4) else { panic!("ahead of the hub") };
+        let mut members: Vec<Subscription> = (0..50).map(|_| joined(&hub, &[("target", OTHER)], 1)).collect();
+        let mut ahead = joined(&hub, &[("target", OTHER)], 4);
         let started = Instant::now();
         publish(&mut log, &hub, (2..=5).map(hide).collect());
         assert_eq!(kept(), 4, "four account events kept once, not once per member");
@@ -895,7 +923,7 @@ mod tests {
         assert_eq!(cursors(&mut ahead), [5, 6], "nothing at or before its cursor");
         assert_eq!(kept(), 0, "every member took them");
         // A member that no link event reaches: what is kept stays under a share of a queue.
-        let Join::Joined(mut quiet) = hub.join(filter(&[("target", POST)]), 6) else { panic!("caught up") };
+        let mut quiet = joined(&hub, &[("target", POST)], 6);
         drop(members);
         let limit = hub.hold_limit();
         publish(&mut log, &hub, (7..7 + 3 * limit as i64).map(hide).collect());
@@ -917,7 +945,7 @@ mod tests {
         let counters = Arc::new(PushCounters::default());
         let options = HubOptions { max_subscribers: 1, buffer_events: 2 };
         let hub = Hub::start(log.shared().clone(), options, counters.clone(), delivery.handle());
-        let Join::Joined(mut subscription) = hub.join(filter(&[]), 0) else { panic!("joins at the start") };
+        let mut subscription = joined(&hub, &[], 0);
         const BURST: i64 = 1_000;
         for cursor in 1..=BURST {
             log.append(&like(cursor, POST)).unwrap();
