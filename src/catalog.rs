@@ -274,22 +274,33 @@ impl Catalog {
         Ok(states)
     }
 
-    /// Accounts whose links queries must hide, by did id.
+    /// Accounts whose links queries must hide, by did id, in order.
     pub fn hidden_accounts(&self) -> Result<Vec<(u64, AccountState)>, CatalogError> {
-        let db = self.lock()?;
-        let mut query = db.prepare_cached("SELECT did, state FROM accounts")?;
-        let rows = query.query_map([], |row| Ok((row.get::<_, i64>(0)? as u64, row.get::<_, String>(1)?)))?;
         let mut hidden = Vec::new();
-        for row in rows {
-            let (did, state) = row?;
-            let state = AccountState::parse(&state);
-            if state.is_hidden() {
-                hidden.push((did, state));
+        self.visit_hidden_accounts(|did, state| hidden.push((did, state)))?;
+        Ok(hidden)
+    }
+
+    /// Hands every hidden account to `visit` in did order without collecting them: a manifest
+    /// packs them as they come, and there may be millions.
+    pub fn visit_hidden_accounts(&self, mut visit: impl FnMut(u64, AccountState)) -> Result<(), CatalogError> {
+        let db = self.lock()?;
+        // A did is stored as its bits cast to i64, so its u64 order is the non-negative ones
+        // ascending, then the negative ones (bit 63 set: outlined DIDs) ascending.
+        for query in [
+            "SELECT did, state FROM accounts WHERE did >= 0 ORDER BY did",
+            "SELECT did, state FROM accounts WHERE did < 0 ORDER BY did",
+        ] {
+            let mut statement = db.prepare_cached(query)?;
+            let mut rows = statement.query([])?;
+            while let Some(row) = rows.next()? {
+                let state = AccountState::parse(&row.get::<_, String>(1)?);
+                if state.is_hidden() {
+                    visit(row.get::<_, i64>(0)? as u64, state);
+                }
             }
         }
-        // Sorted as u64 (SQLite would order the bit casts as signed).
-        hidden.sort_unstable_by_key(|(did, _)| *did);
-        Ok(hidden)
+        Ok(())
     }
 
     /// The next value of the durable table counter: 1, 2, 3, ... across restarts.
@@ -752,6 +763,22 @@ mod tests {
         assert!(catalog.hidden_accounts().unwrap().is_empty());
         let rows: i64 = catalog.lock().unwrap().query_row("SELECT count(*) FROM accounts", [], |r| r.get(0)).unwrap();
         assert_eq!(rows, 2, "active removed its row; other and deleted stay");
+    }
+
+    /// Dids are stored as signed integers: the hidden accounts still come in u64 order, outlined
+    /// DIDs (bit 63 set) after did:plc sequence numbers, hidden ones only.
+    #[test]
+    fn hidden_accounts_come_in_did_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = open(&dir);
+        let mut record = flush(vec![], 1, 1);
+        let dids = [OUTLINED_BIT | 9, 2, u64::MAX, OUTLINED_BIT, 1 << 40, 7];
+        record.accounts = dids.iter().map(|did| (*did, AccountState::Deactivated)).collect();
+        record.accounts.push((5, AccountState::Deleted));
+        catalog.commit_flush(&record).unwrap();
+        let mut visited = Vec::new();
+        catalog.visit_hidden_accounts(|did, _| visited.push(did)).unwrap();
+        assert_eq!(visited, [2, 7, 1 << 40, OUTLINED_BIT, OUTLINED_BIT | 9, u64::MAX]);
     }
 
     #[test]

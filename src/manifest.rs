@@ -7,6 +7,10 @@
 //! - Everything read from a manifest is validated before use: table ids are exactly 24 lowercase
 //!   hex digits, trees are known, counts and sizes are bounded. A hostile manifest is an error,
 //!   never a path outside `tables/`.
+//! - A writer holds neither a manifest's JSON nor its hidden accounts decoded: the accounts are
+//!   packed as the catalog hands them over (`PackedAccounts`, some 3 bytes each) and the JSON is
+//!   serialized twice, once to count it and once into the zstd frame that states its length.
+//!   Readers still decode a manifest whole.
 
 use crate::catalog::IngestPosition;
 use crate::lsm::record::{RunKind, TableRecord};
@@ -75,12 +79,137 @@ pub enum ManifestError {
     Invalid { name: String, reason: String },
 }
 
+/// A manifest as serialized: `Manifest`'s fields in its order, the hidden accounts from wherever
+/// the writer holds them.
+#[derive(Serialize)]
+struct ManifestView<'a, H> {
+    format: u32,
+    generation: u64,
+    cursor: Option<i64>,
+    clock: u64,
+    tables: &'a [ManifestTable],
+    hidden_accounts: &'a H,
+    outlines: &'a [OutlineRange],
+}
+
+/// The name and body of `view`: its JSON serialized twice, once to learn its length and once
+/// into the zstd frame that states it, so that neither the JSON nor the accounts' strings are
+/// ever whole in memory (the compressed body is).
+fn encode_view(generation: u64, view: &impl Serialize) -> (String, Vec<u8>) {
+    let mut counted = CountingSink(0);
+    serde_json::to_writer(&mut counted, view).expect("a manifest always serializes");
+    let json_len = counted.0;
+    assert!(json_len <= MAX_MANIFEST_BYTES as u64, "manifest larger than the decode limit");
+    let mut encoder = zstd::stream::Encoder::new(Vec::new(), MANIFEST_ZSTD_LEVEL).expect("a zstd context");
+    encoder.include_contentsize(true).expect("zstd takes the parameter");
+    encoder.set_pledged_src_size(Some(json_len)).expect("zstd takes the pledge before any data");
+    let mut writer = std::io::BufWriter::with_capacity(64 << 10, encoder);
+    serde_json::to_writer(&mut writer, view).expect("a manifest always serializes");
+    let encoder = writer.into_inner().map_err(|e| e.into_error()).expect("writing into memory succeeds");
+    let body = encoder.finish().expect("compressing into memory succeeds");
+    assert!(
+        body.starts_with(&crate::store::ZSTD_MAGIC) && body.len() <= MAX_MANIFEST_BYTES,
+        "manifest over the decode limit"
+    );
+    (format!("{generation:016x}-{:032x}", xxh3_128(&body)), body)
+}
+
+/// A writer that only counts the bytes written to it.
+struct CountingSink(u64);
+
+impl std::io::Write for CountingSink {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0 += bytes.len() as u64;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A manifest's hidden accounts as a writer holds them: packed as the catalog hands them over,
+/// each did as the LEB128 of its difference from the one before, then its state's index in
+/// `AccountState::ALL`, some 3 bytes an account. As `(u64, String)` pairs and as JSON they took
+/// tens of bytes each and were both whole in memory at each publish: 34 MiB of the import's
+/// peak with 309,000 hidden accounts (BENCHMARKS.md), and they grow with the network's accounts.
+#[derive(Debug, Default, Clone)]
+pub struct PackedAccounts {
+    bytes: Vec<u8>,
+    count: usize,
+    last: Option<u64>,
+}
+
+impl PackedAccounts {
+    /// Adds a hidden account after the ones added: dids must increase.
+    pub fn push(&mut self, did: u64, state: AccountState) {
+        assert!(state.is_hidden(), "only hidden accounts are packed");
+        let delta = match self.last {
+            Some(last) => {
+                assert!(did > last, "packed accounts out of order");
+                did - last
+            }
+            None => did,
+        };
+        let mut rest = delta;
+        while rest >= 0x80 {
+            self.bytes.push((rest as u8) | 0x80);
+            rest >>= 7;
+        }
+        self.bytes.push(rest as u8);
+        let index = AccountState::ALL.iter().position(|s| *s == state).expect("every state is in ALL");
+        self.bytes.push(index as u8);
+        self.last = Some(did);
+        self.count += 1;
+    }
+
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The accounts in the order they were added.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, AccountState)> + '_ {
+        let mut at = 0;
+        let mut previous: Option<u64> = None;
+        std::iter::from_fn(move || {
+            if at == self.bytes.len() {
+                return None;
+            }
+            let (mut delta, mut shift) = (0u64, 0);
+            loop {
+                let byte = self.bytes[at];
+                at += 1;
+                delta |= u64::from(byte & 0x7f) << shift;
+                shift += 7;
+                if byte & 0x80 == 0 {
+                    break;
+                }
+            }
+            let did = previous.map_or(delta, |previous| previous + delta);
+            previous = Some(did);
+            let state = AccountState::ALL[usize::from(self.bytes[at])];
+            at += 1;
+            Some((did, state))
+        })
+    }
+}
+
+/// As the manifest's JSON lists hidden accounts: `[did, status]` pairs.
+impl Serialize for PackedAccounts {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.iter().map(|(did, state)| (did, state.as_str())))
+    }
+}
+
 impl Manifest {
     pub fn new(
         generation: u64,
         position: IngestPosition,
         tables: Vec<TableRecord>,
-        hidden: Vec<(u64, AccountState)>,
         outlines: Vec<OutlineRange>,
     ) -> Self {
         let tables = tables
@@ -99,14 +228,13 @@ impl Manifest {
                 max_stamp: t.max_stamp,
             })
             .collect();
-        let hidden_accounts = hidden.into_iter().map(|(did, state)| (did, state.as_str().to_string())).collect();
         Manifest {
             format: MANIFEST_FORMAT,
             generation,
             cursor: position.cursor,
             clock: position.clock,
             tables,
-            hidden_accounts,
+            hidden_accounts: Vec::new(),
             outlines,
         }
     }
@@ -114,15 +242,26 @@ impl Manifest {
     /// The object name (`<generation>-<digest>`) and body (the JSON in one zstd frame that
     /// records its size).
     pub fn encode(&self) -> (String, Vec<u8>) {
-        let json = serde_json::to_vec(self).expect("a manifest always serializes");
-        assert!(json.len() <= MAX_MANIFEST_BYTES, "manifest larger than the decode limit");
-        let body = zstd::bulk::compress(&json, MANIFEST_ZSTD_LEVEL).expect("compressing into memory succeeds");
-        assert!(
-            body.starts_with(&crate::store::ZSTD_MAGIC) && body.len() <= MAX_MANIFEST_BYTES,
-            "manifest over the decode limit"
-        );
-        let name = format!("{:016x}-{:032x}", self.generation, xxh3_128(&body));
-        (name, body)
+        encode_view(self.generation, &self.view(&self.hidden_accounts))
+    }
+
+    /// `encode` with `hidden` as the hidden accounts (this manifest's own list must be empty): a
+    /// writer's manifest, whose hidden accounts are never held decoded.
+    pub fn encode_with(&self, hidden: &PackedAccounts) -> (String, Vec<u8>) {
+        assert!(self.hidden_accounts.is_empty(), "a manifest's hidden accounts come from one place");
+        encode_view(self.generation, &self.view(hidden))
+    }
+
+    fn view<'a, H: Serialize>(&'a self, hidden_accounts: &'a H) -> ManifestView<'a, H> {
+        ManifestView {
+            format: self.format,
+            generation: self.generation,
+            cursor: self.cursor,
+            clock: self.clock,
+            tables: &self.tables,
+            hidden_accounts,
+            outlines: &self.outlines,
+        }
     }
 
     /// Parses and validates a manifest fetched under `name`.
@@ -225,13 +364,46 @@ mod tests {
     }
 
     fn sample() -> Manifest {
-        Manifest::new(
+        let mut manifest = Manifest::new(
             7,
             IngestPosition { cursor: Some(42), clock: 9 },
             vec![table("0000000000000001abcdef01")],
-            vec![(5, AccountState::Suspended)],
             vec![OutlineRange { kind: "did".into(), after: 0, through: 4 }],
-        )
+        );
+        manifest.hidden_accounts = vec![(5, "suspended".into())];
+        manifest
+    }
+
+    /// Dids at the varint's edges and far apart, every hidden state.
+    fn hidden() -> Vec<(u64, AccountState)> {
+        let dids = [0, 1, 127, 128, 300, 16_383, 16_384, 1 << 40, (1 << 63) | 1, (1 << 63) | 1_000_000, u64::MAX];
+        let states = [AccountState::Deactivated, AccountState::Suspended, AccountState::Takendown];
+        dids.iter().zip(states.iter().cycle()).map(|(did, state)| (*did, *state)).collect()
+    }
+
+    #[test]
+    fn packed_accounts_give_back_what_was_pushed() {
+        let mut packed = PackedAccounts::default();
+        for (did, state) in hidden() {
+            packed.push(did, state);
+        }
+        assert_eq!(packed.len(), hidden().len());
+        assert_eq!(packed.iter().collect::<Vec<_>>(), hidden());
+    }
+
+    /// A writer's manifest (its accounts packed, never listed) is byte for byte the manifest
+    /// that lists them, so readers see no difference.
+    #[test]
+    fn a_manifest_with_packed_accounts_encodes_as_the_one_that_lists_them() {
+        let mut listed = sample();
+        listed.hidden_accounts = hidden().into_iter().map(|(did, state)| (did, state.as_str().into())).collect();
+        let mut packed = PackedAccounts::default();
+        hidden().into_iter().for_each(|(did, state)| packed.push(did, state));
+        let mut writers = sample();
+        writers.hidden_accounts.clear();
+        let (name, body) = writers.encode_with(&packed);
+        assert_eq!((name.clone(), body.clone()), listed.encode());
+        assert_eq!(Manifest::decode(&name, &body).unwrap(), listed);
     }
 
     #[test]

@@ -21,8 +21,7 @@ use crate::lsm::handle::{ReadError, table_key};
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{FormatError, FrameInfo, PAGED_HEADER_LEN, TableMeta, check_data_len, check_in_order};
 use crate::lsm::table::{declared_lengths, is_paged, verify_data_file, verify_data_frames};
-use crate::manifest::{Manifest, OutlineRange};
-use crate::model::account::AccountState;
+use crate::manifest::{Manifest, OutlineRange, PackedAccounts};
 use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
 use crate::outline::OutlineKind;
 use crate::store::object::{HashingReader, LocalFile};
@@ -34,8 +33,8 @@ use std::sync::atomic::Ordering;
 const CHECK_READ_BYTES: usize = 256 << 10;
 
 /// What a manifest is made of from the catalog: the ingest position, the current tables and the
-/// hidden accounts.
-type CatalogLook = (IngestPosition, Vec<TableRecord>, Vec<(u64, AccountState)>);
+/// hidden accounts (packed: there may be millions).
+type CatalogLook = (IngestPosition, Vec<TableRecord>, PackedAccounts);
 
 /// What the newest known manifest says, as far as publishing and GC care.
 #[derive(Debug, Clone, Default)]
@@ -119,8 +118,8 @@ impl Index {
         // writing CURRENT and recording it leaves the catalog one generation behind.
         let recorded = self.catalog.last_manifest()?.map_or(0, |(generation, _)| generation);
         let generation = recorded.max(previous.generation) + 1;
-        let manifest = Manifest::new(generation, position, tables, hidden, outlines);
-        let (name, body) = manifest.encode();
+        let manifest = Manifest::new(generation, position, tables, outlines);
+        let (name, body) = manifest.encode_with(&hidden);
         self.store.put(&format!("manifests/{name}"), body.into()).await?;
         self.store.put("CURRENT", name.clone().into_bytes().into()).await?;
         self.catalog.record_manifest(generation, &name)?;
@@ -132,8 +131,9 @@ impl Index {
     /// before the look (`enter_publish`), so no merge removes the files of a table it names.
     async fn upload_current_tables(&self) -> Result<CatalogLook, IndexError> {
         let _in_flight = self.enter_publish();
-        let (position, tables, hidden) =
-            (self.catalog.position()?, self.catalog.tables()?, self.catalog.hidden_accounts()?);
+        let (position, tables) = (self.catalog.position()?, self.catalog.tables()?);
+        let mut hidden = PackedAccounts::default();
+        self.catalog.visit_hidden_accounts(|did, state| hidden.push(did, state))?;
         let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
         self.upload_tables(&not_uploaded).await?;
         Ok((position, tables, hidden))
