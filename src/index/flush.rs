@@ -4,7 +4,10 @@
 //!
 //! Invariants:
 //! - A flush persists the outlines first, then writes table files, then commits tables, clock,
-//!   cursor and account states in one catalog transaction. So a durable table never names an id
+//!   cursor and account states in one catalog transaction. The backlink and forward-link tables
+//!   are written first and staged in place of their frozen memtables (`Tree::stage`: readers see
+//!   them, merges do not) before the tallies are computed, so those memtables, most of a flush's
+//!   memory, are not held while the tallies read. So a durable table never names an id
 //!   that a crash could forget, and after a crash the catalog's position says exactly what the
 //!   tables hold: replaying from it re-derives the rest.
 //! - A flush writes each identity's freshest backlink (and forward link) once, and none that a
@@ -16,7 +19,7 @@
 //! - `tables_clock` moves after a flush installs its tables, and a failed flush stops all later
 //!   ones (its operations are in no table).
 
-use super::tally::FlushedOps;
+use super::tally::{FlushedLinks, FlushedOps};
 use super::{Index, IndexError, WriterState, add_elapsed, io_err};
 use crate::base::drop_flag::SetOnDrop;
 use crate::catalog::{FlushRecord, IngestPosition};
@@ -25,6 +28,7 @@ use crate::lsm::compaction;
 use crate::lsm::entry::Entry;
 use crate::lsm::memtable::Memtable;
 use crate::lsm::record::{RunKind, TableRecord};
+use crate::lsm::run::Run;
 use crate::lsm::tree::Tree;
 use crate::model::account::AccountState;
 use crate::model::ids::{Backlink, ForwardLink, Revocation};
@@ -48,26 +52,71 @@ pub struct FlushJob<'a> {
     accounts: Vec<(u64, AccountState)>,
 }
 
-impl FlushJob<'_> {
-    /// Returns how many tables it wrote. The outlines are persisted first: no committed table
-    /// may refer to an id that a crash could forget.
-    pub fn finish(mut self) -> Result<usize, IndexError> {
+impl<'a> FlushJob<'a> {
+    /// Returns how many tables it wrote.
+    pub fn finish(self) -> Result<usize, IndexError> {
+        self.stage()?.finish()
+    }
+
+    /// The first part of the flush: the outlines persisted (no committed table may refer to an
+    /// id that a crash could forget), what the tallies need of the backlinks taken, and the
+    /// backlink and forward-link tables written and staged in place of their frozen memtables,
+    /// which go then.
+    pub fn stage(self) -> Result<StagedFlush<'a>, IndexError> {
         let index = self.index;
         index.outlines.persist()?;
         let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
         let flushed = KnownRevocations::of_flush(revocations);
         let tallying = std::time::Instant::now();
-        let hot = index.hot_writes(&FlushedOps {
-            links: self.links.as_ref().map(|(memtable, _)| memtable.as_ref()),
-            revocations: &flushed,
+        let tally_links = index.flushed_links(self.links.as_ref().map(|(memtable, _)| memtable.as_ref()))?;
+        add_elapsed(&index.counters.tally_micros, tallying);
+        Ok(StagedFlush {
+            links: index.stage_live(&index.links, self.links, &flushed)?,
+            forward: index.stage_live(&index.forward, self.forward, &flushed)?,
+            index,
+            _ticket: self._ticket,
+            unfinished: self.unfinished,
+            started: self.started,
+            tally_links,
+            flushed,
+            thresholds: self.thresholds,
+            position: self.position,
+            accounts: self.accounts,
+        })
+    }
+}
+
+/// A flush whose backlink and forward-link tables are staged: the rest (tallies, the revocation
+/// and hot tables, the commit, the installs) is `finish`. Holds the flush gate as `FlushJob`.
+pub struct StagedFlush<'a> {
+    index: &'a Index,
+    _ticket: FlushTicket<'a>,
+    unfinished: SetOnDrop<'a>,
+    started: std::time::Instant,
+    links: Flushed<Backlink>,
+    forward: Flushed<ForwardLink>,
+    tally_links: FlushedLinks,
+    /// The revocations frozen with the flush.
+    flushed: KnownRevocations,
+    thresholds: Option<(Arc<Memtable<Revocation>>, String)>,
+    position: IngestPosition,
+    accounts: Vec<(u64, AccountState)>,
+}
+
+impl StagedFlush<'_> {
+    /// Returns how many tables the flush wrote.
+    pub fn finish(mut self) -> Result<usize, IndexError> {
+        let index = self.index;
+        let tallying = std::time::Instant::now();
+        let ops = FlushedOps {
+            revocations: &self.flushed,
             revoked: self.thresholds.as_ref().map(|(memtable, _)| memtable.as_ref()),
             accounts: &self.accounts,
             clock: self.position.clock,
             installed_clock: index.tables_clock.load(Ordering::Acquire),
-        })?;
+        };
+        let hot = index.hot_writes(&ops, self.tally_links)?;
         add_elapsed(&index.counters.tally_micros, tallying);
-        let links = index.write_live(&index.links, self.links.as_ref(), &flushed)?;
-        let forward = index.write_live(&index.forward, self.forward.as_ref(), &flushed)?;
         let mut thresholds = None;
         if let Some((memtable, id)) = &self.thresholds {
             thresholds = Some(index.write_table(&index.thresholds, id, || memtable.iter().copied())?);
@@ -77,9 +126,7 @@ impl FlushJob<'_> {
         let account_tallies =
             index.write_new_table(&index.account_tallies, hot.has_account_tallies(), || hot.all_account_tallies())?;
         hot.check()?;
-        let tables = [&links, &forward]
-            .into_iter()
-            .filter_map(Flushed::record)
+        let tables = (self.links.record().into_iter().chain(self.forward.record()))
             .chain(&thresholds)
             .chain(&hot_links)
             .chain(&tallies)
@@ -88,8 +135,8 @@ impl FlushJob<'_> {
             .collect();
         let flush = FlushRecord { tables, position: self.position, accounts: self.accounts };
         index.catalog.commit_flush(&flush)?;
-        index.install_flushed(&index.links, links, self.links.as_ref())?;
-        index.install_flushed(&index.forward, forward, self.forward.as_ref())?;
+        self.links.install(&index.links);
+        self.forward.install(&index.forward);
         if let Some(record) = thresholds {
             index.thresholds.install(index.thresholds.open_table(record)?, self.thresholds.as_ref().map(|(m, _)| m));
         }
@@ -116,19 +163,27 @@ impl FlushJob<'_> {
 }
 
 /// What a flush made of one tree's frozen memtable.
-enum Flushed {
+enum Flushed<E: Entry> {
     /// The tree had nothing to flush.
     Nothing,
     /// Every entry died within the flush: no table (an empty run would only be merged).
     AllDead,
-    Table(TableRecord),
+    /// Its table, staged in the memtable's place until the flush commits.
+    Staged(Arc<Run<E>>),
 }
 
-impl Flushed {
+impl<E: Entry> Flushed<E> {
     fn record(&self) -> Option<&TableRecord> {
         match self {
-            Flushed::Table(record) => Some(record),
+            Flushed::Staged(run) => Some(&run.tables[0].record),
             Flushed::Nothing | Flushed::AllDead => None,
+        }
+    }
+
+    /// After the commit: the staged table joins the tree's committed runs.
+    fn install(&self, tree: &Tree<E>) {
+        if let Flushed::Staged(run) = self {
+            tree.install_staged(run);
         }
     }
 }
@@ -222,35 +277,23 @@ impl Index {
     }
 
     /// Writes the freshest copy of each entry of a frozen memtable that no revocation frozen with
-    /// it (`flushed`) kills, if any.
-    fn write_live<E: Revocable>(
+    /// it (`flushed`) kills, if any, and stages that table in the memtable's place (or drops the
+    /// memtable when nothing in it survived: the revocations that killed it stay frozen, so no
+    /// answer changes). The memtable goes with the last handle, the tree's or `frozen`.
+    fn stage_live<E: Revocable>(
         &self,
         tree: &Tree<E>,
-        frozen: Option<&(Arc<Memtable<E>>, String)>,
+        frozen: Option<(Arc<Memtable<E>>, String)>,
         flushed: &KnownRevocations,
-    ) -> Result<Flushed, IndexError> {
+    ) -> Result<Flushed<E>, IndexError> {
         let Some((memtable, id)) = frozen else { return Ok(Flushed::Nothing) };
         let live = || compaction::freshest(memtable.iter().copied()).filter_map(|entry| entry.settle_by(flushed));
         if live().next().is_none() {
+            tree.retire_frozen(&memtable);
             return Ok(Flushed::AllDead);
         }
-        Ok(Flushed::Table(self.write_table(tree, id, live)?))
-    }
-
-    /// Puts a committed flush's table in place of its frozen memtable (or just drops the memtable
-    /// when nothing in it survived).
-    fn install_flushed<E: Entry>(
-        &self,
-        tree: &Tree<E>,
-        flushed: Flushed,
-        frozen: Option<&(Arc<Memtable<E>>, String)>,
-    ) -> Result<(), IndexError> {
-        match (flushed, frozen) {
-            (Flushed::AllDead, Some((memtable, _))) => tree.retire_frozen(memtable),
-            (Flushed::Table(record), frozen) => tree.install(tree.open_table(record)?, frozen.map(|(m, _)| m)),
-            (Flushed::Nothing, _) | (Flushed::AllDead, None) => {}
-        }
-        Ok(())
+        let record = self.write_table(tree, &id, live)?;
+        Ok(Flushed::Staged(tree.stage(tree.open_table(record)?, &memtable)))
     }
 
     /// Writes sorted, unique entries that no memtable held (the flush's hot links and tallies,
@@ -313,6 +356,60 @@ mod tests {
         assert!(index.outlines.pending_bytes() < claimed_then_one);
         assert_eq!(index.outlines.pending_bytes(), 0, "the flush persisted them all, the last one too");
         assert!(!index.wants_flush());
+    }
+
+    const POST: &str = "at://did:plc:aaaaaaaaaaaaaaaaaaaaaaaa/app.bsky.feed.post/3kaaaaaaaaaaa";
+
+    fn like(author: usize) -> RecordRef<'static> {
+        let did = format!("did:plc:{author:024}");
+        RecordRef { did: did.into(), collection: "app.bsky.feed.like".into(), rkey: "3kbbbbbbbbbbb".into() }
+    }
+
+    fn create_like(index: &Index, author: usize) {
+        let record = serde_json::json!({"subject": {"uri": POST, "cid": "bafyreib2rxk3rybloqtqwbo"}});
+        index.apply(&Operation::Create(RecordOp { record_ref: like(author), record }), None).unwrap();
+    }
+
+    /// The sources of every live backlink to `POST`.
+    async fn likers(index: &Index) -> Vec<String> {
+        let params = crate::query::ListParams { limit: 100, ..crate::query::ListParams::new(POST) };
+        let page = crate::query::list_backlinks(index, &params).await.unwrap();
+        assert!(page.cursor.is_none(), "one page holds them all");
+        let mut sources: Vec<String> = page.items.into_iter().map(|(_, source)| source).collect();
+        sources.sort();
+        sources
+    }
+
+    /// Between staging and commit, the backlinks are answered from the staged table with no
+    /// frozen memtable left, no merge can take that table, and what is written meanwhile counts.
+    #[tokio::test]
+    async fn a_staged_flush_answers_from_its_table_and_holds_no_frozen_memtable() {
+        let dir = tempfile::tempdir().unwrap();
+        let index = open_in_dir(dir.path(), IndexOptions::default());
+        (0..40).for_each(|author| create_like(&index, author));
+        index.flush().unwrap();
+        (40..80).for_each(|author| create_like(&index, author));
+        for author in (0..80).step_by(9) {
+            index.apply(&Operation::Delete(like(author)), None).unwrap();
+        }
+        let before = likers(&index).await;
+        assert_eq!(before.len(), 80 - 9);
+        let staged = index.begin_flush().unwrap().stage().unwrap();
+        assert_eq!(index.links.memtables_memory_bytes() + index.forward.memtables_memory_bytes(), 0);
+        let everything = (Backlink::min_for_key(RecordId::MIN), Backlink::max_for_key(RecordId::MAX));
+        let snapshot = index.links.snapshot([everything]);
+        assert_eq!((snapshot.memtable_entries.len(), snapshot.runs.len()), (0, 2), "the staged table is read");
+        assert_eq!(index.links.runs().len(), 1, "merges see only the committed table");
+        assert_eq!(likers(&index).await, before);
+        index.apply(&Operation::Delete(like(41)), None).unwrap();
+        create_like(&index, 80);
+        staged.finish().unwrap();
+        assert_eq!(index.links.runs().len(), 2, "the staged table is installed");
+        assert_eq!(index.links.snapshot([everything]).runs.len(), 2);
+        let uri = |author: usize| format!("at://did:plc:{author:024}/app.bsky.feed.like/3kbbbbbbbbbbb");
+        let mut expected: Vec<String> = before.into_iter().filter(|source| *source != uri(41)).collect();
+        expected.push(uri(80));
+        assert_eq!(likers(&index).await, expected);
     }
 
     #[test]

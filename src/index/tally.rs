@@ -42,7 +42,7 @@
 //!   tallies it writes go through an external sort (`lsm::sorter`): those of the accounts it
 //!   reads whole grow with how many hot targets each links to, not only with the flush.
 //! - A promotion reads the target's backlinks as of the flush's clock (installed tables and the
-//!   frozen memtable; the active one holds only later stamps), a part at a time, and writes its
+//!   flush's staged table; the active memtable holds only later stamps), a part at a time, and writes its
 //!   hot links and tallies from them (`promote`: sorted outside memory). The differences of that
 //!   flush never touch the targets it promotes.
 
@@ -63,8 +63,8 @@ use crate::model::account::AccountState;
 use crate::model::ids::{AccountTally, Backlink, HotLink, RecordId, Revocation, Tally};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ops::RangeInclusive;
-use std::sync::Mutex;
 use std::sync::atomic::AtomicU64;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
 
 /// Default of `IndexOptions::hot_target_entries`: a quarter of the default exact scan limit, so
@@ -87,13 +87,6 @@ const MAX_REQUESTED_PROMOTIONS: usize = 4096;
 /// entries counted from metadata) is made for few targets.
 const BATCH_SHARE_SHIFT: u32 = 6;
 
-impl FlushedOps<'_> {
-    /// The flush's backlinks, sorted, every copy.
-    fn links(&self) -> impl Iterator<Item = Backlink> + '_ {
-        self.links.into_iter().flat_map(|memtable| memtable.iter().copied())
-    }
-}
-
 /// The hot targets, and the promotions counts asked for.
 #[derive(Debug, Default)]
 pub(super) struct HotTargets {
@@ -102,10 +95,19 @@ pub(super) struct HotTargets {
     requested: Mutex<HashSet<RecordId>>,
 }
 
-/// A flush's operations, as its tallies see them.
+/// What the tallies need of a flush's backlinks, taken from its frozen memtable before the flush
+/// swaps the memtable for its table (`Index::flushed_links`), so the memtable's memory goes
+/// before the tallies are computed.
+pub(super) struct FlushedLinks {
+    /// The freshest copy of each identity linking to a hot target, sorted (dead ones included).
+    pub to_hot: Vec<Backlink>,
+    /// The targets of which the flush holds at least its share of entries (`BATCH_SHARE_SHIFT`),
+    /// to be checked for promotion.
+    pub crowded: Vec<RecordId>,
+}
+
+/// A flush's operations, as its tallies see them (its backlinks are `FlushedLinks`).
 pub(super) struct FlushedOps<'a> {
-    /// The frozen backlink memtable, if any.
-    pub links: Option<&'a Memtable<Backlink>>,
     pub revocations: &'a KnownRevocations,
     /// The frozen revocation memtable, if any.
     pub revoked: Option<&'a Memtable<Revocation>>,
@@ -281,14 +283,40 @@ impl Index {
         Ok(part)
     }
 
-    /// The hot links and tallies a flush of `ops` writes (module invariants).
-    pub(super) fn hot_writes(&self, ops: &FlushedOps<'_>) -> Result<HotWrites, IndexError> {
+    /// What the tallies need of a flush's frozen backlinks (`memtable`).
+    pub(super) fn flushed_links(&self, memtable: Option<&Memtable<Backlink>>) -> Result<FlushedLinks, IndexError> {
+        let known = self.known_hot_targets()?;
+        let hot = known.as_ref().expect("loaded");
+        let links = || memtable.into_iter().flat_map(|memtable| memtable.iter().copied());
+        let to_hot = compaction::freshest(links().filter(|link| hot.contains(&link.target))).collect();
+        let share = (self.options.hot_target_entries.max(1) >> BATCH_SHARE_SHIFT).max(1) as usize;
+        let mut crowded = Vec::new();
+        let mut links = links().peekable();
+        while let Some(first) = links.next() {
+            let mut entries = 1;
+            while links.next_if(|link| link.target == first.target).is_some() {
+                entries += 1;
+            }
+            if entries >= share {
+                crowded.push(first.target);
+            }
+        }
+        Ok(FlushedLinks { to_hot, crowded })
+    }
+
+    /// The hot links and tallies a flush of `ops` and `links` writes (module invariants).
+    pub(super) fn hot_writes(&self, ops: &FlushedOps<'_>, links: FlushedLinks) -> Result<HotWrites, IndexError> {
+        let known = self.known_hot_targets()?;
+        self.reads.block_on(self.hot_writes_of(ops, links, known.as_ref().expect("loaded")))
+    }
+
+    /// The hot targets, read from the tallies the first time.
+    fn known_hot_targets(&self) -> Result<MutexGuard<'_, Option<HashSet<RecordId>>>, IndexError> {
         let mut known = self.hot_targets.known.lock().expect("hot targets lock poisoned");
         if known.is_none() {
             *known = Some(self.reads.block_on(self.read_hot_targets())?);
         }
-        let hot = known.as_ref().expect("loaded");
-        self.reads.block_on(self.hot_writes_of(ops, hot))
+        Ok(known)
     }
 
     /// After the flush's commit: its promoted targets are hot.
@@ -309,11 +337,15 @@ impl Index {
         Ok(targets)
     }
 
-    async fn hot_writes_of(&self, ops: &FlushedOps<'_>, hot: &HashSet<RecordId>) -> Result<HotWrites, IndexError> {
+    async fn hot_writes_of(
+        &self,
+        ops: &FlushedOps<'_>,
+        links: FlushedLinks,
+        hot: &HashSet<RecordId>,
+    ) -> Result<HotWrites, IndexError> {
         let times = &self.counters.tally_reads;
-        let promoted = timed(&times.promotions_micros, self.promotions(ops, hot)).await?;
-        let flushed: Vec<Backlink> =
-            compaction::freshest(ops.links().filter(|link| hot.contains(&link.target))).collect();
+        let promoted = timed(&times.promotions_micros, self.promotions(&links.crowded, hot)).await?;
+        let flushed = links.to_hot;
         let mut visibility = self.visibility(ops, ops.accounts.iter().map(|(did, _)| *did))?;
         let (keys, accounts) = hot_reads(ops, &flushed, &visibility);
         let mut differences: BTreeMap<TallyKey, Change> = BTreeMap::new();
@@ -534,24 +566,14 @@ impl Index {
     }
 
     /// The targets this flush promotes: those a count asked for or of which it holds a good
-    /// share, that are not hot yet and have at least `hot_target_entries` entries.
-    async fn promotions(&self, ops: &FlushedOps<'_>, hot: &HashSet<RecordId>) -> Result<Vec<RecordId>, IndexError> {
+    /// share (`crowded`), that are not hot yet and have at least `hot_target_entries` entries.
+    async fn promotions(&self, crowded: &[RecordId], hot: &HashSet<RecordId>) -> Result<Vec<RecordId>, IndexError> {
         let bound = self.options.hot_target_entries.max(1);
-        let share = (bound >> BATCH_SHARE_SHIFT).max(1) as usize;
         let mut candidates: BTreeSet<RecordId> =
             std::mem::take(&mut *self.hot_targets.requested.lock().expect("promotions lock poisoned"))
                 .into_iter()
                 .collect();
-        let mut links = ops.links().peekable();
-        while let Some(first) = links.next() {
-            let mut entries = 1;
-            while links.next_if(|link| link.target == first.target).is_some() {
-                entries += 1;
-            }
-            if entries >= share {
-                candidates.insert(first.target);
-            }
-        }
+        candidates.extend(crowded.iter().copied());
         let mut promoted = Vec::new();
         for target in candidates.into_iter().filter(|target| !hot.contains(target)) {
             let snapshot = self.links.snapshot([(Backlink::min_for_key(target), Backlink::max_for_key(target))]);

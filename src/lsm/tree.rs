@@ -3,9 +3,11 @@
 //! Invariants:
 //! - Queries see every entry that was written before they started: an entry lives in the active
 //!   memtable, then in a frozen memtable, then in a table (or in none when its flush found it dead
-//!   or superseded: no answer changes), and the switch from frozen
-//!   memtable to table happens under one write lock, so a reader (who takes memtable entries and
-//!   the table list under one read lock) never falls between the two.
+//!   or superseded: no answer changes). A flush may stage its table before committing it: readers
+//!   see a staged table as they saw the memtable it replaces, merges do not (it is in no run of
+//!   `runs()` until `install_staged`). Each switch (frozen to staged or installed, staged to
+//!   installed) happens under one write lock, so a reader (who takes memtable entries and the
+//!   run list under one read lock) never falls between the two.
 //! - A table file pair is complete on disk (written, fsynced, renamed) before it is installed.
 //! - The run list is an immutable `Arc<Vec<_>>` swapped as a whole (a flush adds a delta run, a
 //!   compaction swaps its input runs for its output run in one step); a reader's snapshot never
@@ -33,10 +35,37 @@ use std::sync::{Arc, RwLock};
 struct TreeState<E: Entry> {
     active: Memtable<E>,
     frozen: Vec<Arc<Memtable<E>>>,
+    /// The committed runs, oldest first: what merges choose from.
     runs: Arc<Vec<Arc<Run<E>>>>,
+    /// Flushed tables not yet committed, each a delta run newer than every committed one.
+    staged: Vec<Arc<Run<E>>>,
+    /// `runs` then `staged`: what readers see.
+    visible: Arc<Vec<Arc<Run<E>>>>,
 }
 
-/// What a reader sees at one instant: matching memtable entries and the run list.
+impl<E: Entry> TreeState<E> {
+    fn empty() -> Self {
+        let runs = Arc::new(Vec::new());
+        TreeState { active: Memtable::default(), frozen: Vec::new(), visible: runs.clone(), runs, staged: Vec::new() }
+    }
+
+    /// Sets the committed and the staged runs, and what readers see of both.
+    fn set_runs(&mut self, runs: Vec<Arc<Run<E>>>, staged: Vec<Arc<Run<E>>>) {
+        self.runs = Arc::new(runs);
+        self.visible = match staged.is_empty() {
+            true => self.runs.clone(),
+            false => Arc::new(self.runs.iter().chain(&staged).cloned().collect()),
+        };
+        self.staged = staged;
+    }
+
+    fn drop_frozen(&mut self, memtable: &Arc<Memtable<E>>) {
+        self.frozen.retain(|m| !Arc::ptr_eq(m, memtable));
+    }
+}
+
+/// What a reader sees at one instant: matching memtable entries and the runs (committed and
+/// staged).
 pub struct Snapshot<E: Entry> {
     pub memtable_entries: Vec<E>,
     pub runs: Arc<Vec<Arc<Run<E>>>>,
@@ -198,7 +227,7 @@ impl<E: Entry> Tree<E> {
     /// meta pages.
     pub fn new(dir: PathBuf, options: TableOptions, caches: TreeCaches) -> std::io::Result<Self> {
         std::fs::create_dir_all(&dir)?;
-        let state = TreeState { active: Memtable::default(), frozen: Vec::new(), runs: Arc::new(Vec::new()) };
+        let state = TreeState::empty();
         let frame_cache = FrameCache::within(&caches.frames);
         let meta_cache = MetaCache::within(&caches.metas);
         Ok(Self { dir, options, frame_cache, meta_cache, state: RwLock::new(state) })
@@ -242,14 +271,15 @@ impl<E: Entry> Tree<E> {
                 memtable_entries.extend(memtable.range(lo, hi).copied());
             }
         }
-        Snapshot { memtable_entries, runs: state.runs.clone() }
+        Snapshot { memtable_entries, runs: state.visible.clone() }
     }
 
-    /// Every table of every run, oldest run first.
+    /// Every table of every committed run, oldest run first.
     pub fn tables(&self) -> Vec<Arc<TableHandle<E>>> {
         self.runs().iter().flat_map(|run| run.tables.iter().cloned()).collect()
     }
 
+    /// The committed runs (no staged one), oldest first.
     pub fn runs(&self) -> Arc<Vec<Arc<Run<E>>>> {
         self.state.read().expect("tree lock poisoned").runs.clone()
     }
@@ -278,7 +308,9 @@ impl<E: Entry> Tree<E> {
             })?;
             runs.push(Arc::new(run));
         }
-        self.state.write().expect("tree lock poisoned").runs = Arc::new(runs);
+        let mut state = self.state.write().expect("tree lock poisoned");
+        let staged = std::mem::take(&mut state.staged);
+        state.set_runs(runs, staged);
         Ok(())
     }
 
@@ -391,19 +423,41 @@ impl<E: Entry> Tree<E> {
 
     /// Makes `table` visible as a delta run and drops the frozen memtable it replaces, in one step.
     pub fn install(&self, table: TableHandle<E>, replaces: Option<&Arc<Memtable<E>>>) {
-        let run = Run::from_tables(vec![Arc::new(table)]).expect("a flushed table is a whole delta run");
+        let run = Arc::new(Run::from_tables(vec![Arc::new(table)]).expect("a flushed table is a whole delta run"));
         let mut state = self.state.write().expect("tree lock poisoned");
-        let mut runs: Vec<_> = state.runs.as_ref().clone();
-        runs.push(Arc::new(run));
-        state.runs = Arc::new(runs);
+        let runs = state.runs.iter().cloned().chain([run]).collect();
+        let staged = std::mem::take(&mut state.staged);
+        state.set_runs(runs, staged);
         if let Some(frozen) = replaces {
-            state.frozen.retain(|m| !Arc::ptr_eq(m, frozen));
+            state.drop_frozen(frozen);
         }
+    }
+
+    /// Makes `table`, written but not committed, visible to readers in place of the frozen
+    /// memtable it replaces, in one step, so that the memtable's memory goes before the commit.
+    /// Merges do not see it until `install_staged`.
+    pub fn stage(&self, table: TableHandle<E>, replaces: &Arc<Memtable<E>>) -> Arc<Run<E>> {
+        let run = Arc::new(Run::from_tables(vec![Arc::new(table)]).expect("a flushed table is a whole delta run"));
+        let mut state = self.state.write().expect("tree lock poisoned");
+        let runs = state.runs.as_ref().clone();
+        let staged = state.staged.iter().cloned().chain([run.clone()]).collect();
+        state.set_runs(runs, staged);
+        state.drop_frozen(replaces);
+        run
+    }
+
+    /// After its commit: the staged `run` joins the committed runs (readers see no change).
+    pub fn install_staged(&self, run: &Arc<Run<E>>) {
+        let mut state = self.state.write().expect("tree lock poisoned");
+        assert!(state.staged.iter().any(|r| Arc::ptr_eq(r, run)), "installing a run that is not staged");
+        let runs = state.runs.iter().cloned().chain([run.clone()]).collect();
+        let staged = state.staged.iter().filter(|r| !Arc::ptr_eq(r, run)).cloned().collect();
+        state.set_runs(runs, staged);
     }
 
     /// Drops a frozen memtable whose flush wrote no table (every entry in it was dead).
     pub fn retire_frozen(&self, memtable: &Arc<Memtable<E>>) {
-        self.state.write().expect("tree lock poisoned").frozen.retain(|m| !Arc::ptr_eq(m, memtable));
+        self.state.write().expect("tree lock poisoned").drop_frozen(memtable);
     }
 
     /// Swaps the runs `removed` for `added` in one step (a compaction's result). The new run takes
@@ -413,7 +467,8 @@ impl<E: Entry> Tree<E> {
         let position = state.runs.iter().position(|r| removed.contains(&r.id)).unwrap_or(state.runs.len());
         let mut runs: Vec<_> = state.runs.iter().filter(|r| !removed.contains(&r.id)).cloned().collect();
         runs.insert(position.min(runs.len()), Arc::new(added));
-        state.runs = Arc::new(runs);
+        let staged = std::mem::take(&mut state.staged);
+        state.set_runs(runs, staged);
     }
 
     pub fn local_path(&self, id: &str, ext: &str) -> PathBuf {
