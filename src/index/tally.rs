@@ -42,9 +42,9 @@
 //!   tallies it writes go through an external sort (`lsm::sorter`): those of the accounts it
 //!   reads whole grow with how many hot targets each links to, not only with the flush.
 //! - A promotion reads the target's backlinks as of the flush's clock (installed tables and the
-//!   flush's staged table; the active memtable holds only later stamps), a part at a time, and writes its
-//!   hot links and tallies from them (`promote`: sorted outside memory). The differences of that
-//!   flush never touch the targets it promotes.
+//!   flush's staged table; the active memtable holds only later stamps), a part at a time, and
+//!   writes its hot links and tallies from them (`promote`: sorted outside memory). The
+//!   differences of that flush never touch the targets it promotes.
 
 use super::promote::{Promoted, Promotions, check, consolidated, finish, merge_sorted};
 use super::{Index, IndexError, add_elapsed, io_err};
@@ -290,18 +290,7 @@ impl Index {
         let links = || memtable.into_iter().flat_map(|memtable| memtable.iter().copied());
         let to_hot = compaction::freshest(links().filter(|link| hot.contains(&link.target))).collect();
         let share = (self.options.hot_target_entries.max(1) >> BATCH_SHARE_SHIFT).max(1) as usize;
-        let mut crowded = Vec::new();
-        let mut links = links().peekable();
-        while let Some(first) = links.next() {
-            let mut entries = 1;
-            while links.next_if(|link| link.target == first.target).is_some() {
-                entries += 1;
-            }
-            if entries >= share {
-                crowded.push(first.target);
-            }
-        }
-        Ok(FlushedLinks { to_hot, crowded })
+        Ok(FlushedLinks { to_hot, crowded: crowded_targets(links(), share) })
     }
 
     /// The hot links and tallies a flush of `ops` and `links` writes (module invariants).
@@ -642,6 +631,22 @@ impl Index {
         }
         Ok(!copies.is_empty())
     }
+}
+
+/// The targets of at least `share` of `links` (sorted by target).
+fn crowded_targets(links: impl Iterator<Item = Backlink>, share: usize) -> Vec<RecordId> {
+    let mut crowded = Vec::new();
+    let mut links = links.peekable();
+    while let Some(first) = links.next() {
+        let mut entries = 1;
+        while links.next_if(|link| link.target == first.target).is_some() {
+            entries += 1;
+        }
+        if entries >= share {
+            crowded.push(first.target);
+        }
+    }
+    crowded
 }
 
 /// What a flush reads of the hot tree: the keys of the flushed links' sources and of the records
