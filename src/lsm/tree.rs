@@ -49,14 +49,18 @@ impl<E: Entry> TreeState<E> {
         TreeState { active: Memtable::default(), frozen: Vec::new(), visible: runs.clone(), runs, staged: Vec::new() }
     }
 
-    /// Sets the committed and the staged runs, and what readers see of both.
-    fn set_runs(&mut self, runs: Vec<Arc<Run<E>>>, staged: Vec<Arc<Run<E>>>) {
+    /// Sets the committed runs (the staged ones stay), and what readers see.
+    fn set_runs(&mut self, runs: Vec<Arc<Run<E>>>) {
         self.runs = Arc::new(runs);
-        self.visible = match staged.is_empty() {
+        self.refresh_visible();
+    }
+
+    /// What readers see: the committed runs, then the staged ones.
+    fn refresh_visible(&mut self) {
+        self.visible = match self.staged.is_empty() {
             true => self.runs.clone(),
-            false => Arc::new(self.runs.iter().chain(&staged).cloned().collect()),
+            false => Arc::new(self.runs.iter().chain(&self.staged).cloned().collect()),
         };
-        self.staged = staged;
     }
 
     fn drop_frozen(&mut self, memtable: &Arc<Memtable<E>>) {
@@ -308,9 +312,7 @@ impl<E: Entry> Tree<E> {
             })?;
             runs.push(Arc::new(run));
         }
-        let mut state = self.state.write().expect("tree lock poisoned");
-        let staged = std::mem::take(&mut state.staged);
-        state.set_runs(runs, staged);
+        self.state.write().expect("tree lock poisoned").set_runs(runs);
         Ok(())
     }
 
@@ -423,11 +425,10 @@ impl<E: Entry> Tree<E> {
 
     /// Makes `table` visible as a delta run and drops the frozen memtable it replaces, in one step.
     pub fn install(&self, table: TableHandle<E>, replaces: Option<&Arc<Memtable<E>>>) {
-        let run = Arc::new(Run::from_tables(vec![Arc::new(table)]).expect("a flushed table is a whole delta run"));
+        let run = delta_run(table);
         let mut state = self.state.write().expect("tree lock poisoned");
         let runs = state.runs.iter().cloned().chain([run]).collect();
-        let staged = std::mem::take(&mut state.staged);
-        state.set_runs(runs, staged);
+        state.set_runs(runs);
         if let Some(frozen) = replaces {
             state.drop_frozen(frozen);
         }
@@ -437,11 +438,10 @@ impl<E: Entry> Tree<E> {
     /// memtable it replaces, in one step, so that the memtable's memory goes before the commit.
     /// Merges do not see it until `install_staged`.
     pub fn stage(&self, table: TableHandle<E>, replaces: &Arc<Memtable<E>>) -> Arc<Run<E>> {
-        let run = Arc::new(Run::from_tables(vec![Arc::new(table)]).expect("a flushed table is a whole delta run"));
+        let run = delta_run(table);
         let mut state = self.state.write().expect("tree lock poisoned");
-        let runs = state.runs.as_ref().clone();
-        let staged = state.staged.iter().cloned().chain([run.clone()]).collect();
-        state.set_runs(runs, staged);
+        state.staged.push(run.clone());
+        state.refresh_visible();
         state.drop_frozen(replaces);
         run
     }
@@ -450,9 +450,9 @@ impl<E: Entry> Tree<E> {
     pub fn install_staged(&self, run: &Arc<Run<E>>) {
         let mut state = self.state.write().expect("tree lock poisoned");
         assert!(state.staged.iter().any(|r| Arc::ptr_eq(r, run)), "installing a run that is not staged");
+        state.staged.retain(|r| !Arc::ptr_eq(r, run));
         let runs = state.runs.iter().cloned().chain([run.clone()]).collect();
-        let staged = state.staged.iter().filter(|r| !Arc::ptr_eq(r, run)).cloned().collect();
-        state.set_runs(runs, staged);
+        state.set_runs(runs);
     }
 
     /// Drops a frozen memtable whose flush wrote no table (every entry in it was dead).
@@ -467,8 +467,7 @@ impl<E: Entry> Tree<E> {
         let position = state.runs.iter().position(|r| removed.contains(&r.id)).unwrap_or(state.runs.len());
         let mut runs: Vec<_> = state.runs.iter().filter(|r| !removed.contains(&r.id)).cloned().collect();
         runs.insert(position.min(runs.len()), Arc::new(added));
-        let staged = std::mem::take(&mut state.staged);
-        state.set_runs(runs, staged);
+        state.set_runs(runs);
     }
 
     pub fn local_path(&self, id: &str, ext: &str) -> PathBuf {
@@ -480,6 +479,11 @@ impl<E: Entry> Tree<E> {
     pub fn mark_uploaded(&self, id: &str) {
         self.tables().iter().filter(|t| t.record.id == id).for_each(|t| t.mark_uploaded());
     }
+}
+
+/// A flushed table as the one-table delta run it makes.
+fn delta_run<E: Entry>(table: TableHandle<E>) -> Arc<Run<E>> {
+    Arc::new(Run::from_tables(vec![Arc::new(table)]).expect("a flushed table is a whole delta run"))
 }
 
 /// A tree's table files by id, whatever its entry type: what the owner of several trees needs
