@@ -39,15 +39,20 @@ use std::sync::{Arc, Mutex};
 /// catalog committed, tables installed in place of the frozen memtables. Holds the flush gate
 /// until it is done (or dropped).
 pub struct FlushJob<'a> {
+    common: FlushCommon<'a>,
+    links: Option<(Arc<Memtable<Backlink>>, String)>,
+    forward: Option<(Arc<Memtable<ForwardLink>>, String)>,
+}
+
+/// What a flush holds from its start to its commit, staged or not.
+struct FlushCommon<'a> {
     index: &'a Index,
     _ticket: FlushTicket<'a>,
     /// Marks the index's flushes failed unless the job finishes: a job that did not took
     /// operations (frozen memtables, account changes) that are now in no table.
     unfinished: SetOnDrop<'a>,
     started: std::time::Instant,
-    links: Option<(Arc<Memtable<Backlink>>, String)>,
     thresholds: Option<(Arc<Memtable<Revocation>>, String)>,
-    forward: Option<(Arc<Memtable<ForwardLink>>, String)>,
     position: IngestPosition,
     accounts: Vec<(u64, AccountState)>,
 }
@@ -63,25 +68,19 @@ impl<'a> FlushJob<'a> {
     /// backlink and forward-link tables written and staged in place of their frozen memtables,
     /// which go then.
     pub fn stage(self) -> Result<StagedFlush<'a>, IndexError> {
-        let index = self.index;
+        let index = self.common.index;
         index.outlines.persist()?;
-        let revocations = self.thresholds.as_ref().map_or(Vec::new(), |(m, _)| m.iter().copied().collect());
-        let flushed = KnownRevocations::of_flush(revocations);
+        let frozen = self.common.thresholds.as_ref();
+        let revocations = KnownRevocations::of_flush(frozen.map_or(Vec::new(), |(m, _)| m.iter().copied().collect()));
         let tallying = std::time::Instant::now();
         let tally_links = index.flushed_links(self.links.as_ref().map(|(memtable, _)| memtable.as_ref()))?;
         add_elapsed(&index.counters.tally_micros, tallying);
         Ok(StagedFlush {
-            links: index.stage_live(&index.links, self.links, &flushed)?,
-            forward: index.stage_live(&index.forward, self.forward, &flushed)?,
-            index,
-            _ticket: self._ticket,
-            unfinished: self.unfinished,
-            started: self.started,
+            links: index.stage_live(&index.links, self.links, &revocations)?,
+            forward: index.stage_live(&index.forward, self.forward, &revocations)?,
             tally_links,
-            flushed,
-            thresholds: self.thresholds,
-            position: self.position,
-            accounts: self.accounts,
+            revocations,
+            common: self.common,
         })
     }
 }
@@ -89,36 +88,31 @@ impl<'a> FlushJob<'a> {
 /// A flush whose backlink and forward-link tables are staged: the rest (tallies, the revocation
 /// and hot tables, the commit, the installs) is `finish`. Holds the flush gate as `FlushJob`.
 pub struct StagedFlush<'a> {
-    index: &'a Index,
-    _ticket: FlushTicket<'a>,
-    unfinished: SetOnDrop<'a>,
-    started: std::time::Instant,
+    common: FlushCommon<'a>,
     links: Flushed<Backlink>,
     forward: Flushed<ForwardLink>,
     tally_links: FlushedLinks,
     /// The revocations frozen with the flush.
-    flushed: KnownRevocations,
-    thresholds: Option<(Arc<Memtable<Revocation>>, String)>,
-    position: IngestPosition,
-    accounts: Vec<(u64, AccountState)>,
+    revocations: KnownRevocations,
 }
 
 impl StagedFlush<'_> {
     /// Returns how many tables the flush wrote.
-    pub fn finish(mut self) -> Result<usize, IndexError> {
-        let index = self.index;
+    pub fn finish(self) -> Result<usize, IndexError> {
+        let FlushCommon { index, _ticket, mut unfinished, started, thresholds: frozen, position, accounts } =
+            self.common;
         let tallying = std::time::Instant::now();
         let ops = FlushedOps {
-            revocations: &self.flushed,
-            revoked: self.thresholds.as_ref().map(|(memtable, _)| memtable.as_ref()),
-            accounts: &self.accounts,
-            clock: self.position.clock,
+            revocations: &self.revocations,
+            revoked: frozen.as_ref().map(|(memtable, _)| memtable.as_ref()),
+            accounts: &accounts,
+            clock: position.clock,
             installed_clock: index.tables_clock.load(Ordering::Acquire),
         };
         let hot = index.hot_writes(&ops, self.tally_links)?;
         add_elapsed(&index.counters.tally_micros, tallying);
         let mut thresholds = None;
-        if let Some((memtable, id)) = &self.thresholds {
+        if let Some((memtable, id)) = &frozen {
             thresholds = Some(index.write_table(&index.thresholds, id, || memtable.iter().copied())?);
         }
         let hot_links = index.write_new_table(&index.hot, hot.has_links(), || hot.all_links())?;
@@ -133,12 +127,12 @@ impl StagedFlush<'_> {
             .chain(&account_tallies)
             .cloned()
             .collect();
-        let flush = FlushRecord { tables, position: self.position, accounts: self.accounts };
+        let flush = FlushRecord { tables, position, accounts };
         index.catalog.commit_flush(&flush)?;
         self.links.install(&index.links);
         self.forward.install(&index.forward);
         if let Some(record) = thresholds {
-            index.thresholds.install(index.thresholds.open_table(record)?, self.thresholds.as_ref().map(|(m, _)| m));
+            index.thresholds.install(index.thresholds.open_table(record)?, frozen.as_ref().map(|(m, _)| m));
         }
         if let Some(record) = hot_links {
             index.hot.install(index.hot.open_table(record)?, None);
@@ -156,8 +150,8 @@ impl StagedFlush<'_> {
         index.counters.flushes.fetch_add(1, Ordering::Relaxed);
         let written: u64 = flush.tables.iter().map(|t| t.data_len + t.meta_len).sum();
         index.counters.flush_bytes.fetch_add(written, Ordering::Relaxed);
-        add_elapsed(&index.counters.flush_micros, self.started);
-        self.unfinished.disarm();
+        add_elapsed(&index.counters.flush_micros, started);
+        unfinished.disarm();
         Ok(flush.tables.len())
     }
 }
@@ -255,17 +249,16 @@ impl Index {
         let thresholds = thresholds_id.map(|id| (self.thresholds.freeze().expect("a non-empty memtable freezes"), id));
         let forward = forward_id.map(|id| (self.forward.freeze().expect("a non-empty memtable freezes"), id));
         self.outlines.claim_pending();
-        Ok(FlushJob {
+        let common = FlushCommon {
             index: self,
             _ticket: ticket,
             unfinished: SetOnDrop::new(&self.flush_failed),
             started,
-            links,
             thresholds,
-            forward,
             position: writer.position.clone(),
             accounts: std::mem::take(&mut writer.pending_accounts),
-        })
+        };
+        Ok(FlushJob { common, links, forward })
     }
 
     /// A table id for the tree's memtable when it holds anything.
