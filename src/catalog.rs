@@ -275,6 +275,7 @@ impl Catalog {
     }
 
     /// Accounts whose links queries must hide, by did id, in order.
+    #[cfg(test)]
     pub fn hidden_accounts(&self) -> Result<Vec<(u64, AccountState)>, CatalogError> {
         let mut hidden = Vec::new();
         self.visit_hidden_accounts(|did, state| hidden.push((did, state)))?;

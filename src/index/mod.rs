@@ -331,7 +331,10 @@ impl Index {
             tallies.remove_orphans(&known).map_err(io_err(tallies.dir()))?;
             account_tallies.remove_orphans(&known).map_err(io_err(account_tallies.dir()))?;
         }
-        let hidden = catalog.hidden_accounts()?.into_iter().collect();
+        let mut hidden = HashMap::new();
+        catalog.visit_hidden_accounts(|did, state| {
+            hidden.insert(did, state);
+        })?;
         let position = catalog.position()?;
         // The catalog commits a flush's tables with its position, so they hold all up to it.
         let tables_clock = AtomicU64::new(position.clock);
