@@ -19,6 +19,7 @@
 //! - Counts, lengths, stamps and times are stored as SQLite integers; a value above `i64::MAX` is
 //!   refused (`OutOfRange`), never wrapped. DID ids are stored as i64 bit casts.
 
+use crate::account_log::PackedAccounts;
 use crate::lsm::record::{RunKind, TableRecord};
 use crate::model::account::AccountState;
 use crate::model::ids::TreeKind;
@@ -43,6 +44,7 @@ fn migrations_sql() -> Vec<&'static str> {
         include_str!("../migrations/state/0002_forward_tree.sql"),
         include_str!("../migrations/state/0003_count_trees.sql"),
         include_str!("../migrations/state/0004_account_tallies.sql"),
+        include_str!("../migrations/state/0005_account_log.sql"),
     ]
 }
 
@@ -58,9 +60,20 @@ pub struct ManifestSync<'a> {
     pub retired_runs: &'a [String],
     pub added: &'a [TableRecord],
     pub position: IngestPosition,
-    pub hidden: &'a [(u64, AccountState)],
+    pub accounts: AccountSync<'a>,
     /// The next table sequence number must be at least this (past every id in the bucket).
     pub min_table_seq: u64,
+}
+
+/// What a manifest changes of the account states.
+#[derive(Debug)]
+pub struct AccountSync<'a> {
+    /// Every hidden account, replacing all the catalog holds (`None`: keep them).
+    pub replace: Option<&'a PackedAccounts>,
+    /// Ranges of changes applied after, in order.
+    pub changes: &'a [PackedAccounts],
+    /// The account change they are as of: this machine's next one comes after it.
+    pub through: u64,
 }
 
 /// The firehose cursor to resume from and the ingest clock after the last covered operation.
@@ -136,8 +149,12 @@ impl Catalog {
         let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
         insert_tables(&tx, &flush.tables)?;
         set_position(&tx, &flush.position)?;
-        for (did, state) in &flush.accounts {
-            set_account_state(&tx, *did, *state)?;
+        if !flush.accounts.is_empty() {
+            let seq = take_counter(&tx, "account_seq")?;
+            for (did, state) in &flush.accounts {
+                set_account_state(&tx, *did, *state)?;
+                record_account_change(&tx, *did, *state, seq)?;
+            }
         }
         tx.commit()?;
         Ok(())
@@ -205,15 +222,19 @@ impl Catalog {
         }
         insert_tables(&tx, sync.added)?;
         set_position(&tx, &sync.position)?;
-        tx.execute("DELETE FROM accounts", [])?;
-        for (did, state) in sync.hidden {
-            set_account_state(&tx, *did, *state)?;
+        if let Some(hidden) = sync.accounts.replace {
+            tx.execute("DELETE FROM accounts", [])?;
+            for (did, state) in hidden.iter() {
+                set_account_state(&tx, did, state)?;
+            }
         }
-        tx.execute(
-            "INSERT INTO counters (name, next) VALUES ('table_seq', ?1)
-             ON CONFLICT (name) DO UPDATE SET next = max(next, excluded.next)",
-            [sql_int("table counter", sync.min_table_seq.max(1))?],
-        )?;
+        for (did, state) in sync.accounts.changes.iter().flat_map(PackedAccounts::iter) {
+            set_account_state(&tx, did, state)?;
+        }
+        // What the manifest says is published; this machine's own changes come after it.
+        tx.execute("DELETE FROM account_changes", [])?;
+        raise_counter(&tx, "account_seq", sync.accounts.through.saturating_add(1))?;
+        raise_counter(&tx, "table_seq", sync.min_table_seq.max(1))?;
         tx.execute(
             "INSERT OR IGNORE INTO manifests (generation, name) VALUES (?1, ?2)",
             params![sql_int("generation", sync.generation)?, sync.name],
@@ -282,41 +303,93 @@ impl Catalog {
         Ok(hidden)
     }
 
-    /// Hands every hidden account to `visit` in did order without collecting them: a manifest
-    /// packs them as they come, and there may be millions.
-    pub fn visit_hidden_accounts(&self, mut visit: impl FnMut(u64, AccountState)) -> Result<(), CatalogError> {
+    /// Hands every hidden account to `visit` in did order without collecting them (a snapshot
+    /// packs them as they come, and there may be millions); returns the account change they are
+    /// as of.
+    pub fn visit_hidden_accounts(&self, mut visit: impl FnMut(u64, AccountState)) -> Result<u64, CatalogError> {
         let db = self.lock()?;
+        let through = last_account_seq(&db)?;
         // A did is stored as its bits cast to i64, so its u64 order is the non-negative ones
         // ascending, then the negative ones (bit 63 set: outlined DIDs) ascending.
         for query in [
             "SELECT did, state FROM accounts WHERE did >= 0 ORDER BY did",
             "SELECT did, state FROM accounts WHERE did < 0 ORDER BY did",
         ] {
-            let mut statement = db.prepare_cached(query)?;
-            let mut rows = statement.query([])?;
-            while let Some(row) = rows.next()? {
-                let state = AccountState::parse(&row.get::<_, String>(1)?);
+            visit_account_rows(&db, query, [], |did, state| {
                 if state.is_hidden() {
-                    visit(row.get::<_, i64>(0)? as u64, state);
+                    visit(did, state);
+                }
+            })?;
+        }
+        Ok(through)
+    }
+
+    /// Hands the newest state of every account changed after account change `after` to `visit`
+    /// in did order; returns the account change they are as of (`after` when none changed).
+    pub fn visit_account_changes(&self, after: u64, visit: impl FnMut(u64, AccountState)) -> Result<u64, CatalogError> {
+        let db = self.lock()?;
+        let through = last_account_seq(&db)?;
+        if through <= after {
+            return Ok(after);
+        }
+        let mut visit = visit;
+        for query in [
+            "SELECT did, state FROM account_changes WHERE seq > ?1 AND did >= 0 ORDER BY did",
+            "SELECT did, state FROM account_changes WHERE seq > ?1 AND did < 0 ORDER BY did",
+        ] {
+            visit_account_rows(&db, query, [sql_int("account change", after)?], &mut visit)?;
+        }
+        Ok(through)
+    }
+
+    /// Forgets the account changes up to `through`, which a recorded manifest's log covers.
+    pub fn forget_published_account_changes(&self, through: u64) -> Result<(), CatalogError> {
+        self.lock()?.execute("DELETE FROM account_changes WHERE seq <= ?1", [sql_int("account change", through)?])?;
+        Ok(())
+    }
+
+    /// Of the `unnamed` objects (not named by the newest manifest), those first found so at or
+    /// before `before` (unix milliseconds); the others are remembered from `now_ms`, and objects
+    /// remembered before but not in `unnamed` (named again, or deleted) are forgotten.
+    pub fn unnamed_objects_since(
+        &self,
+        unnamed: &[String],
+        now_ms: u64,
+        before: u64,
+    ) -> Result<Vec<String>, CatalogError> {
+        let mut db = self.lock()?;
+        let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
+        let known: HashMap<String, u64> = {
+            let mut query = tx.prepare_cached("SELECT key, since FROM unnamed_objects")?;
+            let rows = query.query_map([], |row| Ok((row.get::<_, String>(0)?, u64_at(row, 1)?)))?;
+            rows.collect::<Result<_, _>>()?
+        };
+        let unnamed_now: std::collections::HashSet<&String> = unnamed.iter().collect();
+        for key in known.keys().filter(|key| !unnamed_now.contains(key)) {
+            tx.execute("DELETE FROM unnamed_objects WHERE key = ?1", [key])?;
+        }
+        let mut due = Vec::new();
+        for key in unnamed {
+            match known.get(key) {
+                Some(since) if *since <= before => due.push(key.clone()),
+                Some(_) => {}
+                None => {
+                    tx.execute(
+                        "INSERT INTO unnamed_objects (key, since) VALUES (?1, ?2)",
+                        params![key, sql_int("time", now_ms)?],
+                    )?;
                 }
             }
         }
-        Ok(())
+        tx.commit()?;
+        Ok(due)
     }
 
     /// The next value of the durable table counter: 1, 2, 3, ... across restarts.
     pub fn next_table_seq(&self) -> Result<u64, CatalogError> {
         let mut db = self.lock()?;
         let tx = db.transaction_with_behavior(TransactionBehavior::Immediate)?;
-        let stored =
-            tx.query_row("SELECT next FROM counters WHERE name = 'table_seq'", [], |row| u64_at(row, 0)).optional()?;
-        let value = stored.unwrap_or(1);
-        let next = value.checked_add(1).ok_or_else(|| CatalogError::Corrupt("table counter exhausted".into()))?;
-        tx.execute(
-            "INSERT INTO counters (name, next) VALUES ('table_seq', ?1)
-             ON CONFLICT (name) DO UPDATE SET next = excluded.next",
-            [sql_int("table counter", next)?],
-        )?;
+        let value = take_counter(&tx, "table_seq")?;
         tx.commit()?;
         Ok(value)
     }
@@ -389,6 +462,60 @@ fn set_position(tx: &Transaction<'_>, position: &IngestPosition) -> Result<(), C
     tx.execute(
         "UPDATE ingest_position SET cursor = ?1, clock = ?2 WHERE singleton = 1",
         params![position.cursor, sql_int("clock", position.clock)?],
+    )?;
+    Ok(())
+}
+
+/// The newest account change committed (0: none yet).
+fn last_account_seq(conn: &Connection) -> Result<u64, CatalogError> {
+    let next =
+        conn.query_row("SELECT next FROM counters WHERE name = 'account_seq'", [], |row| u64_at(row, 0)).optional()?;
+    Ok(next.unwrap_or(1) - 1)
+}
+
+/// The next value of durable counter `name` (1 the first time), moving it on.
+fn take_counter(tx: &Transaction<'_>, name: &str) -> Result<u64, CatalogError> {
+    let stored = tx.query_row("SELECT next FROM counters WHERE name = ?1", [name], |row| u64_at(row, 0)).optional()?;
+    let value = stored.unwrap_or(1);
+    let next = value.checked_add(1).ok_or_else(|| CatalogError::Corrupt(format!("counter {name} exhausted")))?;
+    tx.execute(
+        "INSERT INTO counters (name, next) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET next = excluded.next",
+        params![name, sql_int("counter", next)?],
+    )?;
+    Ok(value)
+}
+
+/// Moves counter `name` to at least `next`.
+fn raise_counter(tx: &Transaction<'_>, name: &str, next: u64) -> Result<(), CatalogError> {
+    tx.execute(
+        "INSERT INTO counters (name, next) VALUES (?1, ?2)
+         ON CONFLICT (name) DO UPDATE SET next = max(next, excluded.next)",
+        params![name, sql_int("counter", next)?],
+    )?;
+    Ok(())
+}
+
+/// Hands the (did, state) rows of `query` to `visit`, dids cast back to u64.
+fn visit_account_rows<P: rusqlite::Params>(
+    conn: &Connection,
+    query: &str,
+    params: P,
+    mut visit: impl FnMut(u64, AccountState),
+) -> Result<(), CatalogError> {
+    let mut statement = conn.prepare_cached(query)?;
+    let mut rows = statement.query(params)?;
+    while let Some(row) = rows.next()? {
+        visit(row.get::<_, i64>(0)? as u64, AccountState::parse(&row.get::<_, String>(1)?));
+    }
+    Ok(())
+}
+
+fn record_account_change(tx: &Transaction<'_>, did: u64, state: AccountState, seq: u64) -> Result<(), CatalogError> {
+    tx.execute(
+        "INSERT INTO account_changes (did, state, seq) VALUES (?1, ?2, ?3)
+         ON CONFLICT (did) DO UPDATE SET state = excluded.state, seq = excluded.seq",
+        params![did as i64, state.as_str(), sql_int("account change", seq)?],
     )?;
     Ok(())
 }
@@ -664,7 +791,7 @@ mod tests {
         assert_eq!(catalog.next_table_seq().unwrap(), 3);
         assert_eq!(catalog.last_manifest().unwrap(), Some((3, "3-abcdef".into())));
         let version: i64 = catalog.lock().unwrap().pragma_query_value(None, "user_version", |r| r.get(0)).unwrap();
-        assert_eq!(version, 4, "migrations did not run twice");
+        assert_eq!(version, 5, "migrations did not run twice");
     }
 
     /// A catalog in `dir` at schema `version`, with a delta table of one row for each (id, tree).
@@ -780,6 +907,51 @@ mod tests {
         let mut visited = Vec::new();
         catalog.visit_hidden_accounts(|did, _| visited.push(did)).unwrap();
         assert_eq!(visited, [2, 7, 1 << 40, OUTLINED_BIT, OUTLINED_BIT | 9, u64::MAX]);
+    }
+
+    /// Each flush that changes accounts is one account change; the changes after a number are
+    /// each account's newest state (active ones too), in did order, until a manifest covers
+    /// them; a followed manifest moves the counter past its log.
+    #[test]
+    fn account_changes_are_numbered_by_flush_until_published() {
+        let dir = tempfile::tempdir().unwrap();
+        let catalog = open(&dir);
+        let changes_after = |after| {
+            let mut changes = Vec::new();
+            let through = catalog.visit_account_changes(after, |did, state| changes.push((did, state))).unwrap();
+            (through, changes)
+        };
+        assert_eq!(changes_after(0), (0, vec![]));
+        let (a, b) = (OUTLINED_BIT | 4, 3);
+        let mut record = flush(vec![], 1, 1);
+        record.accounts = vec![(a, AccountState::Deactivated), (b, AccountState::Suspended)];
+        catalog.commit_flush(&record).unwrap();
+        catalog.commit_flush(&flush(vec![], 2, 2)).unwrap();
+        assert_eq!(changes_after(0), (1, vec![(b, AccountState::Suspended), (a, AccountState::Deactivated)]));
+        let mut record = flush(vec![], 3, 3);
+        record.accounts = vec![(a, AccountState::Active)];
+        catalog.commit_flush(&record).unwrap();
+        assert_eq!(changes_after(1), (2, vec![(a, AccountState::Active)]));
+        assert_eq!(catalog.visit_hidden_accounts(|_, _| {}).unwrap(), 2, "the snapshot's number");
+        catalog.forget_published_account_changes(1).unwrap();
+        assert_eq!(changes_after(0), (2, vec![(a, AccountState::Active)]), "a's newer change stays");
+        catalog.forget_published_account_changes(2).unwrap();
+        assert_eq!(changes_after(0), (2, vec![]));
+
+        let sync = ManifestSync {
+            generation: 1,
+            name: "0000000000000001-00000000000000000000000000000000",
+            retired_runs: &[],
+            added: &[],
+            position: IngestPosition { cursor: Some(3), clock: 3 },
+            accounts: AccountSync { replace: None, changes: &[], through: 9 },
+            min_table_seq: 1,
+        };
+        catalog.sync_to_manifest(&sync, 0).unwrap();
+        let mut record = flush(vec![], 4, 4);
+        record.accounts = vec![(b, AccountState::Active)];
+        catalog.commit_flush(&record).unwrap();
+        assert_eq!(changes_after(9), (10, vec![(b, AccountState::Active)]), "numbered after the manifest's log");
     }
 
     #[test]

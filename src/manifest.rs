@@ -7,11 +7,12 @@
 //! - Everything read from a manifest is validated before use: table ids are exactly 24 lowercase
 //!   hex digits, trees are known, counts and sizes are bounded. A hostile manifest is an error,
 //!   never a path outside `tables/`.
-//! - A writer holds neither a manifest's JSON nor its hidden accounts decoded: the accounts are
-//!   packed as the catalog hands them over (`PackedAccounts`, 2-3 bytes each) and the JSON is
-//!   serialized twice, once to count it and once into the zstd frame that states its length.
-//!   Readers still decode a manifest whole.
+//! - Account states are not in a manifest (format 2): it names an account log whose objects
+//!   hold them (`account_log`). Format 1 listed the hidden accounts; it is still read.
+//! - A writer never holds a manifest's JSON: it is serialized twice, once to count it and once
+//!   into the zstd frame that states its length. Readers decode a manifest whole.
 
+use crate::account_log::AccountLog;
 use crate::catalog::IngestPosition;
 use crate::lsm::record::{RunKind, TableRecord};
 use crate::model::account::AccountState;
@@ -19,12 +20,14 @@ use crate::model::ids::TreeKind;
 use serde::{Deserialize, Serialize};
 use xxhash_rust::xxh3::xxh3_128;
 
-pub const MANIFEST_FORMAT: u32 = 1;
+pub const MANIFEST_FORMAT: u32 = 2;
+/// The format that listed hidden accounts in the manifest itself, still read.
+const LISTED_ACCOUNTS_FORMAT: u32 = 1;
 /// Upper bounds on what a manifest may claim (far above any real index).
 const MAX_TABLES: usize = 1_000_000;
 const MAX_OBJECT_BYTES: u64 = 1 << 40;
 const MAX_MANIFEST_BYTES: usize = 256 << 20;
-/// The JSON repeats its field names for every table and hidden account, which zstd folds away
+/// The JSON repeats its field names for every table, which zstd folds away
 /// (about sixteenfold on the 10 M-link benchmark's manifest, BENCHMARKS.md).
 const MANIFEST_ZSTD_LEVEL: i32 = 3;
 
@@ -50,8 +53,12 @@ pub struct Manifest {
     pub cursor: Option<i64>,
     pub clock: u64,
     pub tables: Vec<ManifestTable>,
-    /// Hidden accounts: (did id, status), so a restored machine hides the same accounts.
+    /// Format 1 only: the hidden accounts, (did id, status).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden_accounts: Vec<(u64, String)>,
+    /// Format 2: where the account states are, so a restored machine hides the same accounts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accounts: Option<AccountLog>,
     /// Every published outline range, oldest first: together they hold every outlined string
     /// the tables can name.
     #[serde(default)]
@@ -79,22 +86,9 @@ pub enum ManifestError {
     Invalid { name: String, reason: String },
 }
 
-/// A manifest as serialized: `Manifest`'s fields in its order, the hidden accounts from wherever
-/// the writer holds them.
-#[derive(Serialize)]
-struct ManifestView<'a, H> {
-    format: u32,
-    generation: u64,
-    cursor: Option<i64>,
-    clock: u64,
-    tables: &'a [ManifestTable],
-    hidden_accounts: &'a H,
-    outlines: &'a [OutlineRange],
-}
-
 /// The name and body of `view`: its JSON serialized twice, once to learn its length and once
-/// into the zstd frame that states it, so that neither the JSON nor the accounts' strings are
-/// ever whole in memory (the compressed body is).
+/// into the zstd frame that states it, so that the JSON is never whole in memory (the
+/// compressed body is).
 fn encode_view(generation: u64, view: &impl Serialize) -> (String, Vec<u8>) {
     let mut counted = CountingSink(0);
     serde_json::to_writer(&mut counted, view).expect("a manifest always serializes");
@@ -128,80 +122,13 @@ impl std::io::Write for CountingSink {
     }
 }
 
-/// A manifest's hidden accounts as a writer holds them: packed as the catalog hands them over,
-/// each did as the LEB128 of its difference from the one before, then its state's index in
-/// `AccountState::ALL`: 2 bytes an account while hidden dids lie under 128 apart, 3 under
-/// 16,384 (outlined dids are handed out in sequence). As `(u64, String)` pairs and as JSON they took
-/// tens of bytes each and were both whole in memory at each publish: 34 MiB of the import's
-/// peak with 309,000 hidden accounts (BENCHMARKS.md), and they grow with the network's accounts.
-#[derive(Debug, Default, Clone)]
-pub struct PackedAccounts {
-    bytes: Vec<u8>,
-    last: Option<u64>,
-}
-
-impl PackedAccounts {
-    /// Adds a hidden account after the ones added: dids must increase.
-    pub fn push(&mut self, did: u64, state: AccountState) {
-        assert!(state.is_hidden(), "only hidden accounts are packed");
-        let delta = match self.last {
-            Some(last) => {
-                assert!(did > last, "packed accounts out of order");
-                did - last
-            }
-            None => did,
-        };
-        let mut rest = delta;
-        while rest >= 0x80 {
-            self.bytes.push((rest as u8) | 0x80);
-            rest >>= 7;
-        }
-        self.bytes.push(rest as u8);
-        let index = AccountState::ALL.iter().position(|s| *s == state).expect("every state is in ALL");
-        self.bytes.push(index as u8);
-        self.last = Some(did);
-    }
-
-    /// The accounts in the order they were added.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, AccountState)> + '_ {
-        let mut at = 0;
-        let mut previous: Option<u64> = None;
-        std::iter::from_fn(move || {
-            if at == self.bytes.len() {
-                return None;
-            }
-            let (mut delta, mut shift) = (0u64, 0);
-            loop {
-                let byte = self.bytes[at];
-                at += 1;
-                delta |= u64::from(byte & 0x7f) << shift;
-                shift += 7;
-                if byte & 0x80 == 0 {
-                    break;
-                }
-            }
-            let did = previous.map_or(delta, |previous| previous + delta);
-            previous = Some(did);
-            let state = AccountState::ALL[usize::from(self.bytes[at])];
-            at += 1;
-            Some((did, state))
-        })
-    }
-}
-
-/// As the manifest's JSON lists hidden accounts: `[did, status]` pairs.
-impl Serialize for PackedAccounts {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.iter().map(|(did, state)| (did, state.as_str())))
-    }
-}
-
 impl Manifest {
     pub fn new(
         generation: u64,
         position: IngestPosition,
         tables: Vec<TableRecord>,
         outlines: Vec<OutlineRange>,
+        accounts: AccountLog,
     ) -> Self {
         let tables = tables
             .into_iter()
@@ -226,6 +153,7 @@ impl Manifest {
             clock: position.clock,
             tables,
             hidden_accounts: Vec::new(),
+            accounts: Some(accounts),
             outlines,
         }
     }
@@ -233,26 +161,7 @@ impl Manifest {
     /// The object name (`<generation>-<digest>`) and body (the JSON in one zstd frame that
     /// records its size).
     pub fn encode(&self) -> (String, Vec<u8>) {
-        encode_view(self.generation, &self.view(&self.hidden_accounts))
-    }
-
-    /// `encode` with `hidden` as the hidden accounts (this manifest's own list must be empty): a
-    /// writer's manifest, whose hidden accounts are never held decoded.
-    pub fn encode_with(&self, hidden: &PackedAccounts) -> (String, Vec<u8>) {
-        assert!(self.hidden_accounts.is_empty(), "a manifest's hidden accounts come from one place");
-        encode_view(self.generation, &self.view(hidden))
-    }
-
-    fn view<'a, H: Serialize>(&'a self, hidden_accounts: &'a H) -> ManifestView<'a, H> {
-        ManifestView {
-            format: self.format,
-            generation: self.generation,
-            cursor: self.cursor,
-            clock: self.clock,
-            tables: &self.tables,
-            hidden_accounts,
-            outlines: &self.outlines,
-        }
+        encode_view(self.generation, self)
     }
 
     /// Parses and validates a manifest fetched under `name`.
@@ -271,7 +180,7 @@ impl Manifest {
             body.to_vec()
         };
         let manifest: Manifest = serde_json::from_slice(&json).map_err(|e| invalid(e.to_string()))?;
-        if manifest.format != MANIFEST_FORMAT || manifest.generation != generation {
+        if !(LISTED_ACCOUNTS_FORMAT..=MANIFEST_FORMAT).contains(&manifest.format) || manifest.generation != generation {
             return Err(invalid("format or generation does not match".into()));
         }
         manifest.validate().map_err(invalid)?;
@@ -295,6 +204,11 @@ impl Manifest {
             if table.shard_count == 0 || table.shard >= table.shard_count {
                 return Err(format!("table {} has shard {} of {}", table.id, table.shard, table.shard_count));
             }
+        }
+        match (self.format, &self.accounts) {
+            (LISTED_ACCOUNTS_FORMAT, None) => {}
+            (MANIFEST_FORMAT, Some(log)) if self.hidden_accounts.is_empty() => log.validate()?,
+            _ => return Err(format!("format {} with the account states of another", self.format)),
         }
         if let Some((_, status)) = self.hidden_accounts.iter().find(|(_, s)| !AccountState::parse(s).is_hidden()) {
             return Err(format!("hidden account with status {status:?}"));
@@ -336,6 +250,7 @@ fn parse_name(name: &str) -> Option<(u64, u128)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::account_log::AccountObject;
 
     fn table(id: &str) -> TableRecord {
         TableRecord {
@@ -355,45 +270,33 @@ mod tests {
     }
 
     fn sample() -> Manifest {
-        let mut manifest = Manifest::new(
+        Manifest::new(
             7,
             IngestPosition { cursor: Some(42), clock: 9 },
             vec![table("0000000000000001abcdef01")],
             vec![OutlineRange { kind: "did".into(), after: 0, through: 4 }],
-        );
-        manifest.hidden_accounts = vec![(5, "suspended".into())];
-        manifest
+            AccountLog {
+                snapshot: AccountObject { after: 0, through: 3, count: 10 },
+                changes: vec![AccountObject { after: 3, through: 5, count: 2 }],
+            },
+        )
     }
 
-    /// Dids at the varint's edges and far apart, every hidden state.
-    fn hidden() -> Vec<(u64, AccountState)> {
-        let dids = [0, 1, 127, 128, 300, 16_383, 16_384, 1 << 40, (1 << 63) | 1, (1 << 63) | 1_000_000, u64::MAX];
-        let states = [AccountState::Deactivated, AccountState::Suspended, AccountState::Takendown];
-        dids.iter().zip(states.iter().cycle()).map(|(did, state)| (*did, *state)).collect()
-    }
-
+    /// A manifest of the format that listed its hidden accounts still decodes as written.
     #[test]
-    fn packed_accounts_give_back_what_was_pushed() {
-        let mut packed = PackedAccounts::default();
-        for (did, state) in hidden() {
-            packed.push(did, state);
-        }
-        assert_eq!(packed.iter().collect::<Vec<_>>(), hidden());
-    }
-
-    /// A writer's manifest (its accounts packed, never listed) is byte for byte the manifest
-    /// that lists them, so readers see no difference.
-    #[test]
-    fn a_manifest_with_packed_accounts_encodes_as_the_one_that_lists_them() {
+    fn a_manifest_that_lists_its_hidden_accounts_still_decodes() {
         let mut listed = sample();
-        listed.hidden_accounts = hidden().into_iter().map(|(did, state)| (did, state.as_str().into())).collect();
-        let mut packed = PackedAccounts::default();
-        hidden().into_iter().for_each(|(did, state)| packed.push(did, state));
-        let mut writers = sample();
-        writers.hidden_accounts.clear();
-        let (name, body) = writers.encode_with(&packed);
-        assert_eq!((name.clone(), body.clone()), listed.encode());
+        (listed.format, listed.accounts) = (LISTED_ACCOUNTS_FORMAT, None);
+        listed.hidden_accounts = vec![(5, "suspended".into()), (1 << 63, "takendown".into())];
+        let (name, body) = listed.encode();
         assert_eq!(Manifest::decode(&name, &body).unwrap(), listed);
+        let mut mixed = sample();
+        mixed.hidden_accounts = listed.hidden_accounts.clone();
+        let (name, body) = mixed.encode();
+        assert!(Manifest::decode(&name, &body).unwrap_err().to_string().contains("account states of another"));
+        listed.hidden_accounts[0].1 = "active".into();
+        let (name, body) = listed.encode();
+        assert!(Manifest::decode(&name, &body).unwrap_err().to_string().contains("hidden account with status"));
     }
 
     #[test]
@@ -476,6 +379,10 @@ mod tests {
         let (name, body) = manifest.encode();
         assert!(Manifest::decode(&name, &body).is_err());
         assert!(Manifest::decode("nonsense", b"{}").is_err());
+        let mut manifest = sample();
+        manifest.accounts.as_mut().unwrap().changes[0].after = 2;
+        let (name, body) = manifest.encode();
+        assert!(Manifest::decode(&name, &body).unwrap_err().to_string().contains("does not follow"));
         for (kind, after, through) in [("../x", 0, 1), ("did", 5, 5), ("did", -1, 3)] {
             let mut manifest = sample();
             manifest.outlines[0] = OutlineRange { kind: kind.into(), after, through };

@@ -2,7 +2,8 @@
 //!
 //! Every object backlinks writes carries a checksum (docs/format.md, "Checksums"): each frame of
 //! a `.data` file and the whole `.meta` file end with an xxh3-64, a manifest's name holds the
-//! xxh3-128 of its body, and an outline range ends with an xxh3-64 inside its zstd frame. A
+//! xxh3-128 of its body, and an outline range and an account log object end with an xxh3-64
+//! inside their zstd frame. A
 //! reader that finds a mismatch reports it (`base::corruption`) and fails with an error that
 //! names the object, so a query answers with an XRPC 500, never with the bytes.
 //!
@@ -16,6 +17,7 @@
 //! - A verification never writes, moves or deletes anything, and never stops at the first bad
 //!   object: it reports them all.
 
+use crate::account_log::{AccountLog, object_key};
 use crate::catalog::Catalog;
 use crate::lsm::entry::Entry;
 use crate::lsm::handle::table_key;
@@ -150,6 +152,14 @@ pub async fn verify_bucket(store: &dyn Store) -> Report {
     for range in &manifest.outlines {
         let status = check_outline_range(store, &range.kind, &range.key()).await;
         report.push(range.key(), status);
+    }
+    for (kind, object) in manifest.accounts.iter().flat_map(AccountLog::objects) {
+        let key = object_key(kind, object);
+        let status = match store.get(&key).await {
+            Ok(body) => crate::account_log::decode(kind, object, &body).map_or_else(Status::Corrupt, |_| Status::Ok),
+            Err(e) => store_status(&e),
+        };
+        report.push(key, status);
     }
     for table in &manifest.tables {
         report.extend(check_table(store, &table.tree, &table.id, Some(table), "").await);

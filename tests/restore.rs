@@ -421,3 +421,94 @@ async fn a_meta_of_other_lengths_fails_the_restore_on_demand_before_its_copy_is_
     assert!(!written.into_iter().any(|name| name.to_string_lossy().starts_with(id)), "its copy was written");
     assert!(replica.catalog.tables().unwrap().is_empty(), "the catalog did not move");
 }
+
+/// An account event of `did` with `status` (`active` shows the account again).
+fn account_event(did: &str, status: &str, time_us: usize) -> String {
+    let active = status == "active";
+    format!(
+        r#"{{"did":"{did}","time_us":{time_us},"kind":"account","account":{{"active":{active},"did":"{did}","seq":{time_us},"status":"{status}","time":"2024-01-01T00:00:00Z"}}}}"#
+    ) + "\n"
+}
+
+/// Whether each of `dids` is hidden, as `index` says.
+fn hidden_of(index: &Index, dids: &[String]) -> Vec<bool> {
+    dids.iter().map(|did| index.account_state(did).unwrap().is_some_and(|state| state.is_hidden())).collect()
+}
+
+/// The account log objects a replica fetched since its log was last cleared.
+fn account_objects_fetched(store: &FaultyStore<DirStore>) -> Vec<String> {
+    let fetched = store.log().into_iter().filter(|r| r.key.starts_with("accounts/") && r.operation == Operation::Get);
+    let keys: Vec<String> = fetched.map(|r| r.key.split_once('-').unwrap().0.to_string()).collect();
+    store.clear_log();
+    keys
+}
+
+/// Account states travel beside the manifest, not in it: a snapshot, then a range of the changes
+/// of each publish, which a following replica fetches alone; once the changes outnumber the
+/// snapshot the log starts over from a new one, and GC deletes the old objects after the grace
+/// period. The replica hides exactly the accounts the writer hides at every step.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn account_states_travel_as_a_log_a_replica_follows_by_its_changes() {
+    let root = tempfile::tempdir().unwrap();
+    let bucket = root.path().join("bucket");
+    let writer = open(&root.path().join("writer"), Arc::new(DirStore::new(bucket.clone())));
+    let replica_store = Arc::new(FaultyStore::new(DirStore::new(bucket.clone()), 1, vec![]));
+    let replica = open(&root.path().join("replica"), replica_store.clone());
+    let authors: Vec<String> = (0..23).map(|i| format!("did:plc:author{i:018}")).collect();
+    let statuses = ["deactivated", "suspended", "takendown"];
+    let mut first = events(0, 200);
+    (0..12).for_each(|i| first.push_str(&account_event(&authors[i], statuses[i % 3], 10_000 + i)));
+    import_lines(&writer, first.as_bytes()).unwrap();
+    writer.publish_manifest().await.unwrap();
+    let (_, manifest) = writer.current_manifest().await.unwrap().unwrap();
+    assert!(manifest.hidden_accounts.is_empty(), "the manifest lists no account");
+    let log = manifest.accounts.clone().unwrap();
+    assert_eq!((log.snapshot.count, log.changes.len()), (12, 0), "{log:?}");
+
+    assert!(replica.restore_on_demand_if_empty(1).await.unwrap());
+    assert_eq!(account_objects_fetched(&replica_store), ["accounts/snapshot"]);
+    assert_eq!(hidden_of(&replica, &authors), hidden_of(&writer, &authors));
+    assert_eq!(hidden_of(&writer, &authors).iter().filter(|h| **h).count(), 12);
+
+    // Four shown again, one deleted, three more hidden: one range of eight changes.
+    let mut second = events(200, 260);
+    (0..4).for_each(|i| second.push_str(&account_event(&authors[i], "active", 20_000 + i)));
+    second.push_str(&account_event(&authors[5], "deleted", 20_010));
+    (12..15).for_each(|i| second.push_str(&account_event(&authors[i], "suspended", 20_020 + i)));
+    import_lines(&writer, second.as_bytes()).unwrap();
+    writer.publish_manifest().await.unwrap();
+    assert!(replica.follow_current(2).await.unwrap());
+    assert_eq!(account_objects_fetched(&replica_store), ["accounts/changes"], "only the new range");
+    assert_eq!(hidden_of(&replica, &authors), hidden_of(&writer, &authors));
+    assert_eq!(hidden_of(&writer, &authors).iter().filter(|h| **h).count(), 12 - 4 - 1 + 3);
+    let (_, manifest) = writer.current_manifest().await.unwrap().unwrap();
+    assert_eq!(manifest.accounts.as_ref().unwrap().changes.iter().map(|r| r.count).collect::<Vec<_>>(), [8]);
+
+    // More changes than the snapshot holds and than a log takes before it starts over.
+    let many = backlinks::account_log::REBASE_MIN_CHANGES as usize + 10;
+    let mut third: String =
+        (0..many).map(|i| account_event(&format!("did:plc:many{i:020}"), "deactivated", 30_000 + i)).collect();
+    third.push_str(&account_event(&authors[13], "active", 30_000 + many));
+    import_lines(&writer, third.as_bytes()).unwrap();
+    writer.publish_manifest().await.unwrap();
+    let (_, manifest) = writer.current_manifest().await.unwrap().unwrap();
+    let log = manifest.accounts.clone().unwrap();
+    assert_eq!((log.snapshot.count as usize, log.changes.len()), (12 - 4 - 1 + 3 - 1 + many, 0), "a new snapshot");
+    assert!(replica.follow_current(3).await.unwrap());
+    assert_eq!(account_objects_fetched(&replica_store), ["accounts/snapshot"]);
+    let sample: Vec<String> =
+        (0..many).step_by(997).map(|i| format!("did:plc:many{i:020}")).chain(authors.clone()).collect();
+    assert_eq!(hidden_of(&replica, &sample), hidden_of(&writer, &sample));
+
+    // The first snapshot and the range are no manifest's now: kept for the grace period, then
+    // deleted; the current snapshot stays.
+    let in_bucket = || std::fs::read_dir(bucket.join("accounts")).unwrap().count();
+    assert_eq!(in_bucket(), 3);
+    writer.collect_garbage(1_000, 500).await.unwrap();
+    assert_eq!(in_bucket(), 3, "in their grace period");
+    let (_, removed) = writer.collect_garbage(1_600, 500).await.unwrap();
+    assert_eq!((removed, in_bucket()), (2, 1));
+    let restored = open(&root.path().join("restored"), Arc::new(DirStore::new(bucket.clone())));
+    assert!(restored.restore_if_empty(4).await.unwrap());
+    assert_eq!(hidden_of(&restored, &sample), hidden_of(&writer, &sample));
+}

@@ -236,7 +236,7 @@ async fn index_publishes_an_import_into_the_bucket() {
     let manifests: Vec<String> = store.list("manifests/").await.unwrap().into_iter().map(|o| o.key).collect();
     assert_eq!(manifests, [format!("manifests/{name}")]);
     // Nothing lands outside the bucket layout of docs/format.md.
-    let layout = ["CURRENT", "manifests/", "tables/", "outlines/", "checkpoints/"];
+    let layout = ["CURRENT", "manifests/", "tables/", "outlines/", "accounts/", "checkpoints/"];
     for object in store.list("").await.unwrap() {
         assert!(layout.iter().any(|p| object.key.starts_with(p)), "unexpected object {}", object.key);
     }

@@ -15,6 +15,8 @@ pub enum ObjectKind {
     Meta,
     Manifest,
     Outline,
+    /// An account log's snapshot or change range.
+    Accounts,
 }
 
 /// Where the corrupt copy was.
@@ -26,7 +28,8 @@ pub enum Place {
 }
 
 impl ObjectKind {
-    pub const ALL: [ObjectKind; 4] = [ObjectKind::Data, ObjectKind::Meta, ObjectKind::Manifest, ObjectKind::Outline];
+    pub const ALL: [ObjectKind; 5] =
+        [ObjectKind::Data, ObjectKind::Meta, ObjectKind::Manifest, ObjectKind::Outline, ObjectKind::Accounts];
 
     pub fn label(self) -> &'static str {
         match self {
@@ -34,6 +37,7 @@ impl ObjectKind {
             ObjectKind::Meta => "meta",
             ObjectKind::Manifest => "manifest",
             ObjectKind::Outline => "outline",
+            ObjectKind::Accounts => "accounts",
         }
     }
 }
@@ -50,7 +54,8 @@ impl Place {
 }
 
 /// Corrupt objects met by readers of this process, by kind and place.
-static CORRUPT_OBJECTS: [[AtomicU64; 2]; 4] = [const { [const { AtomicU64::new(0) }; 2] }; 4];
+static CORRUPT_OBJECTS: [[AtomicU64; 2]; ObjectKind::ALL.len()] =
+    [const { [const { AtomicU64::new(0) }; 2] }; ObjectKind::ALL.len()];
 
 fn counter(kind: ObjectKind, place: Place) -> &'static AtomicU64 {
     let kind = ObjectKind::ALL.iter().position(|k| *k == kind).expect("every kind is in ALL");

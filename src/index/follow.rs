@@ -9,17 +9,22 @@
 //!   replica's directory is completed (`complete_partial_metas`) before a writer uses it.
 //! - Outline rows are imported before the tables that use them are installed.
 //! - After following a manifest, the index holds exactly its tables, position and hidden accounts,
-//!   and this machine's future table and outline ids come after every id in it.
+//!   and this machine's future table ids, outline ids and account changes come after every one
+//!   in it.
+//! - A manifest whose account log extends the one followed before costs only its new change
+//!   ranges; another log costs its snapshot and every range.
 
 use super::publish::Published;
 use super::{Index, IndexError};
+use crate::account_log::{AccountObject, LogObject, PackedAccounts, object_key};
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
-use crate::catalog::{IngestPosition, ManifestSync};
+use crate::catalog::{AccountSync, IngestPosition, ManifestSync};
 use crate::lsm::bytes::invalid;
 use crate::lsm::handle::ReadError;
 use crate::lsm::record::{RunKind, TableRecord};
 use crate::manifest::{Manifest, ManifestTable};
 use crate::model::account::AccountState;
+use crate::model::account_states::AccountStates;
 use crate::model::ids::TreeKind;
 use crate::outline::OutlineKind;
 use crate::store::object::StoreError;
@@ -137,8 +142,7 @@ impl Index {
             live.values().filter(|t| !named.contains(t.id.as_str())).map(|t| t.run_id.clone()).collect();
         retired_runs.sort();
         retired_runs.dedup();
-        let hidden: Vec<(u64, AccountState)> =
-            manifest.hidden_accounts.iter().map(|(did, status)| (*did, AccountState::parse(status))).collect();
+        let accounts = self.fetch_account_states(&already, &manifest).await?;
         let position = IngestPosition { cursor: manifest.cursor, clock: manifest.clock };
         let sync = ManifestSync {
             generation: manifest.generation,
@@ -146,7 +150,11 @@ impl Index {
             retired_runs: &retired_runs,
             added: &added,
             position: position.clone(),
-            hidden: &hidden,
+            accounts: AccountSync {
+                replace: accounts.replace.as_ref(),
+                changes: &accounts.changes,
+                through: accounts.through,
+            },
             min_table_seq: next_table_seq_after(&manifest),
         };
         self.catalog.sync_to_manifest(&sync, now_ms)?;
@@ -157,10 +165,46 @@ impl Index {
             self.remove_local_table(table)?;
             self.catalog.forget_table(&table.id)?;
         }
-        *self.hidden.write().expect("hidden lock poisoned") = hidden.into_iter().collect();
+        accounts.apply_to(&mut self.account_states.write().expect("account states lock poisoned"));
         self.writer.lock().expect("writer lock poisoned").position = position;
         *self.published.lock().expect("published lock poisoned") = Some(Published::of(name, &manifest));
         Ok(())
+    }
+
+    /// What `manifest` changes of the account states this index holds after `already`: only its
+    /// new change ranges when its log extends the one followed, else all it says.
+    async fn fetch_account_states(
+        &self,
+        already: &Published,
+        manifest: &Manifest,
+    ) -> Result<FetchedAccounts, IndexError> {
+        let Some(log) = &manifest.accounts else {
+            return Ok(FetchedAccounts::listed(&manifest.hidden_accounts));
+        };
+        let known = already.accounts.as_ref().and_then(|known| log.ranges_after(known));
+        let (replace, ranges) = match known {
+            Some(new_ranges) => (None, new_ranges),
+            None => (Some(self.fetch_account_object(LogObject::Snapshot, &log.snapshot).await?), &log.changes[..]),
+        };
+        let mut changes = Vec::with_capacity(ranges.len());
+        for range in ranges {
+            changes.push(self.fetch_account_object(LogObject::Changes, range).await?);
+        }
+        Ok(FetchedAccounts { replace, changes, through: log.through() })
+    }
+
+    /// An account log's object, checked.
+    async fn fetch_account_object(
+        &self,
+        kind: LogObject,
+        object: &AccountObject,
+    ) -> Result<PackedAccounts, IndexError> {
+        let key = object_key(kind, object);
+        let body = self.store.get(&key).await?;
+        crate::account_log::decode(kind, object, &body).map_err(|e| {
+            report_corruption(ObjectKind::Accounts, Place::Bucket, &key, &e);
+            ReadError::Corrupt { object: key.clone(), source: invalid("account log object", e) }.into()
+        })
     }
 
     /// Downloads and checks a table's meta (or its resident part) into the local tree directory.
@@ -175,6 +219,39 @@ impl Index {
             TreeKind::AccountTallies => self.account_tallies.fetch_meta(store, record, whole).await?,
         }
         Ok(())
+    }
+}
+
+/// The account states a followed manifest brings: every hidden account (when its log is not the
+/// one followed before), then changes in order.
+struct FetchedAccounts {
+    replace: Option<PackedAccounts>,
+    changes: Vec<PackedAccounts>,
+    /// The account change they are as of.
+    through: u64,
+}
+
+impl FetchedAccounts {
+    /// A format-1 manifest's listed accounts (checked hidden by `Manifest::decode`), sorted and
+    /// each once (a hostile list may be neither).
+    fn listed(hidden: &[(u64, String)]) -> Self {
+        let mut listed: Vec<(u64, AccountState)> =
+            hidden.iter().map(|(did, status)| (*did, AccountState::parse(status))).collect();
+        listed.sort_by_key(|(did, _)| *did);
+        listed.dedup_by_key(|(did, _)| *did);
+        let mut replace = PackedAccounts::default();
+        listed.into_iter().for_each(|(did, state)| replace.push(did, state));
+        FetchedAccounts { replace: Some(replace), changes: Vec::new(), through: 0 }
+    }
+
+    fn apply_to(&self, states: &mut AccountStates) {
+        if let Some(hidden) = &self.replace {
+            *states = AccountStates::default();
+            hidden.iter().for_each(|(did, state)| states.push_sorted(did, state));
+        }
+        for (did, state) in self.changes.iter().flat_map(PackedAccounts::iter) {
+            states.set(did, state);
+        }
     }
 }
 

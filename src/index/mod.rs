@@ -59,6 +59,7 @@ use crate::lsm::handle::ReadError;
 use crate::lsm::table::TableOptions;
 use crate::lsm::tree::{TableFiles, Tree, TreeCaches};
 use crate::model::account::AccountState;
+use crate::model::account_states::AccountStates;
 use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
 use crate::outline::{OutlineKind, OutlineOptions, Outlines};
 use crate::store::object::Store;
@@ -166,17 +167,21 @@ pub struct MemoryUse {
     pub outline_cache: usize,
     /// The revocations a merge holds, or keeps for the next (`compaction_max_revocations`).
     pub merge_revocations: usize,
+    /// The accounts not active (about 9 bytes each: the one part that grows with the network's
+    /// accounts, not with the configuration).
+    pub account_states: usize,
 }
 
 impl MemoryUse {
     /// Every part, with its name.
-    pub fn parts(&self) -> [(&'static str, usize); 5] {
+    pub fn parts(&self) -> [(&'static str, usize); 6] {
         [
             ("memtables", self.memtables),
             ("frame_cache", self.frame_cache),
             ("meta_cache", self.meta_cache),
             ("outline_cache", self.outline_cache),
             ("merge_revocations", self.merge_revocations),
+            ("account_states", self.account_states),
         ]
     }
 
@@ -268,7 +273,8 @@ pub struct Index {
     /// The frame and meta budgets the trees' caches share.
     caches: TreeCaches,
     options: IndexOptions,
-    hidden: RwLock<HashMap<u64, AccountState>>,
+    /// The accounts not active: hidden ones from the catalog, and those this process saw change.
+    account_states: RwLock<AccountStates>,
     writer: Mutex<WriterState>,
     /// Held by the one compaction running at a time, with what merges have read of the
     /// revocation tree (so a merge reads only the revocation runs new since the last).
@@ -331,10 +337,8 @@ impl Index {
             tallies.remove_orphans(&known).map_err(io_err(tallies.dir()))?;
             account_tallies.remove_orphans(&known).map_err(io_err(account_tallies.dir()))?;
         }
-        let mut hidden = HashMap::new();
-        catalog.visit_hidden_accounts(|did, state| {
-            hidden.insert(did, state);
-        })?;
+        let mut account_states = AccountStates::default();
+        catalog.visit_hidden_accounts(|did, state| account_states.push_sorted(did, state))?;
         let position = catalog.position()?;
         // The catalog commits a flush's tables with its position, so they hold all up to it.
         let tables_clock = AtomicU64::new(position.clock);
@@ -353,7 +357,7 @@ impl Index {
             counters: WriteCounters::default(),
             caches,
             options,
-            hidden: RwLock::new(hidden),
+            account_states: RwLock::new(account_states),
             writer: Mutex::new(writer),
             compacting: Mutex::new(RevocationsRead::default()),
             revocations_held_bytes: AtomicUsize::new(0),
@@ -376,21 +380,26 @@ impl Index {
 
     /// True when the account is deactivated, suspended or taken down (hidden, not deleted).
     pub fn is_hidden(&self, did: u64) -> bool {
-        hidden_in(&self.hidden.read().expect("hidden lock poisoned"), did)
+        self.account_states().is_hidden(did)
+    }
+
+    /// The accounts not active, read-locked.
+    pub(super) fn account_states(&self) -> std::sync::RwLockReadGuard<'_, AccountStates> {
+        self.account_states.read().expect("account states lock poisoned")
     }
 
     /// Keeps the links whose source account is not hidden, under one read of the hidden set.
     pub fn retain_visible(&self, links: &mut Vec<Backlink>) {
-        let hidden = self.hidden.read().expect("hidden lock poisoned");
-        if !hidden.is_empty() {
-            links.retain(|link| !hidden_in(&hidden, link.source.did));
+        let states = self.account_states();
+        if !states.is_empty() {
+            links.retain(|link| !states.is_hidden(link.source.did));
         }
     }
 
     /// The account's state when it is not active (hidden or deleted), by DID string.
     pub fn account_state(&self, did: &str) -> Result<Option<AccountState>, IndexError> {
         let Some(did) = self.outlines.lookup(OutlineKind::Did, did)? else { return Ok(None) };
-        Ok(self.hidden.read().expect("hidden lock poisoned").get(&did).copied())
+        Ok(Some(self.account_states().get(did)).filter(|state| *state != AccountState::Active))
     }
 
     /// Rebuilds the trees' run lists from the catalog, reusing open tables.
@@ -420,6 +429,7 @@ impl Index {
             meta_cache: self.caches.metas.bytes(),
             outline_cache: self.outlines.cache_memory_bytes(),
             merge_revocations: self.revocations_held_bytes.load(Ordering::Relaxed),
+            account_states: self.account_states().memory_bytes(),
         }
     }
 
@@ -461,11 +471,6 @@ fn lock_data_dir(data_dir: &Path) -> Result<File, IndexError> {
         Err(std::fs::TryLockError::WouldBlock) => Err(IndexError::Locked(data_dir.to_path_buf())),
         Err(std::fs::TryLockError::Error(source)) => Err(IndexError::Io { path, source }),
     }
-}
-
-/// Whether `did` is hidden (deactivated, suspended or taken down) in the hidden set.
-fn hidden_in(hidden: &HashMap<u64, AccountState>, did: u64) -> bool {
-    hidden.get(&did).is_some_and(|state| state.is_hidden())
 }
 
 /// An index in `dir/data` over a `DirStore` bucket in `dir/bucket`, for unit tests.

@@ -1,5 +1,6 @@
-//! Publishing: every table not yet in the bucket is checked and uploaded, new outline rows are
-//! uploaded as ranges, then a manifest naming all of it, then CURRENT.
+//! Publishing: every table not yet in the bucket is checked and uploaded, the account changes
+//! since the last manifest (or a snapshot of every hidden account) and new outline rows are
+//! uploaded, then a manifest naming all of it, then CURRENT.
 //!
 //! Invariants:
 //! - Objects reach the bucket before any manifest names them; CURRENT is written last.
@@ -12,8 +13,11 @@
 //!   may retire tables while they upload; their local files stay until the publish ends
 //!   (`retired`). A table retired after the look that named it is in the bucket, where GC
 //!   leaves it for the grace period.
+//! - An account log's objects are uploaded before the manifest that names them; the account
+//!   changes it covers are forgotten locally only once that manifest is recorded.
 
 use super::{Index, IndexError, add_elapsed, io_err};
+use crate::account_log::{AccountLog, AccountObject, LogObject, PackedAccounts, object_key};
 use crate::base::corruption::{ObjectKind, Place, report_corruption};
 use crate::catalog::IngestPosition;
 use crate::lsm::entry::Entry;
@@ -21,7 +25,7 @@ use crate::lsm::handle::{ReadError, table_key};
 use crate::lsm::record::TableRecord;
 use crate::lsm::table::{FormatError, FrameInfo, PAGED_HEADER_LEN, TableMeta, check_data_len, check_in_order};
 use crate::lsm::table::{declared_lengths, is_paged, verify_data_file, verify_data_frames};
-use crate::manifest::{Manifest, OutlineRange, PackedAccounts};
+use crate::manifest::{Manifest, OutlineRange};
 use crate::model::ids::{AccountTally, Backlink, ForwardLink, HotLink, Revocation, Tally, TreeKind};
 use crate::outline::OutlineKind;
 use crate::store::object::{HashingReader, LocalFile};
@@ -32,9 +36,8 @@ use std::sync::atomic::Ordering;
 /// Bytes read at a time while a data file is checked before its upload.
 const CHECK_READ_BYTES: usize = 256 << 10;
 
-/// What a manifest is made of from the catalog: the ingest position, the current tables and the
-/// hidden accounts (packed: there may be millions).
-type CatalogLook = (IngestPosition, Vec<TableRecord>, PackedAccounts);
+/// What a manifest is made of from the catalog: the ingest position and the current tables.
+type CatalogLook = (IngestPosition, Vec<TableRecord>);
 
 /// What the newest known manifest says, as far as publishing and GC care.
 #[derive(Debug, Clone, Default)]
@@ -44,6 +47,8 @@ pub(super) struct Published {
     pub(super) generation: u64,
     pub(super) table_ids: HashSet<String>,
     pub(super) outlines: Vec<OutlineRange>,
+    /// Its account log (`None`: a manifest that listed its hidden accounts, or none yet).
+    pub(super) accounts: Option<AccountLog>,
 }
 
 impl Published {
@@ -53,6 +58,7 @@ impl Published {
             generation: manifest.generation,
             table_ids: manifest.tables.iter().map(|t| t.id.clone()).collect(),
             outlines: manifest.outlines.clone(),
+            accounts: manifest.accounts.clone(),
         }
     }
 
@@ -111,32 +117,60 @@ impl Index {
         // says, never less), while flushes and merges may go on committing. Every id its tables
         // use was persisted before they were committed, so the outline rows read after it cover
         // them; its tables not uploaded yet are uploaded before the manifest names them.
-        let (position, tables, hidden) = self.upload_current_tables().await?;
+        let (position, tables) = self.upload_current_tables().await?;
+        let accounts = self.upload_account_log(previous.accounts.as_ref()).await?;
         let mut outlines = previous.outlines.clone();
         outlines.extend(self.upload_outline_ranges(previous.outline_through()).await?);
         // Past both the catalog's record and CURRENT's: a crash (or a lost answer) between
         // writing CURRENT and recording it leaves the catalog one generation behind.
         let recorded = self.catalog.last_manifest()?.map_or(0, |(generation, _)| generation);
         let generation = recorded.max(previous.generation) + 1;
-        let manifest = Manifest::new(generation, position, tables, outlines);
-        let (name, body) = manifest.encode_with(&hidden);
+        let manifest = Manifest::new(generation, position, tables, outlines, accounts);
+        let (name, body) = manifest.encode();
         self.store.put(&format!("manifests/{name}"), body.into()).await?;
         self.store.put("CURRENT", name.clone().into_bytes().into()).await?;
         self.catalog.record_manifest(generation, &name)?;
+        let covered = manifest.accounts.as_ref().expect("a writer's manifest has an account log").through();
+        self.catalog.forget_published_account_changes(covered)?;
         *self.published.lock().expect("published lock poisoned") = Some(Published::of(&name, &manifest));
         Ok(name)
     }
 
-    /// The catalog's position, tables and hidden accounts, every table uploaded. In flight from
-    /// before the look (`enter_publish`), so no merge removes the files of a table it names.
+    /// The catalog's position and tables, every table uploaded. In flight from before the look
+    /// (`enter_publish`), so no merge removes the files of a table it names.
     async fn upload_current_tables(&self) -> Result<CatalogLook, IndexError> {
         let _in_flight = self.enter_publish();
         let (position, tables) = (self.catalog.position()?, self.catalog.tables()?);
-        let mut hidden = PackedAccounts::default();
-        self.catalog.visit_hidden_accounts(|did, state| hidden.push(did, state))?;
         let not_uploaded: Vec<TableRecord> = tables.iter().filter(|t| !t.uploaded).cloned().collect();
         self.upload_tables(&not_uploaded).await?;
-        Ok((position, tables, hidden))
+        Ok((position, tables))
+    }
+
+    /// The account log the next manifest names, its new object uploaded: `previous` as it is when
+    /// no account changed since, `previous` and a range of the changes since it, or a snapshot of
+    /// every hidden account (no log yet, or `rebase_due`).
+    async fn upload_account_log(&self, previous: Option<&AccountLog>) -> Result<AccountLog, IndexError> {
+        if let Some(log) = previous {
+            let mut changes = PackedAccounts::default();
+            let through = self.catalog.visit_account_changes(log.through(), |did, state| changes.push(did, state))?;
+            if through == log.through() {
+                return Ok(log.clone());
+            }
+            if !log.rebase_due(changes.len()) {
+                let range = AccountObject { after: log.through(), through, count: changes.len() };
+                let body = crate::account_log::encode(LogObject::Changes, &range, &changes);
+                self.store.put(&object_key(LogObject::Changes, &range), body.into()).await?;
+                let mut log = log.clone();
+                log.changes.push(range);
+                return Ok(log);
+            }
+        }
+        let mut hidden = PackedAccounts::default();
+        let through = self.catalog.visit_hidden_accounts(|did, state| hidden.push(did, state))?;
+        let snapshot = AccountObject { after: 0, through, count: hidden.len() };
+        let body = crate::account_log::encode(LogObject::Snapshot, &snapshot, &hidden);
+        self.store.put(&object_key(LogObject::Snapshot, &snapshot), body.into()).await?;
+        Ok(AccountLog::starting_at(snapshot))
     }
 
     /// Uploads the outline rows stored after `after`: per kind that has any, one object per chunk

@@ -488,8 +488,9 @@ impl Index {
     fn maybe_not_active(&self, dids: impl Iterator<Item = u64>) -> Vec<u64> {
         let writer = self.writer.lock().expect("writer lock poisoned");
         let changed: HashSet<u64> = writer.pending_accounts.iter().map(|(did, _)| *did).collect();
-        let not_active = self.hidden.read().expect("hidden lock poisoned");
-        let mut dids: Vec<u64> = dids.filter(|did| not_active.contains_key(did) || changed.contains(did)).collect();
+        let states = self.account_states();
+        let mut dids: Vec<u64> =
+            dids.filter(|did| states.get(*did) != AccountState::Active || changed.contains(did)).collect();
         dids.sort_unstable();
         dids.dedup();
         dids

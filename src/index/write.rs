@@ -149,13 +149,8 @@ impl Index {
     }
 
     fn set_account_state(&self, writer: &mut WriterState, did: u64, state: AccountState) {
-        let mut hidden = self.hidden.write().expect("hidden lock poisoned");
         // Deleted accounts stay in the map too: a backfilled snapshot must not bring them back.
-        if state != AccountState::Active {
-            hidden.insert(did, state);
-        } else {
-            hidden.remove(&did);
-        }
+        self.account_states.write().expect("account states lock poisoned").set(did, state);
         writer.pending_accounts.push((did, state));
     }
 

@@ -2,6 +2,7 @@
 //! the operations an event asks of the index.
 
 pub mod account;
+pub mod account_states;
 pub mod ids;
 pub mod operation;
 pub mod syntax;
