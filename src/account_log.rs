@@ -201,14 +201,15 @@ impl PackedAccounts {
 
     /// Unpacks `bytes` as `push` packs them, checking every account: `None` when they are not
     /// exactly `count` accounts in strictly increasing did order with known states.
-    fn unpack(bytes: &[u8], count: u64) -> Option<PackedAccounts> {
-        let mut reader = Unpacker { bytes, at: 0, previous: None };
+    fn unpack(bytes: Vec<u8>, count: u64) -> Option<PackedAccounts> {
+        let mut reader = Unpacker { bytes: &bytes, at: 0, previous: None };
         let mut unpacked = 0u64;
         for next in reader.by_ref() {
             next?;
             unpacked += 1;
         }
-        (unpacked == count).then(|| PackedAccounts { bytes: bytes.to_vec(), last: reader.previous, count })
+        let last = reader.previous;
+        (unpacked == count).then_some(PackedAccounts { bytes, last, count })
     }
 }
 
@@ -282,7 +283,7 @@ pub fn encode(kind: LogObject, object: &AccountObject, accounts: &PackedAccounts
 
 /// The accounts of the object `object` of `kind`, checked against everything its body says.
 pub fn decode(kind: LogObject, object: &AccountObject, body: &[u8]) -> Result<PackedAccounts, String> {
-    let raw = crate::store::inflate(body, MAX_OBJECT_BYTES)?;
+    let mut raw = crate::store::inflate(body, MAX_OBJECT_BYTES)?;
     if raw.len() < HEADER_LEN + CHECKSUM_LEN || &raw[..4] != MAGIC {
         return Err("bad magic or too short".into());
     }
@@ -298,7 +299,10 @@ pub fn decode(kind: LogObject, object: &AccountObject, body: &[u8]) -> Result<Pa
     if said != *object {
         return Err(format!("the object says {said:?} where the manifest says {object:?}"));
     }
-    let accounts = PackedAccounts::unpack(&covered[HEADER_LEN..], object.count)
+    // The accounts keep the decompressed buffer: no second copy of a snapshot's bytes.
+    raw.truncate(raw.len() - CHECKSUM_LEN);
+    raw.drain(..HEADER_LEN);
+    let accounts = PackedAccounts::unpack(raw, object.count)
         .ok_or("the accounts are malformed, out of order or not as many as it says")?;
     if kind == LogObject::Snapshot && accounts.iter().any(|(_, state)| !state.is_hidden()) {
         return Err("a snapshot lists an account that is not hidden".into());

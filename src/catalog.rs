@@ -326,13 +326,16 @@ impl Catalog {
 
     /// Hands the newest state of every account changed after account change `after` to `visit`
     /// in did order; returns the account change they are as of (`after` when none changed).
-    pub fn visit_account_changes(&self, after: u64, visit: impl FnMut(u64, AccountState)) -> Result<u64, CatalogError> {
+    pub fn visit_account_changes(
+        &self,
+        after: u64,
+        mut visit: impl FnMut(u64, AccountState),
+    ) -> Result<u64, CatalogError> {
         let db = self.lock()?;
         let through = last_account_seq(&db)?;
         if through <= after {
             return Ok(after);
         }
-        let mut visit = visit;
         for query in [
             "SELECT did, state FROM account_changes WHERE seq > ?1 AND did >= 0 ORDER BY did",
             "SELECT did, state FROM account_changes WHERE seq > ?1 AND did < 0 ORDER BY did",

@@ -86,19 +86,19 @@ pub enum ManifestError {
     Invalid { name: String, reason: String },
 }
 
-/// The name and body of `view`: its JSON serialized twice, once to learn its length and once
-/// into the zstd frame that states it, so that the JSON is never whole in memory (the
+/// The name and body of `manifest`: its JSON serialized twice, once to learn its length and
+/// once into the zstd frame that states it, so that the JSON is never whole in memory (the
 /// compressed body is).
-fn encode_view(generation: u64, view: &impl Serialize) -> (String, Vec<u8>) {
+fn encode_json(generation: u64, manifest: &Manifest) -> (String, Vec<u8>) {
     let mut counted = CountingSink(0);
-    serde_json::to_writer(&mut counted, view).expect("a manifest always serializes");
+    serde_json::to_writer(&mut counted, manifest).expect("a manifest always serializes");
     let json_len = counted.0;
     assert!(json_len <= MAX_MANIFEST_BYTES as u64, "manifest larger than the decode limit");
     let mut encoder = zstd::stream::Encoder::new(Vec::new(), MANIFEST_ZSTD_LEVEL).expect("a zstd context");
     encoder.include_contentsize(true).expect("zstd takes the parameter");
     encoder.set_pledged_src_size(Some(json_len)).expect("zstd takes the pledge before any data");
     let mut writer = std::io::BufWriter::with_capacity(64 << 10, encoder);
-    serde_json::to_writer(&mut writer, view).expect("a manifest always serializes");
+    serde_json::to_writer(&mut writer, manifest).expect("a manifest always serializes");
     let encoder = writer.into_inner().map_err(|e| e.into_error()).expect("writing into memory succeeds");
     let body = encoder.finish().expect("compressing into memory succeeds");
     assert!(
@@ -161,7 +161,7 @@ impl Manifest {
     /// The object name (`<generation>-<digest>`) and body (the JSON in one zstd frame that
     /// records its size).
     pub fn encode(&self) -> (String, Vec<u8>) {
-        encode_view(self.generation, self)
+        encode_json(self.generation, self)
     }
 
     /// Parses and validates a manifest fetched under `name`.

@@ -137,7 +137,7 @@ impl Index {
             manifest.tables.iter().filter(|t| !live.contains_key(&t.id)).map(record_of).collect();
         // Collected first: a lazy iterator of futures here is not `Send` for every lifetime.
         let fetches: Vec<_> = added.iter().map(|record| self.fetch_meta(record, metas)).collect();
-        futures::stream::iter(fetches).buffer_unordered(META_FETCHES).try_collect::<Vec<()>>().await?;
+        futures::stream::iter(fetches).buffer_unordered(FETCHES_AT_ONCE).try_collect::<Vec<()>>().await?;
         let mut retired_runs: Vec<String> =
             live.values().filter(|t| !named.contains(t.id.as_str())).map(|t| t.run_id.clone()).collect();
         retired_runs.sort();
@@ -186,10 +186,9 @@ impl Index {
             Some(new_ranges) => (None, new_ranges),
             None => (Some(self.fetch_account_object(LogObject::Snapshot, &log.snapshot).await?), &log.changes[..]),
         };
-        let mut changes = Vec::with_capacity(ranges.len());
-        for range in ranges {
-            changes.push(self.fetch_account_object(LogObject::Changes, range).await?);
-        }
+        // In order (they apply in order), several at once: a log may hold hundreds of ranges.
+        let fetches: Vec<_> = ranges.iter().map(|range| self.fetch_account_object(LogObject::Changes, range)).collect();
+        let changes = futures::stream::iter(fetches).buffered(FETCHES_AT_ONCE).try_collect().await?;
         Ok(FetchedAccounts { replace, changes, through: log.through() })
     }
 
@@ -263,8 +262,8 @@ enum MetaFetch {
     OnDemand,
 }
 
-/// Metas fetched at once while following a manifest.
-const META_FETCHES: usize = 16;
+/// Objects (metas, account change ranges) fetched at once while following a manifest.
+const FETCHES_AT_ONCE: usize = 16;
 
 /// The catalog record of a table a manifest names.
 fn record_of(table: &ManifestTable) -> TableRecord {

@@ -74,27 +74,29 @@ impl AccountStates {
             + self.recent.capacity() * RECENT_ENTRY_BYTES
     }
 
-    /// Merges `recent` into the sorted part in one pass.
+    /// Merges `recent` into the sorted part in one pass (a change replaces the state it meets).
     fn fold_recent(&mut self) {
         let mut changes: Vec<(u64, AccountState)> = self.recent.drain().collect();
         changes.sort_unstable_by_key(|(did, _)| *did);
-        let held = self.dids.len();
-        let (mut dids, mut states) =
-            (Vec::with_capacity(held + changes.len()), Vec::with_capacity(held + changes.len()));
-        let (mut old, mut new) = (0, 0);
-        while old < held || new < changes.len() {
-            let old_did = self.dids.get(old).copied().unwrap_or(u64::MAX);
-            let (did, state) = match changes.get(new) {
-                Some(&(did, state)) if did <= old_did || old == held => {
-                    new += 1;
-                    old += usize::from(did == old_did && old < held);
-                    (did, state)
-                }
-                _ => {
-                    old += 1;
-                    (old_did, self.states[old - 1])
-                }
+        let capacity = self.dids.len() + changes.len();
+        let (mut dids, mut states) = (Vec::with_capacity(capacity), Vec::with_capacity(capacity));
+        let mut held = self.dids.iter().copied().zip(self.states.iter().copied()).peekable();
+        let mut changes = changes.into_iter().peekable();
+        loop {
+            let next = match (held.peek(), changes.peek()) {
+                (None, None) => break,
+                (Some(_), None) => held.next(),
+                (None, Some(_)) => changes.next(),
+                (Some((held_did, _)), Some((changed_did, _))) => match held_did.cmp(changed_did) {
+                    std::cmp::Ordering::Less => held.next(),
+                    std::cmp::Ordering::Greater => changes.next(),
+                    std::cmp::Ordering::Equal => {
+                        held.next();
+                        changes.next()
+                    }
+                },
             };
+            let (did, state) = next.expect("a peeked side has a next");
             if state != AccountState::Active {
                 dids.push(did);
                 states.push(state);
@@ -105,15 +107,6 @@ impl AccountStates {
         self.recent.shrink_to(MIN_RECENT);
         (self.dids, self.states) = (dids, states);
         debug_assert!(self.dids.windows(2).all(|pair| pair[0] < pair[1]), "sorted, no did twice");
-    }
-}
-
-/// A map of the given changes, the last of a did's winning (in any order: a manifest's list).
-impl FromIterator<(u64, AccountState)> for AccountStates {
-    fn from_iter<I: IntoIterator<Item = (u64, AccountState)>>(changes: I) -> Self {
-        let mut states = AccountStates { recent: changes.into_iter().collect(), ..AccountStates::default() };
-        states.fold_recent();
-        states
     }
 }
 
