@@ -15,7 +15,7 @@
 #
 # Write amplification is the bytes the import wrote to the file system (local tables, state and,
 # with a local-directory bucket, the uploads) over the live bucket bytes it left.
-# Needs jq, sqlite3, bc, curl, shuf and GNU time.
+# Needs jq, zstd, sqlite3, bc, curl, shuf and GNU time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -95,7 +95,15 @@ for size in "$@"; do
     # period in the bucket, counted in bucket_total), the outline ranges and the manifest.
     tables_live=$(sqlite3 "$data/state/state.db" "select coalesce(sum(data_len + meta_len), 0) from tables where obsolete_at is null")
     manifest=$(find "$data/bucket/manifests" -name "$(cat "$data/bucket/CURRENT")" -printf '%s')
-    bucket=$((tables_live + $(bytes_of "$data/bucket/outlines") + manifest))
+    # The account log objects the current manifest names (a snapshot, then ranges of changes).
+    account_keys=$(zstd -dc "$data/bucket/manifests/$(cat "$data/bucket/CURRENT")" |
+        jq -r '.accounts // empty | [("snapshot-\(.snapshot.through)"), (.changes[] | "changes-\(.after)-\(.through)")][]' |
+        awk -F- '{ if ($1 == "snapshot") printf "snapshot-%016x\n", $2; else printf "changes-%016x-%016x\n", $2, $3 }')
+    account_log=0
+    for key in $account_keys; do account_log=$((account_log + $(stat -c %s "$data/bucket/accounts/$key"))); done
+    account_ranges=$(echo "$account_keys" | grep -c '^changes-' || true)
+    manifests_kept=$(find "$data/bucket/manifests" -type f | wc -l)
+    bucket=$((tables_live + $(bytes_of "$data/bucket/outlines") + manifest + account_log))
     bucket_total=$(bytes_of "$data/bucket")
     metas=$(bytes_of "$data"/state/tables/*/*.meta)
     cache=$(bytes_of "$data"/state/tables/*/*.data)
@@ -148,6 +156,8 @@ for size in "$@"; do
 
     jq -n --argjson size "$size" --argjson accounts "$accounts" --argjson links "$links" --argjson wall "$wall" \
         --argjson lines "$lines" --argjson last "$last_tenth" --argjson rss "$rss_kib" \
+        --argjson manifest "$manifest" --argjson manifests_kept "$manifests_kept" --argjson manifests_all "$(bytes_of "$data/bucket/manifests")" \
+        --argjson account_log "$account_log" --argjson account_ranges "$account_ranges" \
         --argjson fs "$((fs_blocks * 512))" --argjson runs "$runs" --argjson bucket "$bucket" --argjson bucket_total "$bucket_total" --argjson metas "$metas" \
         --argjson cache "$cache" --argjson outlines "$outlines" --argjson state "$state" \
         --argjson serve_peak "$serve_peak" --argjson first "$first_answer" --argjson replica_peak "$replica_peak" \
@@ -157,6 +167,8 @@ for size in "$@"; do
          import_events_per_sec: ($lines / $wall), import_last_tenth_events_per_sec: $last,
          import_peak_rss_mib: ($rss / 1024), write_amplification: ($fs / $bucket), runs_at_end: $runs,
          bucket_bytes_per_link: ($bucket / $links), bucket_total_bytes_per_link: ($bucket_total / $links),
+         manifest_bytes: $manifest, manifests_kept: $manifests_kept, manifests_kept_bytes: $manifests_all,
+         account_log_bytes: $account_log, account_log_ranges: $account_ranges,
          local_bytes_per_link: {metas: ($metas / $links), outlines: ($outlines / $links), state: ($state / $links),
                                 data_cache: ($cache / $links)},
          serve_peak_rss_mib: ($serve_peak / 1024),

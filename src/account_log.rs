@@ -80,10 +80,12 @@ impl AccountLog {
         self.changes.last().map_or(self.snapshot.through, |range| range.through)
     }
 
-    /// Whether a writer should write a snapshot rather than a range of `new_changes` more.
-    pub fn rebase_due(&self, new_changes: u64) -> bool {
+    /// Whether a writer should write a snapshot rather than a range of `new_changes` more: when
+    /// the changes since the snapshot would outnumber it and `min_changes` (a writer's
+    /// `REBASE_MIN_CHANGES` unless a test wants a rebase sooner), or the ranges run out.
+    pub fn rebase_due(&self, new_changes: u64, min_changes: u64) -> bool {
         let since: u64 = self.changes.iter().map(|range| range.count).sum::<u64>() + new_changes;
-        since > self.snapshot.count.max(REBASE_MIN_CHANGES) || self.changes.len() >= MAX_CHANGE_RANGES
+        since > self.snapshot.count.max(min_changes) || self.changes.len() >= MAX_CHANGE_RANGES
     }
 
     /// Every object the log names, the snapshot first.
@@ -392,12 +394,16 @@ mod tests {
     #[test]
     fn a_log_grows_then_starts_over() {
         let mut log = AccountLog::starting_at(AccountObject { after: 0, through: 4, count: 100_000 });
-        assert!(!log.rebase_due(50_000));
+        assert!(!log.rebase_due(50_000, REBASE_MIN_CHANGES));
         log.changes.push(AccountObject { after: 4, through: 6, count: 60_000 });
-        assert!(log.rebase_due(50_000), "the changes would outnumber the snapshot");
+        assert!(log.rebase_due(50_000, REBASE_MIN_CHANGES), "the changes would outnumber the snapshot");
+        assert!(!log.rebase_due(50_000, 1 << 20), "nor past the writer's minimum");
         assert_eq!(log.through(), 6);
         let small = AccountLog::starting_at(AccountObject { after: 0, through: 4, count: 10 });
-        assert!(!small.rebase_due(REBASE_MIN_CHANGES), "a small snapshot still takes a range of changes");
+        assert!(
+            !small.rebase_due(REBASE_MIN_CHANGES, REBASE_MIN_CHANGES),
+            "a small snapshot still takes a range of changes"
+        );
         let known = log.clone();
         log.changes.push(AccountObject { after: 6, through: 9, count: 1 });
         assert_eq!(log.ranges_after(&known), Some(&log.changes[1..]));

@@ -105,6 +105,9 @@ pub struct IndexOptions {
     /// Most entries a promotion holds at once of each kind it reads or sorts (`promote`): the
     /// backlinks of a part of a target, its hot links, its account tallies.
     pub promotion_entries: usize,
+    /// Account changes a published account log takes in ranges before a publish writes a new
+    /// snapshot instead (when they also outnumber the snapshot's accounts).
+    pub account_rebase_min_changes: u64,
 }
 
 impl Default for IndexOptions {
@@ -122,6 +125,7 @@ impl Default for IndexOptions {
             read_only: false,
             hot_target_entries: DEFAULT_HOT_TARGET_ENTRIES,
             promotion_entries: promote::DEFAULT_PROMOTION_ENTRIES,
+            account_rebase_min_changes: crate::account_log::REBASE_MIN_CHANGES,
         }
     }
 }

@@ -156,7 +156,7 @@ impl Index {
             if through == log.through() {
                 return Ok(log.clone());
             }
-            if !log.rebase_due(changes.len()) {
+            if !log.rebase_due(changes.len(), self.options.account_rebase_min_changes) {
                 let range = AccountObject { after: log.through(), through, count: changes.len() };
                 let body = crate::account_log::encode(LogObject::Changes, &range, &changes);
                 self.store.put(&object_key(LogObject::Changes, &range), body.into()).await?;
