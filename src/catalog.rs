@@ -25,7 +25,7 @@ use crate::model::account::AccountState;
 use crate::model::ids::TreeKind;
 use rusqlite::{Connection, OptionalExtension, Row, Transaction, TransactionBehavior, params};
 use rusqlite_migration::{M, Migrations};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
@@ -309,18 +309,11 @@ impl Catalog {
     pub fn visit_hidden_accounts(&self, mut visit: impl FnMut(u64, AccountState)) -> Result<u64, CatalogError> {
         let db = self.lock()?;
         let through = last_account_seq(&db)?;
-        // A did is stored as its bits cast to i64, so its u64 order is the non-negative ones
-        // ascending, then the negative ones (bit 63 set: outlined DIDs) ascending.
-        for query in [
-            "SELECT did, state FROM accounts WHERE did >= 0 ORDER BY did",
-            "SELECT did, state FROM accounts WHERE did < 0 ORDER BY did",
-        ] {
-            visit_account_rows(&db, query, [], |did, state| {
-                if state.is_hidden() {
-                    visit(did, state);
-                }
-            })?;
-        }
+        visit_account_rows(&db, "accounts WHERE true", [], |did, state| {
+            if state.is_hidden() {
+                visit(did, state);
+            }
+        })?;
         Ok(through)
     }
 
@@ -336,12 +329,7 @@ impl Catalog {
         if through <= after {
             return Ok(after);
         }
-        for query in [
-            "SELECT did, state FROM account_changes WHERE seq > ?1 AND did >= 0 ORDER BY did",
-            "SELECT did, state FROM account_changes WHERE seq > ?1 AND did < 0 ORDER BY did",
-        ] {
-            visit_account_rows(&db, query, [sql_int("account change", after)?], &mut visit)?;
-        }
+        visit_account_rows(&db, "account_changes WHERE seq > ?1", [sql_int("account change", after)?], &mut visit)?;
         Ok(through)
     }
 
@@ -367,7 +355,7 @@ impl Catalog {
             let rows = query.query_map([], |row| Ok((row.get::<_, String>(0)?, u64_at(row, 1)?)))?;
             rows.collect::<Result<_, _>>()?
         };
-        let unnamed_now: std::collections::HashSet<&String> = unnamed.iter().collect();
+        let unnamed_now: HashSet<&String> = unnamed.iter().collect();
         for key in known.keys().filter(|key| !unnamed_now.contains(key)) {
             tx.execute("DELETE FROM unnamed_objects WHERE key = ?1", [key])?;
         }
@@ -499,17 +487,21 @@ fn raise_counter(tx: &Transaction<'_>, name: &str, next: u64) -> Result<(), Cata
     Ok(())
 }
 
-/// Hands the (did, state) rows of `query` to `visit`, dids cast back to u64.
-fn visit_account_rows<P: rusqlite::Params>(
+/// Hands the (did, state) rows of `SELECT did, state FROM {rows}` to `visit` in did order,
+/// dids cast back to u64. A did is stored as its bits cast to i64, so its u64 order is the
+/// non-negative ones ascending, then the negative ones (bit 63 set: outlined DIDs) ascending.
+fn visit_account_rows<P: rusqlite::Params + Clone>(
     conn: &Connection,
-    query: &str,
+    rows: &str,
     params: P,
     mut visit: impl FnMut(u64, AccountState),
 ) -> Result<(), CatalogError> {
-    let mut statement = conn.prepare_cached(query)?;
-    let mut rows = statement.query(params)?;
-    while let Some(row) = rows.next()? {
-        visit(row.get::<_, i64>(0)? as u64, AccountState::parse(&row.get::<_, String>(1)?));
+    for half in ["did >= 0", "did < 0"] {
+        let mut statement = conn.prepare_cached(&format!("SELECT did, state FROM {rows} AND {half} ORDER BY did"))?;
+        let mut found = statement.query(params.clone())?;
+        while let Some(row) = found.next()? {
+            visit(row.get::<_, i64>(0)? as u64, AccountState::parse(&row.get::<_, String>(1)?));
+        }
     }
     Ok(())
 }
